@@ -1,0 +1,5 @@
+import sys
+
+from quantroll.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""``quantroll`` command line: one subcommand per verb, each in quantroll/commands/.
+
+Every subcommand module defines ``register(subparsers)``, which adds its parser and
+sets ``func`` to the function that runs it. User errors (QuantrollError) end in one
+line on stderr and exit status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from quantroll import __version__
+from quantroll.errors import QuantrollError
+
+# Subcommand modules, in the order `quantroll --help` lists them.
+COMMANDS = ("convert", "inspect")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quantroll",
+        description="RL post-training with low-precision rollout (block FP8, MXFP8, NVFP4) and BF16 training.",
+    )
+    parser.add_argument("--version", action="version", version=f"quantroll {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"quantroll.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.func(args)
+    except QuantrollError as err:
+        print(f"quantroll {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"quantroll {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

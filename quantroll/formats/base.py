@@ -1,0 +1,171 @@
+"""What every number format shares: the quantized-tensor record, the block helpers,
+and the input checks.
+
+All three formats are block-scaled: one scale per block of a 2-D weight (128x128,
+1x32 or 1x16) and one per group of an activation row (1x128, 1x32, 1x16). Blocks at
+the right or bottom edge may be partial; their scale comes from the elements that
+exist (padding is zero and cannot raise an amax).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from quantroll.errors import NonFiniteError, QuantrollError
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A tensor in a block-scaled format.
+
+    data:   element codes (float8_e4m3fn; for NVFP4 uint8, two codes a byte)
+    scale:  one scale per block (float32, E8M0 uint8 or float8_e4m3fn by format)
+    format: the registry name of the format that made it
+    shape:  the logical shape of the dequantized tensor
+    block:  the (rows, cols) each scale covers in the [M, K] view of the tensor
+    global_scale: NVFP4's per-tensor float32 scale (None for the others)
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    format: str
+    shape: tuple[int, ...]
+    block: tuple[int, int]
+    global_scale: torch.Tensor | None = field(default=None)
+
+    def to(self, device: torch.device | str) -> "QuantizedTensor":
+        gs = None if self.global_scale is None else self.global_scale.to(device)
+        return QuantizedTensor(self.data.to(device), self.scale.to(device), self.format, self.shape, self.block, gs)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.data.numel() * self.data.element_size() + self.scale.numel() * self.scale.element_size()
+        if self.global_scale is not None:
+            n += self.global_scale.numel() * self.global_scale.element_size()
+        return n
+
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_input(x: torch.Tensor, name: str, *, weight: bool) -> None:
+    """Refuse what no format can hold: wrong rank, non-float dtype, NaN or Inf.
+
+    Checked before any clamp, so that saturation can never hide a bad value.
+    """
+    if x.dtype not in FLOAT_DTYPES:
+        raise QuantrollError(f"tensor '{name}' has dtype {x.dtype}; quantization needs float32, bfloat16 or float16 input")
+    if weight and x.dim() != 2:
+        raise QuantrollError(f"tensor '{name}' has shape {tuple(x.shape)}; a weight to quantize must be 2-D [out, in]")
+    if not weight and x.dim() < 1:
+        raise QuantrollError(f"tensor '{name}' is a scalar; an activation needs a last dimension to group along")
+    if x.numel() == 0:
+        raise QuantrollError(f"tensor '{name}' has shape {tuple(x.shape)} with no elements; nothing to quantize")
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise NonFiniteError(
+            f"tensor '{name}' holds {int(bad.sum())} NaN/Inf value(s) (first at index {idx}); fix the weights before quantizing"
+        )
+
+
+def num_blocks(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
+    """Blocks per dimension, counting a partial edge block as one."""
+    return math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])
+
+
+def _pad_to_blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    rows, cols = x.shape
+    nr, nc = num_blocks((rows, cols), block)
+    pad_r, pad_c = nr * block[0] - rows, nc * block[1] - cols
+    if pad_r or pad_c:
+        x = torch.nn.functional.pad(x, (0, pad_c, 0, pad_r))
+    return x
+
+
+def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """max |x| over each block of a 2-D float32 tensor -> [ceil(R/br), ceil(C/bc)]."""
+    nr, nc = num_blocks(tuple(x.shape), block)
+    padded = _pad_to_blocks(x.abs(), block)
+    return padded.view(nr, block[0], nc, block[1]).amax(dim=(1, 3))
+
+
+def expand_blocks(per_block: torch.Tensor, block: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
+    """Broadcast one value per block back to every element of a [R, C] tensor."""
+    out = per_block.repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)
+    return out[: shape[0], : shape[1]]
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """View an activation [..., K] as float32 rows [M, K] (tokens x features)."""
+    return x.reshape(-1, x.shape[-1]).to(torch.float32)
+
+
+class Format:
+    """A block-scaled number format. Subclasses define the scale and element rules.
+
+    weight_block: block shape of a weight's scales, (rows, cols) of [out, in].
+    act_group:    group size along K of an activation's dynamic scales.
+    """
+
+    name: str = ""
+    weight_block: tuple[int, int] = (1, 1)
+    act_group: int = 1
+    emulated_only: bool = False  # no tensor-core path on Hopper
+
+    def quantize_weight(self, w: torch.Tensor, name: str = "weight") -> QuantizedTensor:
+        check_input(w, name, weight=True)
+        return self._quantize_2d(w.to(torch.float32), self.weight_block)
+
+    def quantize_activation(self, x: torch.Tensor, name: str = "activation") -> QuantizedTensor:
+        """Dynamic per-token quantization in groups of ``act_group`` along the last dim."""
+        check_input(x, name, weight=False)
+        q = self._quantize_2d(as_rows(x), (1, self.act_group))
+        lead = tuple(x.shape[:-1])
+        return QuantizedTensor(
+            q.data.reshape(*lead, q.data.shape[-1]),
+            q.scale.reshape(*lead, q.scale.shape[-1]),
+            q.format,
+            tuple(x.shape),
+            q.block,
+            q.global_scale,
+        )
+
+    def dequantize(self, q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._dequantize_2d(self._as_2d(q)).reshape(q.shape).to(dtype)
+
+    def ulp(self, q: QuantizedTensor) -> torch.Tensor:
+        """One unit in the last place of every element, at its stored scale (float32)."""
+        return self._ulp_2d(self._as_2d(q)).reshape(q.shape)
+
+    def divides(self, shape: tuple[int, ...]) -> bool:
+        """True when a weight of this shape splits into whole blocks (no partial edges)."""
+        return len(shape) == 2 and shape[0] % self.weight_block[0] == 0 and shape[1] % self.weight_block[1] == 0
+
+    # -- helpers shared by the subclasses ---------------------------------------------
+    @staticmethod
+    def _as_2d(q: QuantizedTensor) -> QuantizedTensor:
+        """Flatten an activation's leading dims so that every format works on [M, K]."""
+        if len(q.shape) == 2:
+            return q
+        rows = math.prod(q.shape[:-1])
+        return QuantizedTensor(
+            q.data.reshape(rows, q.data.shape[-1]),
+            q.scale.reshape(rows, q.scale.shape[-1]),
+            q.format,
+            (rows, q.shape[-1]),
+            q.block,
+            q.global_scale,
+        )
+
+    def _quantize_2d(self, x: torch.Tensor, block: tuple[int, int]) -> QuantizedTensor:
+        raise NotImplementedError
+
+    def _dequantize_2d(self, q: QuantizedTensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _ulp_2d(self, q: QuantizedTensor) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,74 @@
+"""NVFP4: E2M1 elements in 1x16 groups, an E4M3 scale per group, an FP32 scale per tensor.
+
+Two levels, as NVIDIA's ModelOpt computes them:
+    global = amax(tensor) / (448 * 6)                       (float32)
+    s      = e4m3(amax(group) / 6 / global)                 (per group, saturated at 448)
+    code   = e2m1(x / (s * global))                         (nearest even, saturated at 6)
+    x     ~= code * s * global
+Codes are packed two per byte, element 2i in the low nibble (ModelOpt's order).
+
+The E4M3 group scale is itself rounded, so it can land below amax/6/global; the
+largest element then lands a little above 6 and rounds back to 6, still within half
+an ULP at the stored scale. A nonzero group whose scale would underflow E4M3 stores
+the smallest subnormal (2**-9) instead of 0. An all-zero group stores scale 0; an
+all-zero tensor stores global 1. Activations get a dynamic per-tensor global.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantroll.formats.base import Format, QuantizedTensor, block_amax, expand_blocks
+from quantroll.formats.elements import (
+    E2M1_MAX,
+    E4M3_MAX,
+    E4M3_MIN_SUBNORMAL,
+    e2m1_decode,
+    e2m1_encode,
+    e2m1_ulp,
+    pack_nibbles,
+    to_e4m3,
+    unpack_nibbles,
+)
+
+
+def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 2688 as float32 (1.0 for an all-zero tensor)."""
+    amax = amax.to(torch.float32)
+    return torch.where(amax > 0, amax / (E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+
+
+def nvfp4_group_scale(group_amax: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """E4M3 group scales: e4m3(amax / 6 / global), never 0 for a nonzero group."""
+    s = to_e4m3(group_amax / E2M1_MAX / global_scale)
+    tiny = torch.full_like(group_amax, E4M3_MIN_SUBNORMAL).to(torch.float8_e4m3fn)
+    underflow = (s.to(torch.float32) == 0) & (group_amax > 0)
+    return torch.where(underflow, tiny, s)
+
+
+class NVFP4(Format):
+    name = "nvfp4"
+    weight_block = (1, 16)
+    act_group = 16
+    emulated_only = True
+
+    def _quantize_2d(self, x: torch.Tensor, block: tuple[int, int]) -> QuantizedTensor:
+        global_scale = nvfp4_global_scale(x.abs().amax())
+        s = nvfp4_group_scale(block_amax(x, block), global_scale)
+        step = s.to(torch.float32) * global_scale
+        divisor = expand_blocks(torch.where(step > 0, step, torch.ones_like(step)), block, tuple(x.shape))
+        codes = e2m1_encode(x / divisor)
+        return QuantizedTensor(pack_nibbles(codes), s, self.name, tuple(x.shape), block, global_scale)
+
+    def _step(self, q: QuantizedTensor) -> torch.Tensor:
+        return expand_blocks(q.scale.to(torch.float32) * q.global_scale, q.block, q.shape)
+
+    def codes(self, q: QuantizedTensor) -> torch.Tensor:
+        """Unpacked E2M1 codes of a 2-D NVFP4 tensor (uint8, one per element)."""
+        return unpack_nibbles(q.data, q.shape[-1])
+
+    def _dequantize_2d(self, q: QuantizedTensor) -> torch.Tensor:
+        return e2m1_decode(self.codes(q)) * self._step(q)
+
+    def _ulp_2d(self, q: QuantizedTensor) -> torch.Tensor:
+        return e2m1_ulp(self.codes(q)) * self._step(q)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.formats.base import Format, QuantizedTensor, block_amax, expand_blocks
+from quantroll.errors import QuantrollError
+from quantroll.formats.base import Format, QuantizedTensor, block_amax, check_input, expand_blocks
 from quantroll.formats.elements import (
     E2M1_MAX,
     E4M3_MAX,
@@ -52,8 +53,20 @@ class NVFP4(Format):
     act_group = 16
     emulated_only = True
 
-    def _quantize_2d(self, x: torch.Tensor, block: tuple[int, int]) -> QuantizedTensor:
-        global_scale = nvfp4_global_scale(x.abs().amax())
+    def quantize_weight(self, w: torch.Tensor, name: str = "weight", global_amax: torch.Tensor | None = None) -> QuantizedTensor:
+        """As Format.quantize_weight; ``global_amax`` shares one global scale across the
+        shards of a fused layer (q/k/v, gate/up), as ModelOpt exports them: engines that
+        fuse those layers keep a single ``weight_scale_2`` for the fused weight."""
+        check_input(w, name, weight=True)
+        x = w.to(torch.float32)
+        if global_amax is not None:
+            global_amax = torch.as_tensor(global_amax, dtype=torch.float32, device=x.device)
+            if bool(global_amax < x.abs().amax()):
+                raise QuantrollError(f"tensor '{name}': the shared global amax {float(global_amax):g} is below the tensor's own amax")
+        return self._quantize_2d(x, self.weight_block, global_amax)
+
+    def _quantize_2d(self, x: torch.Tensor, block: tuple[int, int], global_amax: torch.Tensor | None = None) -> QuantizedTensor:
+        global_scale = nvfp4_global_scale(x.abs().amax() if global_amax is None else global_amax)
         s = nvfp4_group_scale(block_amax(x, block), global_scale)
         step = s.to(torch.float32) * global_scale
         divisor = expand_blocks(torch.where(step > 0, step, torch.ones_like(step)), block, tuple(x.shape))

@@ -1,0 +1,80 @@
+"""Qwen3 building blocks: RMSNorm, attention with q/k norms and GQA, the SwiGLU MLP.
+
+Attention delegates the score/softmax/value step to an ``attend`` callable, so the
+same layer serves the trainer (whole sequences, causal) and the engine (a KV cache):
+``attend(layer_idx, q, k, v) -> out`` with q [B, T, H, D] and k, v [B, T, Hkv, D].
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from quantroll.formats import Format
+from quantroll.model.config import ModelConfig
+from quantroll.model.linear import QLinear
+from quantroll.model.rope import apply_rotary
+
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+FormatFor = Callable[[str], "Format | None"]
+
+
+def causal_attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Full causal attention over the given tokens (no cache)."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def linear(prefix: str, fmt_for: FormatFor, n_in: int, n_out: int, bias: bool, dtype, device) -> QLinear:
+    return QLinear(n_in, n_out, bias=bias, fmt=fmt_for(prefix), name=prefix, dtype=dtype, device=device)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
+        super().__init__()
+        p = f"model.layers.{layer_idx}.self_attn."
+        h, hd, nh, nkv, b = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias
+        self.layer_idx, self.head_dim = layer_idx, hd
+        self.q_proj = linear(p + "q_proj", fmt_for, h, nh * hd, b, dtype, device)
+        self.k_proj = linear(p + "k_proj", fmt_for, h, nkv * hd, b, dtype, device)
+        self.v_proj = linear(p + "v_proj", fmt_for, h, nkv * hd, b, dtype, device)
+        self.o_proj = linear(p + "o_proj", fmt_for, nh * hd, h, b, dtype, device)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, -1, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(b, t, -1, self.head_dim))
+        v = self.v_proj(x).view(b, t, -1, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(attend(self.layer_idx, q, k, v).reshape(b, t, -1))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, prefix: str, hidden: int, inter: int, fmt_for: FormatFor, dtype, device=None):
+        super().__init__()
+        self.gate_proj = linear(prefix + "gate_proj", fmt_for, hidden, inter, False, dtype, device)
+        self.up_proj = linear(prefix + "up_proj", fmt_for, hidden, inter, False, dtype, device)
+        self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

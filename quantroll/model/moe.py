@@ -1,0 +1,82 @@
+"""Qwen3-MoE sparse block, with expert choices that can be recorded and replayed.
+
+The router is a BF16 linear (``mlp.gate``); its softmax runs in float32 and the top-k
+experts of each token are chosen from it, as transformers does. A ``Routing`` object
+may take over the choice: the engine records what it chose, the trainer replays it
+(R3). Replay forces only the indices: the weights are re-gathered from the trainer's
+own router probabilities at those indices, so the router keeps its gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quantroll.model.config import ModelConfig
+from quantroll.model.layers import MLP, FormatFor, linear
+
+
+class Routing:
+    """Chooses (or records) top-k experts per token. Subclass to replay."""
+
+    def select(self, layer_idx: int, probs: torch.Tensor, top_k: int) -> torch.Tensor:
+        return torch.topk(probs, top_k, dim=-1).indices
+
+
+class RecordRouting(Routing):
+    """Chooses top-k as usual and keeps each MoE layer's choice: {layer: [N, top_k]}."""
+
+    def __init__(self):
+        self.chosen: dict[int, torch.Tensor] = {}
+
+    def select(self, layer_idx, probs, top_k):
+        idx = super().select(layer_idx, probs, top_k)
+        self.chosen[layer_idx] = idx
+        return idx
+
+
+class ReplayRouting(Routing):
+    """Forces given choices: {layer: [N, top_k]} in the flattened token order of the batch."""
+
+    def __init__(self, chosen: dict[int, torch.Tensor]):
+        self.chosen = chosen
+
+    def select(self, layer_idx, probs, top_k):
+        idx = self.chosen[layer_idx].to(device=probs.device, dtype=torch.long)
+        if idx.shape != (probs.shape[0], top_k):
+            raise ValueError(f"replayed routing for layer {layer_idx} has shape {tuple(idx.shape)}, "
+                             f"expected {(probs.shape[0], top_k)}")
+        return idx
+
+
+class SparseMoE(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
+        super().__init__()
+        p = f"model.layers.{layer_idx}.mlp."
+        self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = linear(p + "gate", lambda _: None, cfg.hidden_size, cfg.num_experts, False, dtype, device)
+        self.experts = torch.nn.ModuleList(
+            MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device)
+            for e in range(cfg.num_experts)
+        )
+
+    def route(self, x: torch.Tensor, routing: Routing | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert indices [N, k], routing weights [N, k]) for flattened tokens x [N, H]."""
+        logits = self.gate(x)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        idx = (routing or Routing()).select(self.layer_idx, probs, self.top_k)
+        weights = probs.gather(-1, idx)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return idx, weights.to(logits.dtype)
+
+    def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        idx, weights = self.route(flat, routing)
+        out = torch.zeros_like(flat)
+        for e in torch.unique(idx).tolist():
+            token, slot = torch.where(idx == e)
+            y = self.experts[e](flat[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out.reshape(shape)

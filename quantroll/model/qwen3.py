@@ -1,0 +1,80 @@
+"""Qwen3 and Qwen3-MoE causal language models in plain PyTorch.
+
+Module and parameter names are the checkpoint's names, so a state dict loads by name.
+Which linears are quantized, and in which format, is decided by ``fmt_for(name)``
+(the loader derives it from the checkpoint); everything else stays in the model dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantroll.model.config import ModelConfig
+from quantroll.model.layers import MLP, Attend, Attention, FormatFor, RMSNorm, causal_attend
+from quantroll.model.linear import QLinear
+from quantroll.model.moe import Routing, SparseMoE
+from quantroll.model.rope import Rotary
+
+
+def bf16_everywhere(_: str) -> None:
+    return None
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, i: int, fmt_for: FormatFor, dtype, device=None):
+        super().__init__()
+        self.self_attn = Attention(cfg, i, fmt_for, dtype, device)
+        if cfg.is_moe_layer(i):
+            self.mlp: torch.nn.Module = SparseMoE(cfg, i, fmt_for, dtype, device)
+        else:
+            self.mlp = MLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.intermediate_size, fmt_for, dtype, device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+    def forward(self, x, cos, sin, attend: Attend, routing: Routing | None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, routing) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
+
+
+class Qwen3Model(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, fmt_for: FormatFor, dtype, device=None):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = torch.nn.ModuleList(DecoderLayer(cfg, i, fmt_for, dtype, device) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.rotary = Rotary(cfg)
+
+    def forward(self, input_ids, positions, attend: Attend = causal_attend, routing: Routing | None = None):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attend, routing)
+        return self.norm(x)
+
+
+class Qwen3ForCausalLM(torch.nn.Module):
+    """Qwen3 / Qwen3-MoE. ``forward`` returns logits; ``hidden`` + ``logits`` split it
+    so that an engine computes the vocabulary projection only where it samples."""
+
+    def __init__(self, cfg: ModelConfig, fmt_for: FormatFor = bf16_everywhere, dtype=torch.bfloat16, device=None):
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Model(cfg, fmt_for, dtype, device)
+        self.lm_head = QLinear(cfg.hidden_size, cfg.vocab_size, fmt=None, name="lm_head", dtype=dtype, device=device)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def hidden(self, input_ids, positions=None, attend: Attend = causal_attend, routing: Routing | None = None):
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return self.model(input_ids, positions, attend, routing)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def forward(self, input_ids, positions=None, attend: Attend = causal_attend, routing: Routing | None = None):
+        return self.logits(self.hidden(input_ids, positions, attend, routing))
+
+    def quantized_linears(self) -> dict[str, QLinear]:
+        return {m.name: m for m in self.modules() if isinstance(m, QLinear) and m.quantized}

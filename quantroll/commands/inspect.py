@@ -1,0 +1,78 @@
+"""``quantroll inspect``: what a checkpoint holds and how much quantization cost it.
+
+Prints the format, quantized vs kept modules (kept ones grouped by reason), bytes
+per stored dtype and, with --against, the SQNR of every quantized weight against the
+BF16 checkpoint it was made from (the worst --top first). --json writes it all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from quantroll.checkpoint.plan import REASONS
+from quantroll.checkpoint.stats import InspectReport, inspect_checkpoint, kept_by_reason
+
+_SHOW = 6  # names listed per kept reason before "... and N more"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "inspect",
+        help="summarize a checkpoint: format, kept vs quantized, bytes, SQNR against BF16",
+        description="Summarize a checkpoint (quantized or not). With --against, measure the SQNR of every "
+        "quantized weight against the BF16 checkpoint it was made from, and check kept tensors are unchanged.",
+    )
+    p.add_argument("dir", metavar="DIR", help="checkpoint directory to inspect (required)")
+    p.add_argument(
+        "--against",
+        metavar="BF16_DIR",
+        default=None,
+        help="BF16 source checkpoint: report SQNR (dB, float64 sums) per quantized weight. Default: no comparison",
+    )
+    p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the worst-SQNR weights to list (default: 10)")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the full report as JSON to FILE (default: none)")
+    p.set_defaults(func=run)
+
+
+def _db(v: float) -> str:
+    return f"{v:8.2f}" if math.isfinite(v) else f"{v!s:>8}"
+
+
+def format_report(r: InspectReport, top: int) -> str:
+    lines = [f"checkpoint: {r.path}"]
+    fmt = r.format + (f" (scale rule {r.scale_rule})" if r.scale_rule else "")
+    lines.append(f"format:     {fmt}; produced by {r.producer}")
+    lines.append(f"tensors:    {r.num_tensors} in {r.num_files} file(s)")
+    lines.append(f"modules:    {len(r.quantized)} quantized, {len(r.kept)} kept in source precision")
+    for reason, modules in kept_by_reason(r.kept).items():
+        shown = ", ".join(modules[:_SHOW]) + (f", ... and {len(modules) - _SHOW} more" if len(modules) > _SHOW else "")
+        lines.append(f"  kept {len(modules):4d} {reason} ({REASONS.get(reason, 'kept by the checkpoint producer')}): {shown}")
+    lines.append("bytes by dtype:")
+    for dtype, n in r.bytes_by_dtype.items():
+        lines.append(f"  {dtype:8s} {n:14,d}  {100 * n / max(r.total_bytes, 1):5.1f}%")
+    lines.append(f"  {'total':8s} {r.total_bytes:14,d}")
+    if r.against is not None:
+        finite = [v for v in r.sqnr_db.values() if not math.isnan(v)]
+        lines.append(f"SQNR vs {r.against} (dB, float64 sums), {len(r.sqnr_db)} quantized weights:")
+        if finite:
+            lines.append(f"  min {_db(min(finite))}  median {_db(statistics.median(finite))}  max {_db(max(finite))}")
+        lines.append(f"worst {min(top, len(r.sqnr_db))}:")
+        for module, v in r.worst(top):
+            lines.append(f"  {_db(v)}  {module}")
+        if r.kept_mismatch:
+            lines.append(f"WARNING: {len(r.kept_mismatch)} kept tensor(s) differ from --against: {', '.join(r.kept_mismatch[:_SHOW])}")
+        else:
+            lines.append("kept tensors: identical to --against")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = inspect_checkpoint(args.dir, args.against)
+    print(format_report(report, args.top))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(args.top), indent=2) + "\n")
+    return 0

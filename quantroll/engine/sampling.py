@@ -1,0 +1,98 @@
+"""Sampling and the logprob the engine reports, as pure tensor functions.
+
+The reported logprob of a token is ``log_softmax(logits / T)`` over the full
+vocabulary, taken before top-p / top-k truncation (DESIGN.md): truncation changes
+what is sampled, never the number the trainer compares against. With T = 0
+(greedy) the reported logprob is taken at T = 1.
+
+Randomness is counter-based: the Gumbel noise of (sequence seed, position, token id)
+is a hash of those three integers, so a seed reproduces a sample whatever else shares
+the batch, on CPU and GPU alike, with no generator state and no host round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.errors import QuantrollError
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] | None = None  # None: the checkpoint's EOS ids
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise QuantrollError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise QuantrollError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise QuantrollError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise QuantrollError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer (lowbias32) on int64 tensors holding 32-bit values."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V] determined by (seed[b], position[b], token id)."""
+    row = _hash32(_hash32(seeds.to(torch.int64)) ^ positions.to(torch.int64))
+    ids = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _hash32(row[:, None] * 0x9E3779B1 + ids[None, :])
+    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
+    return -torch.log(-torch.log(u))
+
+
+def reported_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) over the full vocabulary, float32 (T = 0 -> T = 1)."""
+    t = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.to(torch.float32) / t, dim=-1)
+
+
+def truncation_mask(logprobs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """True for tokens that top-k / top-p keep (the most likely token is always kept)."""
+    keep = torch.ones_like(logprobs, dtype=torch.bool)
+    if top_k and top_k < logprobs.shape[-1]:
+        kth = torch.topk(logprobs, top_k, dim=-1).values[..., -1:]
+        keep &= logprobs >= kth
+    if top_p < 1.0:
+        sorted_lp, order = torch.sort(logprobs, dim=-1, descending=True)
+        probs = sorted_lp.exp()
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
+        keep_sorted = before < top_p
+        keep &= torch.zeros_like(keep).scatter(-1, order, keep_sorted)
+    return keep
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, positions: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids [B], their reported logprobs [B]) for logits [B, V]."""
+    logprobs = reported_logprobs(logits, params.temperature)
+    if params.greedy:
+        tokens = torch.argmax(logprobs, dim=-1)
+    else:
+        keep = truncation_mask(logprobs, params.top_p, params.top_k)
+        scores = logprobs + gumbel_noise(seeds, positions, logits.shape[-1])
+        tokens = torch.argmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]

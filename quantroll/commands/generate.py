@@ -1,0 +1,57 @@
+"""``quantroll generate``: a quick look at what an engine produces from a checkpoint.
+
+Tokenizes the prompt with the checkpoint's own ``tokenizer.json``, generates, and
+prints the text with the mean logprob and the finish reason of each sample. The
+prompt is used as raw text (no chat template is applied).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from quantroll.engine import Engine, SamplingParams
+from quantroll.errors import QuantrollError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text from a checkpoint (BF16 or quantized) with the engine",
+                              description="Generate from --hf-checkpoint with quantroll's engine and print each sample.")
+    p.add_argument("--hf-checkpoint", required=True, metavar="DIR",
+                   help="checkpoint the engine loads (BF16 or `quantroll convert` output); required")
+    p.add_argument("--prompt", required=True, help="prompt text, tokenized with DIR/tokenizer.json; required")
+    p.add_argument("--n", type=int, default=1, help="number of samples (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per sample (default: 64)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 for greedy (default: 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0, off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed; sample i uses seed + i (default: 0)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="device to run on (default: cuda if available, else cpu)")
+    p.set_defaults(func=run)
+
+
+def load_tokenizer(checkpoint: Path):
+    path = checkpoint / "tokenizer.json"
+    if not path.is_file():
+        raise QuantrollError(f"{path} not found; `generate` needs the checkpoint's tokenizer.json")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def run(args: argparse.Namespace) -> int:
+    checkpoint = Path(args.hf_checkpoint)
+    tokenizer = load_tokenizer(checkpoint)
+    ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    engine = Engine(checkpoint, device=args.device)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_new_tokens=args.max_new_tokens, seed=args.seed)
+    print(f"engine: {engine.precision} on {engine.device}; prompt: {len(ids)} tokens")
+    for i, res in enumerate(engine.generate([ids] * args.n, params)):
+        mean_lp = sum(res.logprobs) / len(res.logprobs)
+        print(f"--- sample {i}: {len(res.tokens)} tokens, finish={res.finish_reason}, mean logprob {mean_lp:.3f}")
+        print(args.prompt + tokenizer.decode(res.tokens))
+    return 0

@@ -1,0 +1,282 @@
+"""Benchmark the GPU weight-quantize path (the work of every RL weight update).
+
+    python bench/bench_quantize.py [--sweep] [--json out.json]
+
+1. Correctness first: each format on a 4096x12288 bf16 weight, GPU == CPU reference
+   byte for byte (exit 1 otherwise); the many-weight paths are checked too.
+2. Ceiling: device-to-device copy bandwidth of a 4 GB buffer, counting bytes read and
+   written.
+3. Timings (CUDA events, L2 flushed before each run, median of many after warm-up):
+   - one 4096x12288 bf16 weight per format (out= buffers, no NaN check: the kernels);
+   - all 252 linear weights of a Qwen3-8B-shaped model at once: eager launches
+     (quantize_weights_gpu), CUDA-graph replay (QuantizePlan.run), each without and
+     with the NaN/Inf check (one device-to-host sync).
+   Effective bandwidth = (bytes read + bytes written, scales included) / time. Floors:
+   fp8 and mxfp8 >= 70% of copy bandwidth; nvfp4 reads its input twice (global amax,
+   then the groups), so its floor is 70% of that two-pass bound at copy bandwidth.
+   --sweep first times a few tile configs per format on the single weight and uses the
+   best everywhere after (record the winner in quantize_triton.CONFIGS).
+Prints JSON, then a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from quantroll.formats import get_format
+from quantroll.kernels import QuantizePlan, allocate_quantized, quantize_weight_gpu, quantize_weights_gpu
+
+FORMATS = [("fp8", None), ("mxfp8", "ceil"), ("mxfp8", "ocp"), ("nvfp4", None)]
+QWEN3_8B_LAYER = {  # [out, in] of each linear weight in one decoder layer
+    "self_attn.q_proj": (4096, 4096),
+    "self_attn.k_proj": (1024, 4096),
+    "self_attn.v_proj": (1024, 4096),
+    "self_attn.o_proj": (4096, 4096),
+    "mlp.gate_proj": (12288, 4096),
+    "mlp.up_proj": (12288, 4096),
+    "mlp.down_proj": (4096, 12288),
+}
+QWEN3_8B_LAYERS = 36
+SINGLE = (4096, 12288)
+FLOOR = 0.70
+SWEEP = {
+    "fp8": [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}],
+    "mxfp8": [
+        {"BM": 32, "G": 8, "num_warps": 4},
+        {"BM": 16, "G": 8, "num_warps": 4},
+        {"BM": 64, "G": 8, "num_warps": 8},
+        {"BM": 32, "G": 16, "num_warps": 8},
+        {"BM": 16, "G": 16, "num_warps": 4},
+    ],
+    "nvfp4": [
+        {"BM": 32, "G": 16, "num_warps": 4},
+        {"BM": 16, "G": 16, "num_warps": 4},
+        {"BM": 64, "G": 16, "num_warps": 8},
+        {"BM": 32, "G": 32, "num_warps": 8},
+        {"BM": 32, "G": 8, "num_warps": 4},
+        {"BM": 32, "G": 16, "num_warps": 4, "absmax": {"BLOCK": 2048, "ITERS": 8, "num_warps": 4}},
+        {"BM": 32, "G": 16, "num_warps": 4, "absmax": {"BLOCK": 8192, "ITERS": 2, "num_warps": 8}},
+    ],
+}
+
+
+def fmt_label(name: str, rule: str | None) -> str:
+    return name if rule is None else f"{name}-{rule}"
+
+
+class Timer:
+    """Median of CUDA-event timings, the L2 flushed (256 MB memset) before each run."""
+
+    def __init__(self) -> None:
+        self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn, warmup: int = 5, reps: int = 50) -> dict:
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        events = []
+        for _ in range(reps):
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in events)
+        return {"median_ms": statistics.median(ms), "min_ms": ms[0], "p90_ms": ms[int(0.9 * (len(ms) - 1))], "reps": reps}
+
+
+def io_bytes(ws: list[torch.Tensor], qs) -> tuple[int, int]:
+    read = sum(w.numel() * w.element_size() for w in ws)
+    written = sum(q.nbytes for q in qs)
+    return read, written
+
+
+def rate(name: str, read: int, written: int, ms: float, copy_bw: float) -> dict:
+    bw = (read + written) / (ms * 1e-3)
+    if name == "nvfp4":
+        bound_ms = (2 * read + written) / copy_bw * 1e3
+        frac = bound_ms / ms
+    else:
+        bound_ms = (read + written) / copy_bw * 1e3
+        frac = bw / copy_bw
+    return {"GBps": bw / 1e9, "bound_ms": bound_ms, "fraction_of_floor_basis": frac, "meets_floor": frac >= FLOOR}
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def same_q(a, b) -> bool:
+    ok = same_bytes(a.data, b.data) and same_bytes(a.scale, b.scale) and a.data.shape == b.data.shape
+    if a.global_scale is not None:
+        ok = ok and same_bytes(a.global_scale.reshape(1), b.global_scale.reshape(1).to(a.global_scale.device))
+    return ok
+
+
+def test_weight(shape, seed: int) -> torch.Tensor:
+    """bf16 weight ~N(0, 0.02) with rows of other magnitudes and a few zero groups."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(shape, device="cuda", generator=g) * 0.02
+    w[::97] *= 1e3
+    w[5::101] *= 1e-4
+    w[3, :64] = 0
+    return w.to(torch.bfloat16)
+
+
+def check_correctness(log) -> bool:
+    ok_all = True
+    w = test_weight(SINGLE, 0)
+    w_cpu = w.cpu()
+    for name, rule in FORMATS:
+        fmt = get_format(name, scale_rule=rule)
+        ref = fmt.quantize_weight(w_cpu)
+        got = quantize_weight_gpu(w, fmt, "single").to("cpu")
+        ok = same_q(ref, got)
+        ref_cuda = fmt.quantize_weight(w)  # the pure reference run by torch on the GPU, for information
+        log[f"correct_{fmt_label(name, rule)}"] = ok
+        log[f"reference_on_cuda_equals_cpu_{fmt_label(name, rule)}"] = same_q(ref, ref_cuda.to("cpu"))
+        ok_all &= ok
+        print(f"correctness {fmt_label(name, rule):11s} {SINGLE}: {'OK' if ok else 'MISMATCH'}"
+              f" (reference run on cuda equals cpu: {log[f'reference_on_cuda_equals_cpu_{fmt_label(name, rule)}']})",
+              flush=True)
+    return ok_all
+
+
+def copy_bandwidth(timer: Timer) -> dict:
+    n = 4 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    t = timer(lambda: dst.copy_(src), warmup=3, reps=30)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes": 2 * n, **t, "GBps": 2 * n / (t["median_ms"] * 1e-3) / 1e9}
+
+
+def bench_single(timer: Timer, copy_bw: float, sweep: bool, log) -> dict[str, dict]:
+    w = test_weight(SINGLE, 1)
+    best_cfg = {}
+    for name, rule in FORMATS:
+        fmt = get_format(name, scale_rule=rule)
+        label = fmt_label(name, rule)
+        out = allocate_quantized(SINGLE, fmt, "cuda")
+        read, written = io_bytes([w], [out])
+        cfgs = SWEEP[name] if (sweep and rule != "ocp") else [best_cfg.get(name, {})]
+        rows = []
+        for cfg in cfgs:
+            t = timer(lambda: quantize_weight_gpu(w, fmt, "w", out=out, check_finite=False, **cfg))
+            r = {"cfg": cfg, **t, **rate(name, read, written, t["median_ms"], copy_bw)}
+            rows.append(r)
+            print(f"single {label:11s} cfg={cfg}: {t['median_ms'] * 1e3:7.1f} us  {r['GBps']:7.0f} GB/s  "
+                  f"{100 * r['fraction_of_floor_basis']:5.1f}%", flush=True)
+        best = min(rows, key=lambda r: r["median_ms"])
+        best_cfg.setdefault(name, best["cfg"])
+        full = timer(lambda: quantize_weight_gpu(w, fmt, "w", **best_cfg[name]))  # allocating, with the NaN check
+        log[f"single_{label}"] = {"shape": SINGLE, "read_bytes": read, "written_bytes": written, "best": best,
+                                  "sweep": rows if len(rows) > 1 else None,
+                                  "call_with_alloc_and_check_ms": full["median_ms"]}
+    log["chosen_cfg"] = best_cfg
+    return best_cfg
+
+
+def bench_model(timer: Timer, copy_bw: float, best_cfg: dict, log) -> None:
+    names, ws = [], []
+    for layer in range(QWEN3_8B_LAYERS):
+        for i, (lname, shape) in enumerate(QWEN3_8B_LAYER.items()):
+            names.append(f"model.layers.{layer}.{lname}.weight")
+            ws.append(test_weight(shape, 1000 * layer + i))
+    log["model"] = {"weights": len(ws), "params": sum(w.numel() for w in ws)}
+    for name, rule in FORMATS:
+        fmt = get_format(name, scale_rule=rule)
+        label = fmt_label(name, rule)
+        cfg = best_cfg.get(name, {})
+        plan = QuantizePlan(ws, fmt, names, **cfg)
+        outs = plan.outputs
+        # correctness: graph replay == eager launches, every weight; CPU reference on two weights
+        eager = quantize_weights_gpu(ws, fmt, names, **cfg)
+        plan.run()
+        ok = all(same_q(a, b) for a, b in zip(eager, outs))
+        for i in (2, 4):  # layer 0 k_proj [1024, 4096] and gate_proj [12288, 4096]
+            ok &= same_q(fmt.quantize_weight(ws[i].cpu()), outs[i].to("cpu"))
+        del eager
+        read, written = io_bytes(ws, outs)
+        res = {"correct": ok, "read_bytes": read, "written_bytes": written}
+        runs = {
+            "eager": lambda: quantize_weights_gpu(ws, fmt, names, outs=outs, check_finite=False, **cfg),
+            "eager_checked": lambda: quantize_weights_gpu(ws, fmt, names, outs=outs, check_finite=True, **cfg),
+            "graph": lambda: plan.run(check_finite=False),
+            "graph_checked": lambda: plan.run(check_finite=True),
+        }
+        for key, fn in runs.items():
+            t = timer(fn, warmup=3, reps=20)
+            res[key] = {**t, **rate(name, read, written, t["median_ms"], copy_bw)}
+            print(f"model  {label:11s} {key:13s}: {t['median_ms']:7.3f} ms  {res[key]['GBps']:7.0f} GB/s  "
+                  f"{100 * res[key]['fraction_of_floor_basis']:5.1f}%  correct={ok}", flush=True)
+        log[f"model_{label}"] = res
+        del plan, outs
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sweep", action="store_true", help="time a few tile configs per format first; use the best")
+    ap.add_argument("--json", help="also write the JSON here")
+    ap.add_argument("--skip-model", action="store_true", help="only the single weight")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_quantize needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    log = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": "python " + " ".join(sys.argv),
+    }
+    correct = check_correctness(log)
+    timer = Timer()
+    copy = copy_bandwidth(timer)
+    log["copy"] = copy
+    copy_bw = copy["GBps"] * 1e9
+    print(f"copy bandwidth: {copy['GBps']:.0f} GB/s (read + written)", flush=True)
+    best_cfg = bench_single(timer, copy_bw, args.sweep, log)
+    if not args.skip_model:
+        del timer
+        timer = Timer()
+        bench_model(timer, copy_bw, best_cfg, log)
+        correct &= all(log[k]["correct"] for k in log if k.startswith("model_"))
+
+    print(json.dumps(log, indent=1, default=str))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(log, f, indent=1, default=str)
+    print(f"\ncopy {copy['GBps']:.0f} GB/s; floors: fp8/mxfp8 {FLOOR:.0%} of copy, nvfp4 {FLOOR:.0%} of its two-pass bound")
+    print(f"{'case':34s} {'ms':>8s} {'GB/s':>7s} {'% basis':>8s} floor")
+    for name, rule in FORMATS:
+        label = fmt_label(name, rule)
+        b = log[f"single_{label}"]["best"]
+        print(f"{'single 4096x12288 ' + label:34s} {b['median_ms']:8.4f} {b['GBps']:7.0f} "
+              f"{100 * b['fraction_of_floor_basis']:7.1f}% {'ok' if b['meets_floor'] else 'MISS'}")
+        if f"model_{label}" in log:
+            for key in ("eager", "graph", "graph_checked"):
+                m = log[f"model_{label}"][key]
+                print(f"{'qwen3-8b x252 ' + label + ' ' + key:34s} {m['median_ms']:8.3f} {m['GBps']:7.0f} "
+                      f"{100 * m['fraction_of_floor_basis']:7.1f}% {'ok' if m['meets_floor'] else 'MISS'}")
+    print("correctness:", "OK" if correct else "MISMATCH")
+    return 0 if correct else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

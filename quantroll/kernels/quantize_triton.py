@@ -1,0 +1,212 @@
+"""Triton kernels that quantize 2-D weights bit for bit as ``quantroll.formats`` does.
+
+This module imports triton at the top; ``quantroll.kernels.quantize`` imports it only
+when a kernel is launched, so the package works without triton.
+
+Exactness, operation by operation (the reference is the CPU run of quantroll.formats):
+- amax: max of |x|'s float32 bits as int32. For finite non-negative floats the integer
+  order is the float order, so this is exact and knows nothing of denormal modes;
+  NaN/Inf have bits >= 0x7F800000, so the same max flags a non-finite block for free.
+- division: ``tl.math.div_rn`` (IEEE round-to-nearest). Triton's plain ``/`` is
+  ``div.full.f32`` (about 2 ulp). Every launch passes ``enable_reflect_ftz=False`` so
+  that libdevice's div_rn is ``div.rn.f32`` and not ``div.rn.ftz.f32`` (which would
+  flush subnormal inputs: a bf16 tensor of tiny values would quantize differently),
+  and ``enable_fp_fusion=False`` so that no multiply is contracted into an FMA.
+- powers of two: built from bits exactly as ``elements.pow2``.
+- E4M3: clamp to +-448 (NaN-propagating, like torch.clamp), then ``.to(float8e4nv)``,
+  which is round-to-nearest-even (``cvt.rn.satfinite.e4m3x2.f32`` on Hopper).
+- E2M1: the threshold comparisons of ``elements.e2m1_encode``.
+
+Partial edge blocks load zeros for the missing part, which cannot raise an amax,
+so every scale comes from the part of its block that exists.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Compile options every launch passes (see the module docstring).
+EXACT = {"enable_reflect_ftz": False, "enable_fp_fusion": False}
+
+# Tile shapes and warps per format, measured on an H200 (docs/PERFORMANCE.md).
+CONFIGS: dict[str, dict[str, int]] = {
+    "fp8": {"num_warps": 8},
+    "mxfp8": {"BM": 32, "G": 8, "num_warps": 4},
+    "nvfp4": {"BM": 32, "G": 16, "num_warps": 4},
+    "absmax": {"BLOCK": 4096, "ITERS": 4, "num_warps": 8},
+}
+
+INF_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN
+
+
+@triton.jit
+def _abs_bits(x):
+    """|x| as int32 bits (float32 x): ordered like |x|; >= 0x7F800000 for NaN/Inf."""
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _clamp448(q):
+    q = tl.maximum(q, -448.0, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(q, 448.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit(do_not_specialize=["N", "n_kb"])
+def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_kb, BLOCK: tl.constexpr):
+    """One 128x128 block per program: amax -> scale = amax/448 -> e4m3(x / scale)."""
+    pid = tl.program_id(0)
+    pm = pid // n_kb
+    pk = pid % n_kb
+    rows = pm * BLOCK + tl.arange(0, BLOCK)
+    cols = pk * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows < N)[:, None] & (cols < K)[None, :]
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax_bits = tl.max(_abs_bits(x))
+    tl.store(flag_ptr, 1, mask=amax_bits >= 0x7F800000)
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    scale = tl.math.div_rn(amax, 448.0)
+    scale = tl.where(scale < 1.1754943508222875e-38, 1.1754943508222875e-38, scale)  # FP32_TINY
+    divisor = tl.where(amax_bits > 0, scale, 1.0)
+    scale = tl.where(amax_bits > 0, scale, 0.0)
+    q = _clamp448(tl.math.div_rn(x, tl.broadcast_to(divisor, (BLOCK, BLOCK))))
+    tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + pid, scale)  # scale is [n_mb, n_kb] row-major: index pm * n_kb + pk
+
+
+@triton.jit(do_not_specialize=["N", "n_kt"])
+def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_groups, n_kt,
+                  BM: tl.constexpr, G: tl.constexpr, CEIL: tl.constexpr):
+    """A [BM rows] x [G groups of 32] tile per program; one E8M0 scale per group."""
+    GS: tl.constexpr = 32
+    pid = tl.program_id(0)
+    pm = pid // n_kt
+    pk = pid % n_kt
+    rows = pm * BM + tl.arange(0, BM)
+    gidx = pk * G + tl.arange(0, G)
+    cols = gidx[:, None] * GS + tl.arange(0, GS)[None, :]
+    rmask = rows < N
+    mask = rmask[:, None, None] & (cols < K)[None, :, :]
+    offs = rows.to(tl.int64)[:, None, None] * K + cols[None, :, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gbits = tl.max(_abs_bits(x), axis=2)  # [BM, G] amax bits
+    tl.store(flag_ptr, 1, mask=tl.max(gbits) >= 0x7F800000)
+    # s = floor(log2(amax)) - 8 (+1 under 'ceil' when the mantissa exceeds 1.75)
+    s = (gbits >> 23) - (127 + 8)
+    if CEIL:
+        s += ((gbits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    s = tl.minimum(tl.maximum(s, -127), 127)
+    s = tl.where(gbits > 0, s, -127)
+    e = -s  # inverse scale 2**e, exact from bits (2**-127 is the one subnormal)
+    inv = tl.where(e >= -126, (e + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
+    q = _clamp448(x * tl.broadcast_to(inv[:, :, None], (BM, G, GS)))
+    tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
+    soffs = rows.to(tl.int64)[:, None] * n_groups + gidx[None, :]
+    tl.store(s_ptr + soffs, (s + 127).to(tl.uint8), mask=rmask[:, None] & (gidx < n_groups)[None, :])
+
+
+@triton.jit
+def _absmax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """NVFP4 pass 1: atomic max of |x| bits over the tensor; ITERS blocks per program."""
+    base = tl.program_id(0).to(tl.int64) * (BLOCK * ITERS)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    for it in tl.static_range(ITERS):
+        offs = base + it * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, _abs_bits(x))
+    tl.atomic_max(amax_ptr, tl.max(acc))
+
+
+@triton.jit(do_not_specialize=["N", "n_kt"])
+def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, N, K, n_groups, n_bytes, n_kt,
+                  BM: tl.constexpr, G: tl.constexpr):
+    """NVFP4 pass 2: a [BM rows] x [G groups of 16] tile per program."""
+    GS: tl.constexpr = 16
+    pid = tl.program_id(0)
+    pm = pid // n_kt
+    pk = pid % n_kt
+    # global = amax / (448 * 6), or 1 for an all-zero tensor; program 0 stores it
+    amax_bits = tl.load(amax_ptr)
+    gscale = tl.math.div_rn(amax_bits.to(tl.float32, bitcast=True), 2688.0)
+    gscale = tl.where(amax_bits > 0, gscale, 1.0)
+    tl.store(gs_ptr, gscale, mask=pid == 0)
+
+    rows = pm * BM + tl.arange(0, BM)
+    gidx = pk * G + tl.arange(0, G)
+    cols = gidx[:, None] * GS + tl.arange(0, GS)[None, :]
+    rmask = rows < N
+    mask = rmask[:, None, None] & (cols < K)[None, :, :]
+    offs = rows.to(tl.int64)[:, None, None] * K + cols[None, :, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gbits = tl.max(_abs_bits(x), axis=2)  # [BM, G]
+    gmax = gbits.to(tl.float32, bitcast=True)
+    g2 = tl.broadcast_to(gscale, (BM, G))
+    # s = e4m3(amax / 6 / global), never 0 for a nonzero group (2**-9 instead)
+    t = tl.math.div_rn(tl.math.div_rn(gmax, tl.full((BM, G), 6.0, tl.float32)), g2)
+    sf = _clamp448(t).to(tl.float8e4nv).to(tl.float32)
+    sf = tl.where((sf == 0.0) & (gbits > 0), 0.001953125, sf)
+    step = sf * g2
+    divisor = tl.where(step > 0.0, step, 1.0)
+    q = tl.math.div_rn(x, tl.broadcast_to(divisor[:, :, None], (BM, G, GS)))
+    a = tl.abs(q)
+    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+           + (a > 5.0).to(tl.int32))
+    code = mag | ((q.to(tl.int32, bitcast=True) >> 28) & 8)  # sign bit -> bit 3
+    lo, hi = tl.split(tl.reshape(code, (BM, G * GS // 2, 2)))  # element 2i low, 2i+1 high
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    bcols = pk * (G * GS // 2) + tl.arange(0, G * GS // 2)
+    boffs = rows.to(tl.int64)[:, None] * n_bytes + bcols[None, :]
+    tl.store(q_ptr + boffs, packed, mask=rmask[:, None] & (bcols < n_bytes)[None, :])
+    soffs = rows.to(tl.int64)[:, None] * n_groups + gidx[None, :]
+    tl.store(s_ptr + soffs, sf.to(tl.float8e4nv), mask=rmask[:, None] & (gidx < n_groups)[None, :])
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flag: torch.Tensor, **cfg) -> None:
+    """x [N, K] contiguous -> data [N, K] e4m3, scale [ceil(N/128), ceil(K/128)] f32."""
+    cfg = {**CONFIGS["fp8"], **cfg}
+    n, k = x.shape
+    n_kb = _cdiv(k, 128)
+    grid = (_cdiv(n, 128) * n_kb,)
+    _fp8_block_kernel[grid](x, data, scale, flag, n, k, n_kb, BLOCK=128, num_warps=cfg["num_warps"], **EXACT)
+
+
+def launch_mxfp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flag: torch.Tensor,
+                 ceil: bool, **cfg) -> None:
+    """x [N, K] -> data [N, K] e4m3, scale [N, ceil(K/32)] E8M0 uint8."""
+    cfg = {**CONFIGS["mxfp8"], **cfg}
+    n, k = x.shape
+    bm, g = cfg["BM"], cfg["G"]
+    n_groups = _cdiv(k, 32)
+    n_kt = _cdiv(n_groups, g)
+    grid = (_cdiv(n, bm) * n_kt,)
+    _mxfp8_kernel[grid](x, data, scale, flag, n, k, n_groups, n_kt, BM=bm, G=g, CEIL=bool(ceil),
+                        num_warps=cfg["num_warps"], **EXACT)
+
+
+def launch_absmax(x: torch.Tensor, amax_bits: torch.Tensor, **cfg) -> None:
+    """Atomic max of |x|'s float32 bits into amax_bits[0] (int32, zeroed by the caller)."""
+    cfg = {**CONFIGS["absmax"], **cfg}
+    numel = x.numel()
+    block = cfg["BLOCK"]
+    grid = (_cdiv(numel, block * cfg["ITERS"]),)
+    _absmax_kernel[grid](x, amax_bits, numel, BLOCK=block, ITERS=cfg["ITERS"], num_warps=cfg["num_warps"], **EXACT)
+
+
+def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
+                 amax_bits: torch.Tensor, **cfg) -> None:
+    """Pass 2 (after launch_absmax): data [N, ceil(K/2)] packed uint8, scale [N, ceil(K/16)] e4m3."""
+    cfg = {**CONFIGS["nvfp4"], **cfg}
+    n, k = x.shape
+    bm, g = cfg["BM"], cfg["G"]
+    n_groups = _cdiv(k, 16)
+    n_kt = _cdiv(n_groups, g)
+    grid = (_cdiv(n, bm) * n_kt,)
+    _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, n, k, n_groups, _cdiv(k, 2), n_kt,
+                        BM=bm, G=g, num_warps=cfg["num_warps"], **EXACT)

@@ -1,0 +1,162 @@
+"""GPU weight quantization == the CPU reference in quantroll.formats, bit for bit.
+
+Run on a machine with a CUDA GPU and triton (skipped elsewhere): codes, scales and the
+global scale are compared as bytes for every format, input dtype and many shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantroll.errors import NonFiniteError
+from quantroll.kernels import QuantizePlan, allocate_quantized, quantize_weight_gpu, quantize_weights_gpu
+from tests.kernels.cases import (
+    DTYPES,
+    FORMAT_IDS,
+    FORMATS,
+    assert_bitwise_equal,
+    e2m1_tie_weight,
+    e4m3_tie_weight,
+    fmt_of,
+    mixed_weight,
+    uniform_weight,
+)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SHAPES = [(1, 1), (1, 4096), (4096, 1), (127, 129), (200, 300), (33, 17), (256, 31), (128, 128), (4096, 4096)]
+
+
+def check(w: torch.Tensor, spec, **kw) -> None:
+    fmt = fmt_of(spec)
+    ref = fmt.quantize_weight(w.cpu())
+    got = quantize_weight_gpu(w.cuda(), fmt, **kw)
+    assert_bitwise_equal(ref, got)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_reference_mixed_magnitudes(spec, dtype, shape):
+    check(mixed_weight(shape, dtype, seed=shape[0] * 7 + shape[1]), spec)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 1e2, 1e4])
+def test_matches_reference_uniform_magnitude(spec, dtype, scale):
+    check(uniform_weight((200, 300), dtype, scale, seed=int(scale * 1e6) % 9973), spec)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_subnormal_inputs(spec, dtype):
+    """Float32-subnormal values (bf16 holds them too): no flush-to-zero anywhere."""
+    tiny = uniform_weight((192, 320), dtype, 1e-39, seed=3)
+    check(tiny, spec)
+    mixed = uniform_weight((192, 320), torch.float32, 1.0, seed=4)
+    mixed[:128] *= 1e-39  # whole FP8 blocks of subnormals next to normal ones
+    mixed[100, :32] = 1e-40
+    check(mixed.to(dtype), spec)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zeros(spec, dtype):
+    check(torch.zeros(130, 70, dtype=dtype), spec)
+    check(-torch.zeros(3, 33, dtype=dtype), spec)  # negative zeros keep their sign bit
+    w = uniform_weight((300, 260), dtype, 1.0, seed=5)
+    w[128:256, 128:256] = 0  # a whole zero FP8 block
+    w[7, 32:64] = 0  # a zero MXFP8 group, two zero NVFP4 groups
+    check(w, spec)
+
+
+@pytest.mark.parametrize("spec", FORMATS[:3], ids=FORMAT_IDS[:3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_e4m3_ties(spec, dtype):
+    check(e4m3_tie_weight(dtype, seed=1), spec)
+    if dtype != torch.float16:
+        check(e4m3_tie_weight(dtype, seed=2, exp_shift=-20), spec)
+        check(e4m3_tie_weight(dtype, seed=3, exp_shift=20), spec)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_e2m1_ties(dtype):
+    check(e2m1_tie_weight(dtype, seed=1), FORMATS[3])
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+def test_noncontiguous_input(spec):
+    w = mixed_weight((300, 200), torch.bfloat16, seed=6).t()
+    assert not w.is_contiguous()
+    check(w, spec)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+def test_out_written_in_place(spec):
+    fmt = fmt_of(spec)
+    w = mixed_weight((257, 520), torch.bfloat16, seed=7).cuda()
+    out = allocate_quantized(tuple(w.shape), fmt, "cuda")
+    for t in (out.data, out.scale) + (() if out.global_scale is None else (out.global_scale,)):
+        t.view(torch.uint8).fill_(0x7F) if t.dim() else t.fill_(float("nan"))  # poison: every byte must be written
+    ptrs = (out.data.data_ptr(), out.scale.data_ptr())
+    got = quantize_weight_gpu(w, fmt, "w", out=out)
+    assert (got.data.data_ptr(), got.scale.data_ptr()) == ptrs
+    assert_bitwise_equal(fmt.quantize_weight(w.cpu()), got)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+def test_many_and_plan(spec):
+    fmt = fmt_of(spec)
+    shapes = [(256, 384), (192, 256), (4096, 1024), (31, 47), (128, 128)]
+    dtypes = [torch.bfloat16, torch.float32, torch.bfloat16, torch.float16, torch.bfloat16]
+    ws = [mixed_weight(s, d, seed=i).cuda() for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    names = [f"layers.{i}.weight" for i in range(len(ws))]
+    for ref, got in zip([fmt.quantize_weight(w.cpu()) for w in ws], quantize_weights_gpu(ws, fmt, names)):
+        assert_bitwise_equal(ref, got)
+    plan = QuantizePlan(ws, fmt, names)
+    assert plan.graph is not None
+    ptrs = [q.data.data_ptr() for q in plan.outputs]
+    for step in range(2):  # new values in place, as an optimizer step writes them
+        for i, w in enumerate(ws):
+            w.copy_(mixed_weight(tuple(w.shape), w.dtype, seed=100 * step + i))
+        outs = plan.run()
+        assert [q.data.data_ptr() for q in outs] == ptrs
+        for w, got in zip(ws, outs):
+            assert_bitwise_equal(fmt.quantize_weight(w.cpu()), got)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_nonfinite_refused_with_reference_message(spec, dtype, bad):
+    fmt = fmt_of(spec)
+    w = uniform_weight((130, 200), dtype, 1.0, seed=8)
+    w[129, 199] = bad  # in a partial edge block
+    with pytest.raises(NonFiniteError) as ref_err:
+        fmt.quantize_weight(w, "model.layers.3.mlp.up_proj.weight")
+    with pytest.raises(NonFiniteError) as gpu_err:
+        quantize_weight_gpu(w.cuda(), fmt, "model.layers.3.mlp.up_proj.weight")
+    assert str(gpu_err.value) == str(ref_err.value)
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
+def test_nonfinite_names_the_right_tensor(spec):
+    fmt = fmt_of(spec)
+    ws = [uniform_weight((64, 256), torch.bfloat16, 1.0, seed=i).cuda() for i in range(3)]
+    names = ["a.weight", "b.weight", "c.weight"]
+    ws[1][5, 7] = float("nan")
+    with pytest.raises(NonFiniteError, match="'b.weight'"):
+        quantize_weights_gpu(ws, fmt, names)
+    ws[1][5, 7] = 0.0
+    plan = QuantizePlan(ws, fmt, names)
+    plan.run()
+    ws[2][63, 255] = float("inf")  # the weight goes bad after the plan was built
+    with pytest.raises(NonFiniteError, match="'c.weight'"):
+        plan.run()
+    ws[2][63, 255] = 1.0
+    plan.run()  # flags are cleared on every run

@@ -36,7 +36,12 @@ _QUANTIZED_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".weight_scale_2", 
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """Everything ``convert`` is asked to do (mirrors the CLI flags)."""
+    """Everything ``convert`` is asked to do (mirrors the CLI flags).
+
+    Kept tensors are written unchanged, in their source dtype (BF16 for every Qwen3
+    release), and config.json's ``dtype`` is left as it was: the engine computes in
+    that dtype, with the quantized weights dequantized or fed to FP8 kernels.
+    """
 
     format: str
     scale_rule: str | None = None  # MXFP8 only; None means the format's default ("ceil")

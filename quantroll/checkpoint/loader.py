@@ -40,6 +40,7 @@ class QuantizedCheckpoint:
         first_scale = scale_names(self.format)[0]
         suffix = "." + first_scale
         self.quantized: list[str] = [n[: -len(suffix)] for n in self.reader.tensors if n.endswith(suffix)]
+        self._quantized_set = frozenset(self.quantized)
         self._companions = {"weight", *scale_names(self.format)}
         for module in self.quantized:
             for part in self._companions:
@@ -59,7 +60,7 @@ class QuantizedCheckpoint:
         return self.reader.config
 
     def is_quantized(self, module: str) -> bool:
-        return module in set(self.quantized)
+        return module in self._quantized_set
 
     def quantized_tensor(self, module: str) -> QuantizedTensor:
         """The stored weight of ``module`` as a QuantizedTensor (data, scale[, global])."""

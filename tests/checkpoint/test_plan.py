@@ -15,7 +15,6 @@ from quantroll.checkpoint.plan import (
     NORM,
     ODD_IN_FEATURES,
     PARTIAL_BLOCKS,
-    QUANTIZE,
     ROUTER,
     SKIP_PATTERN,
     matches_skip,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from quantroll.engine.decode import DecodeLoop
 from quantroll.engine.kv_cache import KVCache, kv_cache_bytes
 from quantroll.engine.sampling import SamplingParams, sample
 from quantroll.errors import QuantrollError
@@ -35,6 +36,50 @@ class GenerationResult:
     weight_version: int
 
 
+class _Timer:
+    """CUDA events (or host clocks on CPU) at named points; read once at the end."""
+
+    def __init__(self, device: torch.device):
+        import time
+
+        self.cuda = device.type == "cuda"
+        self._clock = time.perf_counter
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return self._clock()
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def _ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def summary(self, steps: int, replays: int) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        t = dict(self.marks)
+        stats = {"prefill_ms": self._ms(t["start"], t["prefill"]), "steps": steps, "graph_replays": replays}
+        stats["decode_ms"] = self._ms(t["prefill"], self.marks[-1][1])
+        if "replays_start" in t and replays:
+            stats["decode_step_ms"] = self._ms(t["replays_start"], self.marks[-1][1]) / replays
+        elif steps > 1:
+            stats["decode_step_ms"] = stats["decode_ms"] / (steps - 1)
+        return stats
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, ...]:
     ids = set(config_eos)
     gen = checkpoint_dir / "generation_config.json"
@@ -47,13 +92,42 @@ def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, .
 
 
 class Engine:
-    def __init__(self, checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+                 fp8_kernels: bool | None = None, cuda_graphs: bool = True):
+        """fp8_kernels: real FP8 GEMMs for a block-FP8 checkpoint (default: when the GPU has
+        them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
+        on GPU (default on; off is the eager path, for debugging)."""
         self.checkpoint_dir = Path(checkpoint_dir)
+        model, fmt = load_model(self.checkpoint_dir, device, dtype)
+        self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids))
+
+    @classmethod
+    def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
+                   cuda_graphs: bool = True, stop_ids: tuple[int, ...] = ()) -> "Engine":
+        """An engine around a model already in memory (benchmarks of real shapes, tests)."""
+        engine = cls.__new__(cls)
+        engine.checkpoint_dir = None
+        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids)
+        return engine
+
+    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids) -> None:
+        self.model, self.format = model, fmt
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model, self.format = load_model(self.checkpoint_dir, self.device, dtype)
         self.config = self.model.config
-        self.default_stop_ids = _stop_ids(self.checkpoint_dir, self.config.eos_token_ids)
+        self.last_stats: dict[str, float] = {}
+        self.gpu_kernels = self.device.type == "cuda" and _triton_available()
+        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
+        if self.format is not None and self.format.name == "fp8" and self.gpu_kernels:
+            from quantroll.kernels.fp8_linear import fp8_hardware_available
+
+            if fp8_kernels is None:
+                fp8_kernels = fp8_hardware_available(self.device)
+            if fp8_kernels:
+                for layer in self.model.quantized_linears().values():
+                    layer.backend = "fp8"
+        self.default_stop_ids = stop_ids
         self.weight_version = 0
         self._params = dict(self.model.named_parameters())
         self._linears = {m.name: m for m in self.model.modules() if isinstance(m, QLinear) and m.quantized}
@@ -64,7 +138,7 @@ class Engine:
         if self.format is None:
             return str(self.dtype).replace("torch.", "")
         backends = {layer.backend for layer in self._linears.values()}
-        return f"{self.format.name} ({'emulated' if backends == {'emulated'} else '+'.join(sorted(backends))})"
+        return f"{self.format.name} (emulated)" if "emulated" in backends else self.format.name
 
     # -- generation -------------------------------------------------------------------
     def _check(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
@@ -100,68 +174,46 @@ class Engine:
         cfg, dev = self.config, self.device
         stop = torch.tensor(params.stop_token_ids if params.stop_token_ids is not None else self.default_stop_ids,
                             dtype=torch.long, device=dev)
-        cache = KVCache(cfg, batch, seq_len, self.dtype, dev)
+        cache = KVCache(cfg, batch, seq_len, self.dtype, dev, decode_kernel=self.gpu_kernels)
         p_max = int(lengths.max())
         ids = torch.zeros(batch, p_max, dtype=torch.long, device=dev)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p, device=dev)
         positions = torch.arange(p_max, device=dev).expand(batch, p_max)
-        moe = bool(cfg.moe_layers)
-        prefill_routing = RecordRouting() if moe else None
+        prefill_routing = RecordRouting() if cfg.moe_layers else None
         cache.positions = positions
+        timer = _Timer(dev)
         hidden = self.model.hidden(ids, positions, cache.attend, prefill_routing)
         rows = torch.arange(batch, device=dev)
-        logits = self.model.logits(hidden[rows, lengths - 1])
         seeds = params.seed + rows.to(torch.int64)
-        token, logprob = sample(logits, params, seeds, lengths)
-        tokens, logprobs = [token], [logprob]
-        done = torch.isin(token, stop)
-        decode_routing: list[RecordRouting] = []
-        position = lengths.clone()  # where the token just sampled sits
-        for _ in range(params.max_new_tokens - 1):
-            if bool(done.all()):
-                break
-            cache.positions = position[:, None]
-            step_routing = RecordRouting() if moe else None
-            hidden = self.model.hidden(token[:, None], position[:, None], cache.attend, step_routing)
-            if moe:
-                decode_routing.append(step_routing)
-            token, logprob = sample(self.model.logits(hidden[:, 0]), params, seeds, position + 1)
-            position = position + 1
-            tokens.append(token)
-            logprobs.append(logprob)
-            done = done | torch.isin(token, stop)
-        return self._results(prompts, torch.stack(tokens, 1), torch.stack(logprobs, 1), stop, prefill_routing,
-                             decode_routing, p_max, params)
+        token, logprob = sample(self.model.logits(hidden[rows, lengths - 1]), params, seeds, lengths)
+        loop = DecodeLoop(self.model, cache, params, stop, seeds, token, logprob, lengths, self.route_dtype,
+                          use_graph=self.use_cuda_graphs and not cfg.moe_layers)
+        timer.mark("prefill")
+        steps = loop.run(timer)
+        self.last_stats = timer.summary(steps, loop.replays)
+        prefill = None
+        if prefill_routing is not None:
+            k = cfg.num_experts_per_tok
+            prefill = torch.stack([prefill_routing.chosen[layer].view(batch, p_max, k) for layer in cfg.moe_layers], dim=2)
+        return self._results(prompts, loop.tokens[:steps].t(), loop.logprobs[:steps].t(), stop, prefill,
+                             None if loop.routes is None else loop.routes.transpose(0, 1))
 
-    def _results(self, prompts, tokens, logprobs, stop, prefill_routing, decode_routing, p_max, params):
+    def _results(self, prompts, tokens, logprobs, stop, prefill_routes, decode_routes):
         tokens, logprobs = tokens.cpu(), logprobs.cpu()
         is_stop = torch.isin(tokens, stop.cpu())
-        routes = self._routes(prefill_routing, decode_routing, len(prompts), p_max) if prefill_routing else None
+        if prefill_routes is not None:
+            prefill_routes, decode_routes = prefill_routes.to(self.route_dtype).cpu(), decode_routes.cpu()
         out = []
         for i, prompt in enumerate(prompts):
             hits = is_stop[i].nonzero()
             n = int(hits[0]) + 1 if len(hits) else tokens.shape[1]
-            finish = "stop" if len(hits) else "length"
             experts = None
-            if routes is not None:
-                prefill, decode = routes
-                experts = torch.cat([prefill[i, : len(prompt)], decode[i, : n - 1]], dim=0)
-            out.append(GenerationResult(list(prompt), tokens[i, :n].tolist(), logprobs[i, :n].tolist(), finish,
-                                        experts, self.weight_version))
+            if prefill_routes is not None:
+                experts = torch.cat([prefill_routes[i, : len(prompt)], decode_routes[i, : n - 1]], dim=0)
+            out.append(GenerationResult(list(prompt), tokens[i, :n].tolist(), logprobs[i, :n].tolist(),
+                                        "stop" if len(hits) else "length", experts, self.weight_version))
         return out
-
-    def _routes(self, prefill_routing, decode_routing, batch, p_max):
-        """Expert ids as ([B, p_max, L, k], [B, steps, L, k]) in a compact integer type."""
-        layers = self.config.moe_layers
-        small = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
-        k = self.config.num_experts_per_tok
-        prefill = torch.stack([prefill_routing.chosen[layer].view(batch, p_max, k) for layer in layers], dim=2)
-        if decode_routing:
-            decode = torch.stack([torch.stack([r.chosen[layer] for layer in layers], dim=1) for r in decode_routing], dim=1)
-        else:
-            decode = torch.empty(batch, 0, len(layers), k, dtype=prefill.dtype, device=prefill.device)
-        return prefill.to(small).cpu(), decode.to(small).cpu()
 
     # -- weight updates ---------------------------------------------------------------
     @torch.no_grad()

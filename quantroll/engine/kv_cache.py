@@ -1,8 +1,11 @@
 """A static KV cache: one [B, S, Hkv, D] key and value tensor per layer.
 
 Static shapes keep decode capturable in a CUDA graph: every step writes each
-sequence's new key/value at its own position and attends over the whole buffer with
-a mask, so no shape depends on how far each sequence has come.
+sequence's new key/value at its own position (``positions``, a tensor updated in
+place) and attends over that sequence's valid keys only. Prefill always starts at
+position 0, so it attends causally over its own tokens (padding sits at the end of a
+row and no valid token sees it); decode uses the Triton kernel on GPU and a masked
+SDPA over the buffer elsewhere.
 """
 
 from __future__ import annotations
@@ -19,25 +22,29 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtyp
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype, device, decode_kernel: bool = False):
         shape = (batch, seq_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.batch, self.seq_len = batch, seq_len
+        self.batch, self.seq_len, self.decode_kernel = batch, seq_len, decode_kernel
         self.positions: torch.Tensor | None = None  # [B, T] positions of the tokens being processed
         self.slots = torch.arange(seq_len, device=device)
+        self.rows = torch.arange(batch, device=device)[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write k, v at ``self.positions`` and attend causally over everything cached.
-
-        A query at position p sees the cached keys at positions <= p of its own row.
-        """
         pos = self.positions
-        b, t = pos.shape
-        rows = torch.arange(b, device=pos.device)[:, None].expand(b, t)
+        rows = self.rows.expand_as(pos)
         self.k[layer][rows, pos] = k
         self.v[layer][rows, pos] = v
-        mask = self.slots[None, None, :] <= pos[:, :, None]  # [B, T, S]
+        if q.shape[1] > 1:  # prefill from position 0
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True, enable_gqa=q.shape[2] != k.shape[2])
+            return out.transpose(1, 2)
+        if self.decode_kernel:
+            from quantroll.kernels.decode_attention import decode_attention
+
+            return decode_attention(q[:, 0], self.k[layer], self.v[layer], pos[:, 0] + 1)[:, None]
+        mask = self.slots[None, None, :] <= pos[:, :, None]  # [B, 1, S]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), self.k[layer].transpose(1, 2), self.v[layer].transpose(1, 2),
             attn_mask=mask[:, None], enable_gqa=q.shape[2] != k.shape[2],

@@ -1,0 +1,75 @@
+"""Real model shapes for benchmarks, built with random weights (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from quantroll.formats import Format
+from quantroll.model.config import ModelConfig, RopeConfig
+from quantroll.model.qwen3 import Qwen3ForCausalLM
+
+SHAPES = {
+    "qwen3-8b": ModelConfig(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, rope=RopeConfig(theta=1_000_000.0)),
+    "qwen3-30b-a3b": ModelConfig(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, rope=RopeConfig(theta=1_000_000.0), num_experts=128,
+        num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
+    "qwen3-1.7b": ModelConfig(
+        model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, rope=RopeConfig(theta=1_000_000.0), tie_word_embeddings=True),
+}
+
+
+def shape_config(name: str, layers: int | None = None) -> ModelConfig:
+    cfg = SHAPES[name]
+    return dataclasses.replace(cfg, num_hidden_layers=layers) if layers else cfg
+
+
+@torch.no_grad()
+def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int = 0,
+                 source: Qwen3ForCausalLM | None = None) -> Qwen3ForCausalLM:
+    """A model of ``cfg`` with N(0, 0.02) weights (norms 1); with ``fmt`` every linear of
+    the decoder is stored in that format. ``source`` quantizes another model's weights
+    instead of drawing new ones (so BF16 and FP8 runs compare the same model)."""
+    from quantroll.model.linear import QLinear
+
+    torch.manual_seed(seed)
+    linear_names = None
+
+    def fmt_for(name: str):
+        return fmt if fmt is not None and name != "lm_head" and not name.endswith("mlp.gate") else None
+
+    model = Qwen3ForCausalLM(cfg, fmt_for, dtype=torch.bfloat16, device=device)
+    src = dict(source.named_parameters()) if source is not None else {}
+    for name, p in model.named_parameters():
+        if name in src:
+            p.copy_(src[name])
+        elif "norm" in name:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02)
+    for module in model.modules():
+        if isinstance(module, QLinear) and module.quantized:
+            w = src[module.name + ".weight"] if source is not None else torch.empty(
+                module.out_features, module.in_features, dtype=torch.bfloat16, device=device).normal_(0.0, 0.02)
+            module.load_quantized_(_quantize(fmt, w, module.name))
+    del linear_names
+    return model.eval()
+
+
+def _quantize(fmt: Format, w: torch.Tensor, name: str):
+    if w.is_cuda and fmt.name == "fp8":
+        try:
+            from quantroll.kernels import quantize_weight_gpu
+
+            return quantize_weight_gpu(w, fmt, name=name)
+        except ImportError:
+            pass
+    return fmt.quantize_weight(w, name)

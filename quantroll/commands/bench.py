@@ -1,0 +1,41 @@
+"""``quantroll bench``: measurements on the GPU (see docs/PERFORMANCE.md for results)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from quantroll.errors import QuantrollError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="GPU benchmarks (rollout speed)", description=__doc__)
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    r = sub.add_parser("rollout", help="prefill/decode speed of BF16 and FP8 engines on real model shapes")
+    r.add_argument("--shape", default="qwen3-8b", choices=["qwen3-8b", "qwen3-30b-a3b", "qwen3-1.7b"],
+                   help="model shape, random weights (default: qwen3-8b)")
+    r.add_argument("--layers", type=int, default=None, help="use only N decoder layers (default: all)")
+    r.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes (default: 1,16,64,256)")
+    r.add_argument("--precisions", default="bf16,fp8", help="comma-separated engine precisions (default: bf16,fp8)")
+    r.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default: 128)")
+    r.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence (default: 256)")
+    r.add_argument("--repeats", type=int, default=3, help="timed repeats per point, median reported (default: 3)")
+    r.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON to FILE")
+    r.set_defaults(func=run_rollout)
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise QuantrollError("bench rollout needs a CUDA GPU; none is visible")
+    from quantroll.bench.rollout import format_table, run_rollout_bench
+
+    bandwidth, results = run_rollout_bench(args.shape, args.layers, [int(b) for b in args.batches.split(",")],
+                                           args.precisions.split(","), args.prompt_len, args.new_tokens, args.repeats)
+    print(format_table(bandwidth, results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_bandwidth": bandwidth, "results": [asdict(r) for r in results]}, f, indent=2)
+    return 0

@@ -1,0 +1,116 @@
+"""The block-FP8 linear layer on Hopper: activation quantization + FP8 GEMM.
+
+Two GEMM paths compute the same function, (a_q * a_s) @ (w_q * w_s)^T with 1x128
+activation and 128x128 weight scales, and differ only in accumulation order:
+
+- ``scaled_mm``: torch._scaled_mm with blockwise scales (cuBLAS; torch >= 2.9 and
+  CUDA >= 12.9; K and N multiples of 128). cuBLAS refuses M = 1 and is barely faster
+  than BF16 for small M.
+- ``triton``: quantroll's Triton kernel, any shape, with split-K for small M so that a
+  decode step reads the FP8 weights at full bandwidth.
+
+``Fp8LinearConfig`` picks per call; ``fp8_linear_forward`` is the QLinear backend
+("fp8") registered when a CUDA device with FP8 tensor cores (sm_89+) is present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.model.linear import BACKENDS
+
+
+@dataclass(frozen=True)
+class TritonGemmConfig:
+    block_m: int = 16
+    block_n: int = 64
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@dataclass(frozen=True)
+class Fp8LinearConfig:
+    """Which GEMM serves which M: Triton below ``scaled_mm_min_m`` rows, cuBLAS above."""
+
+    scaled_mm_min_m: int = 128
+    small_m: TritonGemmConfig = TritonGemmConfig()
+    large_m: TritonGemmConfig = TritonGemmConfig(block_m=64, block_n=128, split_k=1, num_warps=8, num_stages=3)
+
+
+CONFIG = Fp8LinearConfig()
+
+
+def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [M, K] e4m3, scales [M, ceil(K/128)] float32, outer-dim-major)."""
+    from quantroll.kernels.fp8_gemm_triton import act_quant_fp8_kernel
+
+    m, k = x2d.shape
+    groups = (k + 127) // 128
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2d.device)
+    s = torch.empty(groups, m, dtype=torch.float32, device=x2d.device).t()
+    if m:
+        act_quant_fp8_kernel[(m, groups)](x2d, q, s, k, x2d.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK=128)
+    return q, s
+
+
+def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmConfig | None = None) -> torch.Tensor:
+    from quantroll.kernels.fp8_gemm_triton import fp8_block_gemm_kernel
+
+    m, k = aq.shape
+    n = wq.shape[0]
+    cfg = cfg or (CONFIG.small_m if m <= 64 else CONFIG.large_m)
+    k_blocks = (k + 127) // 128
+    split = max(1, min(cfg.split_k, k_blocks))
+    per_split = (k_blocks + split - 1) // split
+    split = (k_blocks + per_split - 1) // per_split
+    out = torch.empty(split, m, n, dtype=torch.float32 if split > 1 else out_dtype, device=aq.device)
+    grid = ((n + cfg.block_n - 1) // cfg.block_n, (m + cfg.block_m - 1) // cfg.block_m, split)
+    fp8_block_gemm_kernel[grid](
+        aq, a_s, wq, w_s, out, m, n, k,
+        aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
+        w_s.stride(0), w_s.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out[0] if split == 1 else out.sum(0).to(out_dtype)
+
+
+def scaled_mm_supports(m: int, n: int, k: int) -> bool:
+    return m >= 16 and n % 128 == 0 and k % 128 == 0
+
+
+def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
+    return torch._scaled_mm(aq, wq.t(), scale_a=a_s, scale_b=w_s.t(), out_dtype=out_dtype)
+
+
+def fp8_linear_forward(layer, x: torch.Tensor) -> torch.Tensor:
+    """QLinear backend: real FP8 GEMMs on the layer's block-FP8 buffers."""
+    shape = x.shape
+    x2d = x.reshape(-1, shape[-1])
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    aq, a_s = quantize_activation_fp8(x2d)
+    m, n, k = x2d.shape[0], layer.out_features, layer.in_features
+    if m >= CONFIG.scaled_mm_min_m and scaled_mm_supports(m, n, k):
+        y = fp8_gemm_scaled_mm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+    else:
+        y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+    if layer.bias is not None:
+        y = y + layer.bias
+    return y.reshape(*shape[:-1], n)
+
+
+def fp8_hardware_available(device: torch.device | str | None = None) -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+BACKENDS["fp8"] = fp8_linear_forward

@@ -160,14 +160,13 @@ def _launch_all(fmt: Format, weights: Sequence[torch.Tensor], records: Sequence[
 
     for i, (w, q) in enumerate(zip(weights, records)):
         x = w if w.is_contiguous() else w.contiguous()
-        flag = flags[i:i + 1]
         if fmt.name == "fp8":
-            qt.launch_fp8(x, q.data, q.scale, flag, **cfg)
+            qt.launch_fp8(x, q.data, q.scale, flags, i, **cfg)
         elif fmt.name == "mxfp8":
-            qt.launch_mxfp8(x, q.data, q.scale, flag, ceil=(fmt.scale_rule == "ceil"), **cfg)
+            qt.launch_mxfp8(x, q.data, q.scale, flags, i, ceil=(fmt.scale_rule == "ceil"), **cfg)
         else:
-            qt.launch_absmax(x, flag, **cfg.get("absmax", {}))
-            qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flag, **{k: v for k, v in cfg.items() if k != "absmax"})
+            qt.launch_absmax(x, flags, i, **cfg.get("absmax", {}))
+            qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flags, i, **{k: v for k, v in cfg.items() if k != "absmax"})
 
 
 def bad_weights(fmt: Format | str, flags: torch.Tensor) -> torch.Tensor:

@@ -53,8 +53,8 @@ def _clamp448(q):
     return tl.minimum(q, 448.0, propagate_nan=tl.PropagateNan.ALL)
 
 
-@triton.jit(do_not_specialize=["N", "n_kb"])
-def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_kb, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["flag_idx", "N", "n_kb"])
+def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb, BLOCK: tl.constexpr):
     """One 128x128 block per program: amax -> scale = amax/448 -> e4m3(x / scale)."""
     pid = tl.program_id(0)
     pm = pid // n_kb
@@ -65,7 +65,7 @@ def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_kb, BLOCK: tl.const
     offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     amax_bits = tl.max(_abs_bits(x))
-    tl.store(flag_ptr, 1, mask=amax_bits >= 0x7F800000)
+    tl.store(flag_ptr + flag_idx, 1, mask=amax_bits >= 0x7F800000)
     amax = amax_bits.to(tl.float32, bitcast=True)
     scale = tl.math.div_rn(amax, 448.0)
     scale = tl.where(scale < 1.1754943508222875e-38, 1.1754943508222875e-38, scale)  # FP32_TINY
@@ -76,8 +76,8 @@ def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_kb, BLOCK: tl.const
     tl.store(s_ptr + pid, scale)  # scale is [n_mb, n_kb] row-major: index pm * n_kb + pk
 
 
-@triton.jit(do_not_specialize=["N", "n_kt"])
-def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_groups, n_kt,
+@triton.jit(do_not_specialize=["flag_idx", "N", "n_kt"])
+def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_groups, n_kt,
                   BM: tl.constexpr, G: tl.constexpr, CEIL: tl.constexpr):
     """A [BM rows] x [G groups of 32] tile per program; one E8M0 scale per group."""
     GS: tl.constexpr = 32
@@ -92,7 +92,7 @@ def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_groups, n_kt,
     offs = rows.to(tl.int64)[:, None, None] * K + cols[None, :, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     gbits = tl.max(_abs_bits(x), axis=2)  # [BM, G] amax bits
-    tl.store(flag_ptr, 1, mask=tl.max(gbits) >= 0x7F800000)
+    tl.store(flag_ptr + flag_idx, 1, mask=tl.max(gbits) >= 0x7F800000)
     # s = floor(log2(amax)) - 8 (+1 under 'ceil' when the mantissa exceeds 1.75)
     s = (gbits >> 23) - (127 + 8)
     if CEIL:
@@ -107,8 +107,8 @@ def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, N, K, n_groups, n_kt,
     tl.store(s_ptr + soffs, (s + 127).to(tl.uint8), mask=rmask[:, None] & (gidx < n_groups)[None, :])
 
 
-@triton.jit
-def _absmax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+@triton.jit(do_not_specialize=["amax_idx"])
+def _absmax_kernel(x_ptr, amax_ptr, amax_idx, numel, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     """NVFP4 pass 1: atomic max of |x| bits over the tensor; ITERS blocks per program."""
     base = tl.program_id(0).to(tl.int64) * (BLOCK * ITERS)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -116,11 +116,11 @@ def _absmax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr, ITERS: tl.conste
         offs = base + it * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, _abs_bits(x))
-    tl.atomic_max(amax_ptr, tl.max(acc))
+    tl.atomic_max(amax_ptr + amax_idx, tl.max(acc))
 
 
-@triton.jit(do_not_specialize=["N", "n_kt"])
-def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, N, K, n_groups, n_bytes, n_kt,
+@triton.jit(do_not_specialize=["amax_idx", "N", "n_kt"])
+def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_groups, n_bytes, n_kt,
                   BM: tl.constexpr, G: tl.constexpr):
     """NVFP4 pass 2: a [BM rows] x [G groups of 16] tile per program."""
     GS: tl.constexpr = 16
@@ -128,7 +128,7 @@ def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, N, K, n_groups, n_bytes
     pm = pid // n_kt
     pk = pid % n_kt
     # global = amax / (448 * 6), or 1 for an all-zero tensor; program 0 stores it
-    amax_bits = tl.load(amax_ptr)
+    amax_bits = tl.load(amax_ptr + amax_idx)
     gscale = tl.math.div_rn(amax_bits.to(tl.float32, bitcast=True), 2688.0)
     gscale = tl.where(amax_bits > 0, gscale, 1.0)
     tl.store(gs_ptr, gscale, mask=pid == 0)
@@ -168,39 +168,39 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flag: torch.Tensor, **cfg) -> None:
-    """x [N, K] contiguous -> data [N, K] e4m3, scale [ceil(N/128), ceil(K/128)] f32."""
+def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: torch.Tensor, idx: int, **cfg) -> None:
+    """x [N, K] contiguous -> data [N, K] e4m3, scale [ceil(N/128), ceil(K/128)] f32; flags[idx] = 1 on NaN/Inf."""
     cfg = {**CONFIGS["fp8"], **cfg}
     n, k = x.shape
     n_kb = _cdiv(k, 128)
     grid = (_cdiv(n, 128) * n_kb,)
-    _fp8_block_kernel[grid](x, data, scale, flag, n, k, n_kb, BLOCK=128, num_warps=cfg["num_warps"], **EXACT)
+    _fp8_block_kernel[grid](x, data, scale, flags, idx, n, k, n_kb, BLOCK=128, num_warps=cfg["num_warps"], **EXACT)
 
 
-def launch_mxfp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flag: torch.Tensor,
+def launch_mxfp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: torch.Tensor, idx: int,
                  ceil: bool, **cfg) -> None:
-    """x [N, K] -> data [N, K] e4m3, scale [N, ceil(K/32)] E8M0 uint8."""
+    """x [N, K] -> data [N, K] e4m3, scale [N, ceil(K/32)] E8M0 uint8; flags[idx] = 1 on NaN/Inf."""
     cfg = {**CONFIGS["mxfp8"], **cfg}
     n, k = x.shape
     bm, g = cfg["BM"], cfg["G"]
     n_groups = _cdiv(k, 32)
     n_kt = _cdiv(n_groups, g)
     grid = (_cdiv(n, bm) * n_kt,)
-    _mxfp8_kernel[grid](x, data, scale, flag, n, k, n_groups, n_kt, BM=bm, G=g, CEIL=bool(ceil),
+    _mxfp8_kernel[grid](x, data, scale, flags, idx, n, k, n_groups, n_kt, BM=bm, G=g, CEIL=bool(ceil),
                         num_warps=cfg["num_warps"], **EXACT)
 
 
-def launch_absmax(x: torch.Tensor, amax_bits: torch.Tensor, **cfg) -> None:
-    """Atomic max of |x|'s float32 bits into amax_bits[0] (int32, zeroed by the caller)."""
+def launch_absmax(x: torch.Tensor, amax_bits: torch.Tensor, idx: int, **cfg) -> None:
+    """Atomic max of |x|'s float32 bits into amax_bits[idx] (int32, zeroed by the caller)."""
     cfg = {**CONFIGS["absmax"], **cfg}
     numel = x.numel()
     block = cfg["BLOCK"]
     grid = (_cdiv(numel, block * cfg["ITERS"]),)
-    _absmax_kernel[grid](x, amax_bits, numel, BLOCK=block, ITERS=cfg["ITERS"], num_warps=cfg["num_warps"], **EXACT)
+    _absmax_kernel[grid](x, amax_bits, idx, numel, BLOCK=block, ITERS=cfg["ITERS"], num_warps=cfg["num_warps"], **EXACT)
 
 
 def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
-                 amax_bits: torch.Tensor, **cfg) -> None:
+                 amax_bits: torch.Tensor, idx: int, **cfg) -> None:
     """Pass 2 (after launch_absmax): data [N, ceil(K/2)] packed uint8, scale [N, ceil(K/16)] e4m3."""
     cfg = {**CONFIGS["nvfp4"], **cfg}
     n, k = x.shape
@@ -208,5 +208,5 @@ def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, globa
     n_groups = _cdiv(k, 16)
     n_kt = _cdiv(n_groups, g)
     grid = (_cdiv(n, bm) * n_kt,)
-    _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, n, k, n_groups, _cdiv(k, 2), n_kt,
+    _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, idx, n, k, n_groups, _cdiv(k, 2), n_kt,
                         BM=bm, G=g, num_warps=cfg["num_warps"], **EXACT)

@@ -128,6 +128,13 @@ class Engine:
                 for layer in self.model.quantized_linears().values():
                     layer.backend = "fp8"
         self.default_stop_ids = stop_ids
+        if self.gpu_kernels:
+            from quantroll.model.moe import SparseMoE
+
+            for module in self.model.modules():
+                if isinstance(module, SparseMoE):
+                    module.stack_experts_()
+        self.grouped_moe = all(m.stacks is not None for m in self.model.modules() if hasattr(m, "stacks"))
         self.weight_version = 0
         self._params = dict(self.model.named_parameters())
         self._linears = {m.name: m for m in self.model.modules() if isinstance(m, QLinear) and m.quantized}
@@ -188,7 +195,7 @@ class Engine:
         seeds = params.seed + rows.to(torch.int64)
         token, logprob = sample(self.model.logits(hidden[rows, lengths - 1]), params, seeds, lengths)
         loop = DecodeLoop(self.model, cache, params, stop, seeds, token, logprob, lengths, self.route_dtype,
-                          use_graph=self.use_cuda_graphs and not cfg.moe_layers)
+                          use_graph=self.use_cuda_graphs and self.grouped_moe)
         timer.mark("prefill")
         steps = loop.run(timer)
         self.last_stats = timer.summary(steps, loop.replays)

@@ -55,6 +55,7 @@ class SparseMoE(torch.nn.Module):
         p = f"model.layers.{layer_idx}.mlp."
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = linear(p + "gate", lambda _: None, cfg.hidden_size, cfg.num_experts, False, dtype, device)
+        self.stacks: dict[str, torch.Tensor] | None = None  # set by stack_experts_ (GPU engine)
         self.experts = torch.nn.ModuleList(
             MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device)
             for e in range(cfg.num_experts)
@@ -70,10 +71,36 @@ class SparseMoE(torch.nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return idx, weights.to(logits.dtype)
 
+    @torch.no_grad()
+    def stack_experts_(self) -> None:
+        """Move every expert's weights into stacked [E, out, in] tensors (the experts'
+        modules become views into them, so in-place weight loads still reach them) and
+        route forward through the grouped GPU kernel. Inference only: no autograd."""
+        stacks = {}
+        for proj in ("gate", "up", "down"):
+            layers = [getattr(expert, f"{proj}_proj") for expert in self.experts]
+            fields = ["weight", "weight_scale"] if layers[0].quantized else ["weight"]
+            if layers[0].quantized and layers[0].format.name != "fp8":
+                return  # the grouped kernel serves BF16 and block FP8; other formats stay emulated
+            for field in fields:
+                stack = torch.stack([getattr(layer, field).detach() for layer in layers])
+                for e, layer in enumerate(layers):
+                    if isinstance(getattr(layer, field), torch.nn.Parameter):
+                        setattr(layer, field, torch.nn.Parameter(stack[e], requires_grad=False))
+                    else:
+                        setattr(layer, field, stack[e])
+                    layer.invalidate()
+                stacks[proj if field == "weight" else f"{proj}_scale"] = stack
+        self.stacks = stacks
+
     def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         idx, weights = self.route(flat, routing)
+        if self.stacks is not None:
+            from quantroll.kernels.moe import grouped_experts_forward
+
+            return grouped_experts_forward(flat, idx, weights, self.stacks).reshape(shape)
         out = torch.zeros_like(flat)
         for e in torch.unique(idx).tolist():
             token, slot = torch.where(idx == e)

@@ -130,3 +130,35 @@ def test_fp8_engine_generates_with_graphs_and_reports_logprobs_of_its_tokens():
         want = lp.gather(-1, torch.tensor(r.tokens, device=DEV)[:, None])[:, 0].cpu()
         # prefill/decode kernels vs one full forward in BF16: close, not bitwise
         assert (torch.tensor(r.logprobs) - want).abs().mean().item() < 0.05
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_grouped_moe_matches_the_per_expert_loop(fp8):
+    cfg = dataclasses.replace(_small("qwen3-30b-a3b"), num_experts=16, num_experts_per_tok=4)
+    base = random_model(cfg, DEV)
+    model = random_model(cfg, DEV, fmt=FP8, source=base) if fp8 else base
+    block = model.model.layers[0].mlp
+    x = torch.randn(37, cfg.hidden_size, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        loop = block(x).float()
+        block.stack_experts_()
+        assert block.stacks is not None
+        grouped = block(x).float()
+    rel = ((grouped - loop).norm() / loop.norm()).item()
+    assert rel < 1e-2, rel  # BF16 outputs, different summation order
+
+
+def test_moe_engine_graphs_equal_eager_and_routes_cover_positions():
+    cfg = dataclasses.replace(_small("qwen3-30b-a3b"), num_experts=16, num_experts_per_tok=4)
+    model = random_model(cfg, DEV)
+    params = SamplingParams(temperature=0, max_new_tokens=24, stop_token_ids=())
+    prompts = [[1, 2, 3], list(range(10, 30))]
+    eager = Engine.from_model(model, None, DEV, cuda_graphs=False).generate(prompts, params)
+    graphed_engine = Engine.from_model(model, None, DEV)
+    assert graphed_engine.grouped_moe
+    graphed = graphed_engine.generate(prompts, params)
+    assert graphed_engine.last_stats["graph_replays"] == 22
+    for a, b, p in zip(eager, graphed, prompts):
+        assert a.tokens == b.tokens
+        assert b.routed_experts.shape == (len(p) + 24 - 1, 2, 4)
+        assert torch.equal(a.routed_experts.sort(-1).values, b.routed_experts.sort(-1).values)

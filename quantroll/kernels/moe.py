@@ -1,0 +1,82 @@
+"""MoE experts on the GPU through the grouped Triton GEMM (see moe_triton.py).
+
+``moe_align`` sorts (token, slot) pairs by expert with tensor ops only (no host
+synchronization); ``grouped_experts_forward`` runs gate, up and down for all routed
+pairs and sums each token's top-k outputs in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+BLOCK_M = 16
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted pair ids padded per expert [max_rows], expert of each block [max_rows / block_m], -1 past the end).
+
+    Padding slots hold ``num_pairs`` (an invalid pair id)."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    pairs = flat.numel()
+    max_blocks = (pairs + num_experts * (block_m - 1) + block_m - 1) // block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    start_in_sorted = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(pairs, device=flat.device) - start_in_sorted[sorted_experts]
+    dest = padded_start[sorted_experts] + rank
+    sorted_ids = torch.full((max_blocks * block_m,), pairs, dtype=torch.int64, device=flat.device)
+    sorted_ids.scatter_(0, dest, order)
+    block_starts = torch.arange(max_blocks, device=flat.device) * block_m
+    block_expert = torch.searchsorted(padded_end, block_starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, torch.full_like(block_expert, -1))
+    return sorted_ids, block_expert
+
+
+def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, top_k, a_row_is_token, out_dtype):
+    """out[pair] = a[row(pair)] @ w[expert(pair)]^T for every routed pair; [num_pairs, N]."""
+    from quantroll.kernels.moe_triton import grouped_gemm_kernel
+
+    n, k = w.shape[1], w.shape[2]
+    out = torch.empty(num_pairs, n, dtype=out_dtype, device=a.device)
+    fp8 = w_scale is not None
+    block_n = 64
+    grid = (block_expert.numel(), (n + block_n - 1) // block_n)
+    grouped_gemm_kernel[grid](
+        a, a_scale if fp8 else a, w, w_scale if fp8 else w, out, sorted_ids, block_expert, num_pairs, top_k, n, k,
+        a.stride(0), a_scale.stride(0) if fp8 else 0, a_scale.stride(1) if fp8 else 0,
+        w.stride(0), w.stride(1), w.stride(2),
+        w_scale.stride(0) if fp8 else 0, w_scale.stride(1) if fp8 else 0, w_scale.stride(2) if fp8 else 0,
+        out.stride(0), A_ROW_IS_TOKEN=a_row_is_token, FP8=fp8, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=128,
+        num_warps=4, num_stages=3,
+    )
+    return out
+
+
+def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stacks: dict) -> torch.Tensor:
+    """x [T, H]; stacks: gate/up/down weights [E, out, in] (+ "*_scale" for FP8) -> [T, H]."""
+    t, top_k = topk_ids.shape
+    num_experts = stacks["gate"].shape[0]
+    pairs = t * top_k
+    sorted_ids, block_expert = moe_align(topk_ids, num_experts)
+    fp8 = "gate_scale" in stacks
+    if fp8:
+        from quantroll.kernels.fp8_linear import quantize_activation_fp8
+
+        xq, xs = quantize_activation_fp8(x.contiguous())
+    else:
+        xq, xs = x.contiguous(), None
+    gate = grouped_gemm(xq, xs, stacks["gate"], stacks.get("gate_scale"), sorted_ids, block_expert, pairs, top_k, True, x.dtype)
+    up = grouped_gemm(xq, xs, stacks["up"], stacks.get("up_scale"), sorted_ids, block_expert, pairs, top_k, True, x.dtype)
+    inter = F.silu(gate) * up
+    if fp8:
+        iq, i_s = quantize_activation_fp8(inter)
+    else:
+        iq, i_s = inter, None
+    down = grouped_gemm(iq, i_s, stacks["down"], stacks.get("down_scale"), sorted_ids, block_expert, pairs, top_k, False,
+                        x.dtype)
+    return (down.view(t, top_k, -1) * topk_weights[..., None].to(down.dtype)).sum(1)

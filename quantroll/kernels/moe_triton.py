@@ -1,0 +1,52 @@
+"""Grouped expert GEMM for MoE: every (token, slot) pair routed to an expert, in one launch.
+
+Pairs are sorted by expert and each expert's run is padded to BLOCK_M rows
+(``moe_align``), so a program owns BLOCK_M pairs of a single expert and reads that
+expert's weight tile once for all of them. Weights are BF16 or block FP8 (1x128
+activation and 128x128 weight scales, float32 accumulation per K block, as in
+fp8_gemm_triton). No host synchronization: the grid is sized for the worst case and
+programs past the last padded block return at once, so decode steps stay capturable
+in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grouped_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ptr, block_expert_ptr,
+                        num_pairs, top_k, N, K,
+                        s_am, s_asm, s_ask, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_cm,
+                        A_ROW_IS_TOKEN: tl.constexpr, FP8: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_b)
+    if expert < 0:
+        return
+    offs_m = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m)
+    m_ok = pair < num_pairs
+    a_row = pair // top_k if A_ROW_IS_TOKEN else pair
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_row[:, None] * s_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert * s_we + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if FP8:
+            a_s = tl.load(as_ptr + a_row * s_asm + kb * s_ask, mask=m_ok, other=0.0)
+            w_s = tl.load(ws_ptr + expert * s_wse + (offs_n // 128) * s_wsn + kb * s_wsk, mask=n_ok, other=0.0)
+            acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+        else:
+            acc += tl.dot(a, w)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K * s_wk
+    tl.store(c_ptr + pair[:, None] * s_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])

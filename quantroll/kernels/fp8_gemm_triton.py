@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FP32_TINY = 1.1754943508222875e-38
+FP32_TINY = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit

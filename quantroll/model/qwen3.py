@@ -43,7 +43,7 @@ class Qwen3Model(torch.nn.Module):
         self.embed_tokens = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = torch.nn.ModuleList(DecoderLayer(cfg, i, fmt_for, dtype, device) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.rotary = Rotary(cfg)
+        self.rotary = Rotary(cfg, device)
 
     def forward(self, input_ids, positions, attend: Attend = causal_attend, routing: Routing | None = None):
         x = self.embed_tokens(input_ids)

@@ -64,13 +64,13 @@ def _llama3(cfg: ModelConfig, inv: torch.Tensor) -> torch.Tensor:
 class Rotary(torch.nn.Module):
     """cos/sin for given positions; applied to q and k of shape [B, T, heads, head_dim]."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, device=None):
         super().__init__()
         inv, self.attention_scaling = inverse_frequencies(cfg)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", inv.to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)  # [B, T, D/2]
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 

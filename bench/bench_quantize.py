@@ -49,22 +49,23 @@ QWEN3_8B_LAYERS = 36
 SINGLE = (4096, 12288)
 FLOOR = 0.70
 SWEEP = {
-    "fp8": [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}],
+    "fp8": [{"num_warps": 16}, {"num_warps": 8}, {"num_warps": 4}, {"num_warps": 32}],
     "mxfp8": [
-        {"BM": 32, "G": 8, "num_warps": 4},
         {"BM": 16, "G": 8, "num_warps": 4},
+        {"BM": 32, "G": 8, "num_warps": 4},
+        {"BM": 8, "G": 8, "num_warps": 2},
         {"BM": 64, "G": 8, "num_warps": 8},
         {"BM": 32, "G": 16, "num_warps": 8},
         {"BM": 16, "G": 16, "num_warps": 4},
     ],
     "nvfp4": [
-        {"BM": 32, "G": 16, "num_warps": 4},
         {"BM": 16, "G": 16, "num_warps": 4},
-        {"BM": 64, "G": 16, "num_warps": 8},
-        {"BM": 32, "G": 32, "num_warps": 8},
-        {"BM": 32, "G": 8, "num_warps": 4},
-        {"BM": 32, "G": 16, "num_warps": 4, "absmax": {"BLOCK": 2048, "ITERS": 8, "num_warps": 4}},
-        {"BM": 32, "G": 16, "num_warps": 4, "absmax": {"BLOCK": 8192, "ITERS": 2, "num_warps": 8}},
+        {"BM": 32, "G": 16, "num_warps": 4},
+        {"BM": 8, "G": 16, "num_warps": 2},
+        {"BM": 32, "G": 16, "num_warps": 8},
+        {"BM": 16, "G": 8, "num_warps": 2},
+        {"BM": 16, "G": 16, "num_warps": 4, "absmax": {"BLOCK": 2048, "ITERS": 8, "num_warps": 4}},
+        {"BM": 16, "G": 16, "num_warps": 4, "absmax": {"BLOCK": 8192, "ITERS": 2, "num_warps": 8}},
     ],
 }
 

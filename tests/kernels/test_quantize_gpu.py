@@ -160,3 +160,44 @@ def test_nonfinite_names_the_right_tensor(spec):
         plan.run()
     ws[2][63, 255] = 1.0
     plan.run()  # flags are cleared on every run
+
+
+def _check_division(a: torch.Tensor, d: torch.Tensor) -> int:
+    from quantroll.kernels.quantize_triton import div_check
+
+    fast, ref = div_check(a.contiguous(), d.contiguous())
+    domain = torch.isfinite(ref) & (ref <= 1024)  # every quotient the formats take is below ~900
+    exact = domain & (ref >= 2.0**-100)  # below that every code is zero whatever the last bits
+    bad = exact & (fast.view(torch.int32) != ref.view(torch.int32))
+    assert not bool(bad.any()), (
+        f"{int(bad.sum())} quotients differ, e.g. {a[bad][:4].tolist()} / {d[bad][:4].tolist()}: "
+        f"{fast[bad][:4].tolist()} != {ref[bad][:4].tolist()}"
+    )
+    assert bool((fast[domain & ~exact] < 2.0**-98).all())
+    return int(exact.sum())
+
+
+def test_division_fast_path_equals_div_rn_random():
+    """The per-element division (div.rn.f32's fast path with the reciprocal hoisted) against
+    div.rn.f32 itself, on 16M random operand pairs over every binade, subnormal divisors too."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = 1 << 24
+    d = torch.randint(1, 0x7E800000, (n,), device="cuda", generator=g, dtype=torch.int32).view(torch.float32)
+    u = torch.randint(0x30800000, 0x44800000, (n,), device="cuda", generator=g, dtype=torch.int32).view(torch.float32)
+    a = d * u  # quotients near every value in [2**-30, 1024), with random last bits
+    a2 = (a.view(torch.int32) + torch.randint(-3, 4, (n,), device="cuda", generator=g, dtype=torch.int32)).view(torch.float32)
+    assert _check_division(torch.cat([a, a2.abs()]), torch.cat([d, d])) > n
+
+
+def test_division_fast_path_equals_div_rn_bf16_exhaustive():
+    """Every positive finite bf16 dividend against 512 divisors (mantissas all ones, powers of
+    two, FP8 and NVFP4-like scales, random)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.arange(0, 0x7F80, device="cuda", dtype=torch.int16).view(torch.bfloat16).float()
+    specials = torch.tensor([1.0, 2.0**-126, 2.0**-149, 2.0**100, 1.9999999, 1.5, 448.0 / 448, 3.0 / 448,
+                             0.75 * 2.0**-140, (2 - 2.0**-23) * 2.0**-20], device="cuda")
+    rand = torch.randint(0x00000001, 0x7E800000, (502,), device="cuda", generator=g, dtype=torch.int32).view(torch.float32)
+    d = torch.cat([specials, rand])
+    aa = a[None, :].expand(d.numel(), -1).reshape(-1)
+    dd = d[:, None].expand(-1, a.numel()).reshape(-1)
+    assert _check_division(aa, dd) > 0

@@ -43,7 +43,7 @@ def act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm
 def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
                           s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cs, s_cm, s_cn,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          K_BLOCKS_PER_SPLIT: tl.constexpr):
+                          K_BLOCKS_PER_SPLIT: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -65,7 +65,7 @@ def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
         w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
-        acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+        acc += tl.dot(a, w, max_num_imprecise_acc=IMPRECISE_ACC) * a_s[:, None] * w_s[None, :]
         a_ptrs += BLOCK_K * s_ak
         w_ptrs += BLOCK_K * s_wk
     c_ptrs = c_ptr + split * s_cs + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn

@@ -29,6 +29,9 @@ class TritonGemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    # FP8 products accumulated in the tensor core's reduced-precision accumulator before
+    # promotion to float32 (Triton's Hopper default never promotes; 32 = every instruction)
+    imprecise_acc: int = 32
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmC
         aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
         w_s.stride(0), w_s.stride(1), out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split,
+        IMPRECISE_ACC=cfg.imprecise_acc,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out[0] if split == 1 else out.sum(0).to(out_dtype)

@@ -43,7 +43,7 @@ def grouped_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ptr, block_e
         if FP8:
             a_s = tl.load(as_ptr + a_row * s_asm + kb * s_ask, mask=m_ok, other=0.0)
             w_s = tl.load(ws_ptr + expert * s_wse + (offs_n // 128) * s_wsn + kb * s_wsk, mask=n_ok, other=0.0)
-            acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+            acc += tl.dot(a, w, max_num_imprecise_acc=32) * a_s[:, None] * w_s[None, :]
         else:
             acc += tl.dot(a, w)
         a_ptrs += BLOCK_K

@@ -45,3 +45,36 @@ with torch.no_grad():
     lin.backend = "emulated"; y_e = lin(h).float()
     lin.backend = "fp8"; y_r = lin(h).float()
     print(f"q_proj M=256 real-vs-emu {((y_r - y_e).norm() / y_e.norm()).item():.3e}", flush=True)
+
+# --- GEMM speed at decode sizes: bf16 cuBLAS vs FP8 Triton configs vs scaled_mm (GB/s of weight+act bytes)
+import itertools
+import triton
+
+def bw(fn, nbytes):
+    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return ms, nbytes / ms / 1e6
+
+for m, n, k in [(16, 6144, 4096), (16, 4096, 4096), (16, 24576, 4096), (16, 4096, 12288), (64, 24576, 4096), (256, 24576, 4096)]:
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    wq = FP8.quantize_weight(w)
+    aq, a_s = quantize_activation_fp8(x)
+    ms, g = bw(lambda: torch.nn.functional.linear(x, w), n * k * 2)
+    best = (f"bf16 {ms*1e3:7.1f}us {g:6.0f}GB/s",)
+    rows = []
+    for bm, bn, sk, nw, ns in itertools.product([16] if m <= 16 else [16, 64], [32, 64, 128], [1, 2, 4, 8], [4], [3, 5]):
+        c = TritonGemmConfig(block_m=bm, block_n=bn, split_k=sk, num_warps=nw, num_stages=ns)
+        try:
+            ms8, g8 = bw(lambda: fp8_gemm_triton(aq, a_s, wq.data, wq.scale, torch.bfloat16, c), n * k)
+            rows.append((ms8, c))
+        except Exception as e:
+            pass
+    rows.sort(key=lambda r: r[0])
+    ms_q, _ = bw(lambda: quantize_activation_fp8(x), m * k * 3)
+    out = f"M={m:3d} N={n:5d} K={k:5d}: {best[0]} | act-quant {ms_q*1e3:5.1f}us | "
+    for ms8, c in rows[:3]:
+        out += f"fp8 {ms8*1e3:7.1f}us {n*k/ms8/1e6:6.0f}GB/s bm{c.block_m} bn{c.block_n} sk{c.split_k} st{c.num_stages}; "
+    if m >= 16:
+        ms_s, _ = bw(lambda: fp8_gemm_scaled_mm(aq, a_s, wq.data, wq.scale, torch.bfloat16), n * k)
+        out += f"scaled_mm {ms_s*1e3:7.1f}us {n*k/ms_s/1e6:6.0f}GB/s"
+    print(out, flush=True)

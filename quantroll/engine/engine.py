@@ -119,6 +119,7 @@ class Engine:
         self.gpu_kernels = self.device.type == "cuda" and _triton_available()
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
+        self.model.fuse_projections_()
         if self.format is not None and self.format.name == "fp8" and self.gpu_kernels:
             from quantroll.kernels.fp8_linear import fp8_hardware_available
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from quantroll.formats import Format
 from quantroll.model.config import ModelConfig
-from quantroll.model.linear import QLinear
+from quantroll.model.linear import QLinear, can_fuse, fuse_linears
 from quantroll.model.rope import apply_rotary
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -60,11 +60,23 @@ class Attention(torch.nn.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
 
+        self.qkv_proj: QLinear | None = None  # set by fuse_(): one GEMM for q, k and v
+
+    def fuse_(self) -> None:
+        parts = [self.q_proj, self.k_proj, self.v_proj]
+        if self.qkv_proj is None and can_fuse(parts):
+            self.qkv_proj = fuse_linears(parts, self.q_proj.name.replace("q_proj", "qkv_proj"))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, -1, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(b, t, -1, self.head_dim))
-        v = self.v_proj(x).view(b, t, -1, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(
+                [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.reshape(b, t, -1, self.head_dim))
+        k = self.k_norm(k.reshape(b, t, -1, self.head_dim))
+        v = v.reshape(b, t, -1, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return self.o_proj(attend(self.layer_idx, q, k, v).reshape(b, t, -1))
 
@@ -75,6 +87,16 @@ class MLP(torch.nn.Module):
         self.gate_proj = linear(prefix + "gate_proj", fmt_for, hidden, inter, False, dtype, device)
         self.up_proj = linear(prefix + "up_proj", fmt_for, hidden, inter, False, dtype, device)
         self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, False, dtype, device)
+        self.gate_up_proj: QLinear | None = None  # set by fuse_(): one GEMM for gate and up
+
+    def fuse_(self) -> None:
+        parts = [self.gate_proj, self.up_proj]
+        if self.gate_up_proj is None and can_fuse(parts):
+            self.gate_up_proj = fuse_linears(parts, self.gate_proj.name.replace("gate_proj", "gate_up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)

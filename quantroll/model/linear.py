@@ -44,6 +44,7 @@ class QLinear(torch.nn.Module):
         self.in_features, self.out_features, self.format, self.name = in_features, out_features, fmt, name
         self.backend = "emulated"
         self._dequant_cache: torch.Tensor | None = None
+        self._fused_into: list[QLinear] = []
         if fmt is None:
             self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         else:
@@ -77,11 +78,13 @@ class QLinear(torch.nn.Module):
         self.weight_scale.copy_(q.scale)
         if q.global_scale is not None:
             self.weight_global.copy_(q.global_scale)
-        self._dequant_cache = None
+        self.invalidate()
 
     def invalidate(self) -> None:
         """Forget derived state after the buffers were written from outside."""
         self._dequant_cache = None
+        for fused in self._fused_into:
+            fused.invalidate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.format is None:
@@ -91,3 +94,44 @@ class QLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         fmt = self.format.name if self.format else str(self.weight.dtype).replace("torch.", "")
         return f"{self.in_features} -> {self.out_features}, {fmt}, backend={self.backend if self.format else 'torch'}"
+
+
+def can_fuse(parts: list[QLinear]) -> bool:
+    """Linears that read the same input can run as one GEMM when their weights stack
+    along the output dimension: BF16 always, block FP8 when every part's rows fill
+    whole 128-row scale blocks; formats with per-tensor scales (NVFP4) never."""
+    fmt = parts[0].format
+    if any(p.format is not fmt and (p.format is None or fmt is None or p.format.name != fmt.name) for p in parts):
+        return False
+    if any(p.bias is not None for p in parts):
+        return False
+    if fmt is None:
+        return True
+    return fmt.name == "fp8" and all(p.out_features % fmt.weight_block[0] == 0 for p in parts)
+
+
+@torch.no_grad()
+def fuse_linears(parts: list[QLinear], name: str) -> QLinear:
+    """One QLinear over the concatenated weights; the parts become views into it, so
+    in-place weight loads into a part update the fused layer (and drop its caches)."""
+    first = parts[0]
+    fused = QLinear(first.in_features, sum(p.out_features for p in parts), fmt=first.format, name=name,
+                    dtype=first.weight.dtype if first.format is None else torch.bfloat16, device=first.weight.device)
+    fused.backend = first.backend
+    fields = ["weight"] if first.format is None else ["weight", "weight_scale"]
+    for field in fields:
+        stacked = torch.cat([getattr(p, field).detach() for p in parts], dim=0)
+        if field == "weight" and first.format is None:
+            fused.weight = torch.nn.Parameter(stacked, requires_grad=False)
+        else:
+            setattr(fused, field, stacked)
+        offset = 0
+        for p in parts:
+            rows = getattr(p, field).shape[0]
+            view = stacked[offset: offset + rows]
+            setattr(p, field, torch.nn.Parameter(view, requires_grad=False) if field == "weight" and first.format is None else view)
+            offset += rows
+    for p in parts:
+        p._fused_into.append(fused)
+        p.invalidate()
+    return fused

@@ -76,5 +76,11 @@ class Qwen3ForCausalLM(torch.nn.Module):
     def forward(self, input_ids, positions=None, attend: Attend = causal_attend, routing: Routing | None = None):
         return self.logits(self.hidden(input_ids, positions, attend, routing))
 
+    def fuse_projections_(self) -> None:
+        """Run q/k/v and gate/up as one GEMM each (inference: the parts become views)."""
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse_()
+
     def quantized_linears(self) -> dict[str, QLinear]:
         return {m.name: m for m in self.modules() if isinstance(m, QLinear) and m.quantized}

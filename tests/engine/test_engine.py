@@ -135,3 +135,36 @@ def test_tensor_that_does_not_match_config_is_named(tiny_qwen3_dir, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(QuantrollError, match=r"mlp\.(gate|up|down)_proj\.weight' has shape"):
         Engine(bad)
+
+
+def test_fused_projections_compute_the_same_and_follow_weight_loads(tiny_qwen3_dir):
+    from quantroll.model.loader import load_model
+
+    plain, _ = load_model(tiny_qwen3_dir, dtype=torch.float32)
+    engine = Engine(tiny_qwen3_dir, dtype=torch.float32)  # fuses q/k/v and gate/up
+    attn = engine.model.model.layers[0].self_attn
+    assert attn.qkv_proj is not None and engine.model.model.layers[0].mlp.gate_up_proj is not None
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        assert torch.allclose(engine.model(ids), plain(ids), atol=1e-5)
+        new_v = torch.randn_like(attn.v_proj.weight)
+        engine.load_weights([("model.layers.0.self_attn.v_proj.weight", new_v)])
+        plain.model.layers[0].self_attn.v_proj.weight.copy_(new_v)
+        assert torch.allclose(engine.model(ids), plain(ids), atol=1e-5)
+
+
+def test_fp8_fused_layer_drops_its_dequantized_cache_on_load(tiny_qwen3_dir, tmp_path):
+    out = tmp_path / "fp8p"
+    convert_checkpoint(tiny_qwen3_dir, out, ConvertConfig(format="fp8", allow_partial_blocks=True, progress=False))
+    engine = Engine(out, dtype=torch.float32)
+    mlp = engine.model.model.layers[1].mlp
+    assert mlp.gate_up_proj is not None and mlp.gate_up_proj.quantized  # 384-row parts: whole 128-row blocks
+    ids = torch.tensor([[2, 7, 1, 8]])
+    with torch.no_grad():
+        before = engine.model(ids)
+        w = torch.randn(mlp.up_proj.out_features, mlp.up_proj.in_features)
+        engine.load_weights([("model.layers.1.mlp.up_proj.weight", w)])
+        after = engine.model(ids)
+    assert not torch.allclose(before, after)
+    q = engine.format.quantize_weight(w)
+    assert torch.equal(mlp.gate_up_proj.weight[mlp.gate_proj.out_features:].view(torch.uint8), q.data.view(torch.uint8))

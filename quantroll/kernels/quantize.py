@@ -149,24 +149,54 @@ def _prepare(weights: Sequence[torch.Tensor], fmt: Format | str, names: Sequence
     return fmt, names, records
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _SIDE_STREAMS[device]
+
+
 def _launch_all(fmt: Format, weights: Sequence[torch.Tensor], records: Sequence[QuantizedTensor],
-                flags: torch.Tensor, **cfg) -> None:
+                flags: torch.Tensor, overlap: bool = True, **cfg) -> None:
     """Queue every kernel; flags[i] != 0 (fp8, mxfp8) or >= Inf bits (nvfp4) marks a bad weight.
 
-    flags must be zero on entry. NVFP4 runs its two passes weight by weight, so that the
-    second read of a weight that fits in L2 comes from L2.
+    flags must be zero on entry. NVFP4 needs each weight's amax (pass 1) before its
+    groups (pass 2); pass 2 is arithmetic-heavy and pass 1 is a pure read, so with
+    ``overlap`` (CUDA only) every pass 1 runs on a side stream and each pass 2 waits only
+    for its own weight's amax: pass 1 of the next weights streams while pass 2 computes.
     """
     from quantroll.kernels import quantize_triton as qt
 
-    for i, (w, q) in enumerate(zip(weights, records)):
-        x = w if w.is_contiguous() else w.contiguous()
+    xs = [w if w.is_contiguous() else w.contiguous() for w in weights]
+    if fmt.name == "nvfp4":
+        amax_cfg = cfg.get("absmax", {})
+        cfg = {k: v for k, v in cfg.items() if k != "absmax"}
+        if overlap and xs and xs[0].device.type == "cuda":
+            main = torch.cuda.current_stream(xs[0].device)
+            side = _side_stream(xs[0].device)
+            side.wait_stream(main)
+            done = []
+            with torch.cuda.stream(side):
+                for i, x in enumerate(xs):
+                    qt.launch_absmax(x, flags, i, **amax_cfg)
+                    done.append(torch.cuda.Event())
+                    done[-1].record(side)
+            for i, (x, q) in enumerate(zip(xs, records)):
+                main.wait_event(done[i])
+                qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flags, i, **cfg)
+            main.wait_stream(side)
+        else:  # pass 1 then pass 2 weight by weight: a weight that fits in L2 is read from L2 the second time
+            for i, (x, q) in enumerate(zip(xs, records)):
+                qt.launch_absmax(x, flags, i, **amax_cfg)
+                qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flags, i, **cfg)
+        return
+    for i, (x, q) in enumerate(zip(xs, records)):
         if fmt.name == "fp8":
             qt.launch_fp8(x, q.data, q.scale, flags, i, **cfg)
-        elif fmt.name == "mxfp8":
-            qt.launch_mxfp8(x, q.data, q.scale, flags, i, ceil=(fmt.scale_rule == "ceil"), **cfg)
         else:
-            qt.launch_absmax(x, flags, i, **cfg.get("absmax", {}))
-            qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flags, i, **{k: v for k, v in cfg.items() if k != "absmax"})
+            qt.launch_mxfp8(x, q.data, q.scale, flags, i, ceil=(fmt.scale_rule == "ceil"), **cfg)
 
 
 def bad_weights(fmt: Format | str, flags: torch.Tensor) -> torch.Tensor:

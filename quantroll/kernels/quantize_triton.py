@@ -44,9 +44,9 @@ EXACT = {"enable_reflect_ftz": False, "enable_fp_fusion": False}
 
 # Tile shapes and warps per format, measured on an H200 (docs/PERFORMANCE.md).
 CONFIGS: dict[str, dict[str, int]] = {
-    "fp8": {"num_warps": 16},
-    "mxfp8": {"BM": 16, "G": 8, "num_warps": 4},
-    "nvfp4": {"BM": 16, "G": 16, "num_warps": 4},
+    "fp8": {"num_warps": 4},
+    "mxfp8": {"BM": 8, "G": 8, "num_warps": 2},
+    "nvfp4": {"BM": 16, "G": 8, "num_warps": 2},
     "absmax": {"BLOCK": 4096, "ITERS": 4, "num_warps": 8},
 }
 
@@ -106,22 +106,56 @@ def _div_rn_pos(a, p, s, dn, y, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _div_check_kernel(a_ptr, d_ptr, fast_ptr, ref_ptr, n, BLOCK: tl.constexpr):
-    """Test hook: _div_rn_pos against tl.math.div_rn (div.rn.f32) on the same operands."""
+def _recip_scaled(d, INTERPRET: tl.constexpr):
+    """For a divisor d in [2**-99, 2**126): Y = y * 2**-k, where d = dn * 2**k with dn in
+    [1, 2) and y is div.rn.f32's Newton-refined reciprocal of dn (exact scaling)."""
+    bits = d.to(tl.int32, bitcast=True)
+    k = (bits >> 23) - 127
+    dn = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    y0 = _rcp_approx(dn, INTERPRET)
+    y = tl.fma(y0, tl.fma(-dn, y0, 1.0), y0)
+    return y * ((127 - k) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _div_rn_recip(a, d, Y, INTERPRET: tl.constexpr):
+    """RN(a / d) for a >= 0 with d in [2**-99, 2**126) and Y = _recip_scaled(d), wherever the
+    quotient is at least 2**-3; a smaller quotient comes out below 0.25 (E2M1 code 0).
+
+    Each step is div.rn.f32's fast path on (a * 2**-k, dn) scaled by a power of two:
+    q0 = RN(a * Y) is the same real product; the residual a - d*q0 = 2**k * (its residual)
+    is a multiple of 2**(k - 50) >= 2**-149 when the quotient is >= 2**-3, so exact; and
+    Y * r = y * (its residual). Three operations per element, no per-element scaling."""
+    if INTERPRET:
+        return tl.math.div_rn(a, d)
+    else:
+        q0 = a * Y
+        r = tl.fma(-d, q0, a)
+        return tl.fma(Y, r, q0)
+
+
+@triton.jit
+def _div_check_kernel(a_ptr, d_ptr, fast_ptr, ref_ptr, n, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    """Test hook: the hoisted divisions (MODE 0: _div_rn_pos, 1: _div_rn_recip) against
+    tl.math.div_rn (div.rn.f32) on the same operands."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     a = tl.load(a_ptr + offs, mask=m, other=0.0)
     d = tl.load(d_ptr + offs, mask=m, other=1.0)
-    p, s, dn, y = _div_setup(d, False)
-    tl.store(fast_ptr + offs, _div_rn_pos(a, p, s, dn, y, False), mask=m)
+    if MODE == 0:
+        p, s, dn, y = _div_setup(d, False)
+        fast = _div_rn_pos(a, p, s, dn, y, False)
+    else:
+        fast = _div_rn_recip(a, d, _recip_scaled(d, False), False)
+    tl.store(fast_ptr + offs, fast, mask=m)
     tl.store(ref_ptr + offs, tl.math.div_rn(a, d), mask=m)
 
 
-def div_check(a: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def div_check(a: torch.Tensor, d: torch.Tensor, mode: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(fast, reference) quotients of float32 CUDA tensors a >= 0, d > 0 (for the GPU tests)."""
     fast, ref = torch.empty_like(a), torch.empty_like(a)
     n = a.numel()
-    _div_check_kernel[(_cdiv(n, 1024),)](a, d, fast, ref, n, BLOCK=1024, **EXACT)
+    _div_check_kernel[(_cdiv(n, 1024),)](a, d, fast, ref, n, BLOCK=1024, MODE=mode, **EXACT)
     return fast, ref
 
 
@@ -197,11 +231,33 @@ def _absmax_kernel(x_ptr, amax_ptr, amax_idx, numel, BLOCK: tl.constexpr, ITERS:
     tl.atomic_max(amax_ptr + amax_idx, tl.max(acc))
 
 
+@triton.jit
+def _e2m1_code(q, xbits):
+    """E2M1 code of q = |x| / divisor (>= 0) with the sign of x: nearest even, saturating at 6.
+
+    Below 1, 2q + 2**23 rounds 2q to an integer (codes 0..2); from 1 on, the mantissa is
+    rounded to one bit, which gives (exponent + 1) * 2 + bit = the code, capped at 7."""
+    below_one = tl.fma(q, 2.0, 8388608.0).to(tl.int32, bitcast=True) & 3  # 2q is exact: one rounding
+    qb = q.to(tl.int32, bitcast=True)
+    from_one = tl.minimum((qb + (0x1FFFFF - (252 << 22)) + ((qb >> 22) & 1)) >> 22, 7)
+    mag = tl.where(q < 1.0, below_one, from_one)
+    return mag | ((xbits >> 28) & 8)
+
+
+@triton.jit
+def _pack_nibbles(code, BM: tl.constexpr, G: tl.constexpr):
+    """[BM, G, 8] codes -> [BM, G, 4] bytes, element 2i in the low nibble."""
+    lo, hi = tl.split(tl.reshape(code, (BM, G, 4, 2)))
+    return (lo | (hi << 4)).to(tl.uint8)
+
+
 @triton.jit(do_not_specialize=["amax_idx", "N", "n_kt"])
 def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_groups, n_bytes, n_kt,
                   BM: tl.constexpr, G: tl.constexpr, INTERPRET: tl.constexpr):
-    """NVFP4 pass 2: a [BM rows] x [G groups of 16] tile per program."""
-    GS: tl.constexpr = 16
+    """NVFP4 pass 2: a [BM rows] x [G groups of 16] tile per program.
+
+    Each group is loaded as two halves of 8 with the same layout, so one thread holds a
+    whole group: its amax, scale and reciprocal are computed once, in registers."""
     pid = tl.program_id(0)
     pm = pid // n_kt
     pk = pid % n_kt
@@ -213,14 +269,19 @@ def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_group
 
     rows = pm * BM + tl.arange(0, BM)
     gidx = pk * G + tl.arange(0, G)
-    cols = gidx[:, None] * GS + tl.arange(0, GS)[None, :]
+    c0 = gidx[:, None] * 16 + tl.arange(0, 8)[None, :]  # [G, 8]: first half of each group
+    c1 = c0 + 8
     rmask = rows < N
-    mask = rmask[:, None, None] & (cols < K)[None, :, :]
-    offs = rows.to(tl.int64)[:, None, None] * K + cols[None, :, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    xbits = x.to(tl.int32, bitcast=True)
-    abits = xbits & 0x7FFFFFFF
-    gbits = tl.max(abits, axis=2)  # [BM, G]
+    base = rows.to(tl.int64)[:, None, None] * K
+    x0 = tl.load(x_ptr + base + c0[None, :, :], mask=rmask[:, None, None] & (c0 < K)[None, :, :],
+                 other=0.0).to(tl.float32)
+    x1 = tl.load(x_ptr + base + c1[None, :, :], mask=rmask[:, None, None] & (c1 < K)[None, :, :],
+                 other=0.0).to(tl.float32)
+    xb0 = x0.to(tl.int32, bitcast=True)
+    xb1 = x1.to(tl.int32, bitcast=True)
+    ab0 = xb0 & 0x7FFFFFFF
+    ab1 = xb1 & 0x7FFFFFFF
+    gbits = tl.maximum(tl.max(ab0, axis=2), tl.max(ab1, axis=2))  # [BM, G]
     gmax = gbits.to(tl.float32, bitcast=True)
     g2 = tl.broadcast_to(gscale, (BM, G))
     # s = e4m3(amax / 6 / global), never 0 for a nonzero group (2**-9 instead)
@@ -229,20 +290,25 @@ def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_group
     sf = tl.where((sf == 0.0) & (gbits > 0), 0.001953125, sf)
     step = sf * g2
     divisor = tl.where(step > 0.0, step, 1.0)
-    p, s, dn, y = _div_setup(divisor, INTERPRET)
-    q = _div_rn_pos(abits.to(tl.float32, bitcast=True), p[:, :, None], s[:, :, None], dn[:, :, None],
-                    y[:, :, None], INTERPRET)  # |x| / divisor, rounded to nearest even
-    # E2M1 magnitude code, nearest even, saturating at 6 (code 7)
-    below_one = ((q * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000)  # RNE(2q) for q < 1
-    qb = q.to(tl.int32, bitcast=True)
-    from_one = ((qb + 0x1FFFFF + ((qb >> 22) & 1)) >> 22) - 252  # mantissa rounded to 1 bit
-    mag = tl.where(q < 1.0, below_one, tl.minimum(from_one, 7))
-    code = mag | ((xbits >> 28) & 8)  # sign bit of x -> bit 3
-    lo, hi = tl.split(tl.reshape(code, (BM, G * GS // 2, 2)))  # element 2i low, 2i+1 high
-    packed = (lo | (hi << 4)).to(tl.uint8)
-    bcols = pk * (G * GS // 2) + tl.arange(0, G * GS // 2)
-    boffs = rows.to(tl.int64)[:, None] * n_bytes + bcols[None, :]
-    tl.store(q_ptr + boffs, packed, mask=rmask[:, None] & (bcols < n_bytes)[None, :])
+    a0 = ab0.to(tl.float32, bitcast=True)
+    a1 = ab1.to(tl.float32, bitcast=True)
+    if gscale >= 8.271806125530277e-25:  # 2**-80: every divisor >= 2**-89, the usual case
+        Y = _recip_scaled(divisor, INTERPRET)[:, :, None]
+        d3 = divisor[:, :, None]
+        q0 = _div_rn_recip(a0, d3, Y, INTERPRET)
+        q1 = _div_rn_recip(a1, d3, Y, INTERPRET)
+    else:  # a tensor of tiny values: scale each dividend into the fast path's range
+        p, s, dn, y = _div_setup(divisor, INTERPRET)
+        p, s, dn, y = p[:, :, None], s[:, :, None], dn[:, :, None], y[:, :, None]
+        q0 = _div_rn_pos(a0, p, s, dn, y, INTERPRET)
+        q1 = _div_rn_pos(a1, p, s, dn, y, INTERPRET)
+    b0 = _pack_nibbles(_e2m1_code(q0, xb0), BM, G)
+    b1 = _pack_nibbles(_e2m1_code(q1, xb1), BM, G)
+    bc0 = gidx[:, None] * 8 + tl.arange(0, 4)[None, :]  # [G, 4] byte columns of the first half
+    bc1 = bc0 + 4
+    bbase = rows.to(tl.int64)[:, None, None] * n_bytes
+    tl.store(q_ptr + bbase + bc0[None, :, :], b0, mask=rmask[:, None, None] & (bc0 < n_bytes)[None, :, :])
+    tl.store(q_ptr + bbase + bc1[None, :, :], b1, mask=rmask[:, None, None] & (bc1 < n_bytes)[None, :, :])
     soffs = rows.to(tl.int64)[:, None] * n_groups + gidx[None, :]
     tl.store(s_ptr + soffs, sf.to(tl.float8e4nv), mask=rmask[:, None] & (gidx < n_groups)[None, :])
 

@@ -56,7 +56,7 @@ class DecodeLoop:
         self.cache.positions = self.position[:, None]
         if self.routing is not None:
             self.routing.step = self.step - 1
-        hidden = self.model.hidden(self.token[:, None], self.position[:, None], self.cache.attend, self.routing)
+        hidden = self.model.hidden(self.token[:, None], self.position[:, None], self.cache, self.routing)
         token, logprob = sample(self.model.logits(hidden[:, 0]), self.params, self.seeds, self.position + 1)
         self.tokens.index_copy_(0, self.step, token[None])
         self.logprobs.index_copy_(0, self.step, logprob[None])

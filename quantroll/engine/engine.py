@@ -93,24 +93,25 @@ def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, .
 
 class Engine:
     def __init__(self, checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                 fp8_kernels: bool | None = None, cuda_graphs: bool = True):
+                 fp8_kernels: bool | None = None, cuda_graphs: bool = True, fused_kernels: bool = True):
         """fp8_kernels: real FP8 GEMMs for a block-FP8 checkpoint (default: when the GPU has
         them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
         on GPU (default on; off is the eager path, for debugging)."""
         self.checkpoint_dir = Path(checkpoint_dir)
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
-        self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids))
+        self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
+                    fused_kernels)
 
     @classmethod
     def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
-                   cuda_graphs: bool = True, stop_ids: tuple[int, ...] = ()) -> "Engine":
+                   cuda_graphs: bool = True, stop_ids: tuple[int, ...] = (), fused_kernels: bool = True) -> "Engine":
         """An engine around a model already in memory (benchmarks of real shapes, tests)."""
         engine = cls.__new__(cls)
         engine.checkpoint_dir = None
-        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids)
+        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels)
         return engine
 
-    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids) -> None:
+    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels=True) -> None:
         self.model, self.format = model, fmt
         self.device = torch.device(device)
         self.dtype = dtype
@@ -120,6 +121,8 @@ class Engine:
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
         self.model.fuse_projections_()
+        if self.gpu_kernels and fused_kernels:
+            self.model.enable_fused_kernels_()
         if self.format is not None and self.format.name == "fp8" and self.gpu_kernels:
             from quantroll.kernels.fp8_linear import fp8_hardware_available
 
@@ -191,7 +194,7 @@ class Engine:
         prefill_routing = RecordRouting() if cfg.moe_layers else None
         cache.positions = positions
         timer = _Timer(dev)
-        hidden = self.model.hidden(ids, positions, cache.attend, prefill_routing)
+        hidden = self.model.hidden(ids, positions, cache, prefill_routing)
         rows = torch.arange(batch, device=dev)
         seeds = params.seed + rows.to(torch.int64)
         token, logprob = sample(self.model.logits(hidden[rows, lengths - 1]), params, seeds, lengths)

@@ -26,10 +26,29 @@ class KVCache:
         shape = (batch, seq_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.batch, self.seq_len, self.decode_kernel = batch, seq_len, decode_kernel
+        self.batch, self.seq_len, self.decode_kernel, self.head_dim = batch, seq_len, decode_kernel, cfg.head_dim
         self.positions: torch.Tensor | None = None  # [B, T] positions of the tokens being processed
         self.slots = torch.arange(seq_len, device=device)
         self.rows = torch.arange(batch, device=device)[:, None]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.attend(layer, q, k, v)
+
+    @property
+    def attend_qkv(self):
+        """The fused decode path (GPU, power-of-two head_dim), or None."""
+        return self._attend_qkv if self.decode_kernel and self.head_dim & (self.head_dim - 1) == 0 else None
+
+    def _attend_qkv(self, layer, qkv, q_norm_w, k_norm_w, eps, cos, sin, heads, kv_heads, head_dim):
+        """Decode from the fused q/k/v projection [B, (H + 2 Hkv) D]: one kernel normalizes,
+        rotates and caches k/v, another attends."""
+        from quantroll.kernels.decode_attention import decode_attention
+        from quantroll.kernels.fused import qk_norm_rope_cache
+
+        pos = self.positions[:, 0]
+        q = qk_norm_rope_cache(qkv, q_norm_w, k_norm_w, eps, cos, sin, self.k[layer], self.v[layer], self.rows[:, 0],
+                               pos, heads, kv_heads, head_dim)
+        return decode_attention(q, self.k[layer], self.v[layer], pos + 1)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pos = self.positions

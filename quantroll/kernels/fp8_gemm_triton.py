@@ -43,7 +43,7 @@ def act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm
 def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
                           s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cs, s_cm, s_cn,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          K_BLOCKS_PER_SPLIT: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+                          K_BLOCKS_PER_SPLIT: tl.constexpr, IMPRECISE_ACC: tl.constexpr, QUANT_A: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -63,7 +63,16 @@ def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
         k_ok = offs_k < K - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
+        if QUANT_A:
+            # the activation's 1x128 group quantized in registers, exactly as act_quant_fp8_kernel does
+            x = a.to(tl.float32)
+            amax = tl.max(tl.abs(x), axis=1)
+            a_s = tl.maximum(tl.math.div_rn(amax, 448.0), FP32_TINY)
+            a_s = tl.where(amax > 0, a_s, 0.0)
+            divisor = tl.where(a_s > 0, a_s, 1.0)
+            a = tl.minimum(tl.maximum(tl.math.div_rn(x, divisor[:, None]), -448.0), 448.0).to(tl.float8e4nv)
+        else:
+            a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
         w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
         acc += tl.dot(a, w, max_num_imprecise_acc=IMPRECISE_ACC) * a_s[:, None] * w_s[None, :]
         a_ptrs += BLOCK_K * s_ak

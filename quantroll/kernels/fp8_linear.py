@@ -38,7 +38,7 @@ class TritonGemmConfig:
 class Fp8LinearConfig:
     """Which GEMM serves which M: Triton below ``scaled_mm_min_m`` rows, cuBLAS above."""
 
-    scaled_mm_min_m: int = 128
+    scaled_mm_min_m: int = 65
     small_m: TritonGemmConfig = TritonGemmConfig()
     large_m: TritonGemmConfig = TritonGemmConfig(block_m=64, block_n=128, split_k=1, num_warps=8, num_stages=3)
 
@@ -59,12 +59,27 @@ def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, s
 
 
+def small_m_config(n: int, k: int) -> TritonGemmConfig:
+    """Enough programs to keep every multiprocessor streaming weights: split K when the
+    output has few column tiles (the partial sums are reduced deterministically)."""
+    tiles = (n + 63) // 64
+    k_blocks = (k + 127) // 128
+    split = 1
+    while tiles * split < 264 and split < 8 and k_blocks // (split * 2) >= 4:
+        split *= 2
+    return TritonGemmConfig(block_m=16, block_n=64, split_k=split, num_warps=4, num_stages=4)
+
+
 def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmConfig | None = None) -> torch.Tensor:
+    """FP8 GEMM; with ``a_s`` None, ``aq`` is the BF16 activation, quantized inside the kernel."""
     from quantroll.kernels.fp8_gemm_triton import fp8_block_gemm_kernel
 
     m, k = aq.shape
     n = wq.shape[0]
-    cfg = cfg or (CONFIG.small_m if m <= 64 else CONFIG.large_m)
+    cfg = cfg or (small_m_config(n, k) if m <= 64 else CONFIG.large_m)
+    quant_a = a_s is None
+    if quant_a:
+        a_s = aq  # unused by the kernel
     k_blocks = (k + 127) // 128
     split = max(1, min(cfg.split_k, k_blocks))
     per_split = (k_blocks + split - 1) // split
@@ -76,7 +91,7 @@ def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmC
         aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
         w_s.stride(0), w_s.stride(1), out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split,
-        IMPRECISE_ACC=cfg.imprecise_acc,
+        IMPRECISE_ACC=cfg.imprecise_acc, QUANT_A=quant_a,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out[0] if split == 1 else out.sum(0).to(out_dtype)
@@ -96,12 +111,15 @@ def fp8_linear_forward(layer, x: torch.Tensor) -> torch.Tensor:
     x2d = x.reshape(-1, shape[-1])
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
-    aq, a_s = quantize_activation_fp8(x2d)
     m, n, k = x2d.shape[0], layer.out_features, layer.in_features
-    if m >= CONFIG.scaled_mm_min_m and scaled_mm_supports(m, n, k):
-        y = fp8_gemm_scaled_mm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+    if m <= 64:  # decode: activation quantized inside the GEMM, one launch
+        y = fp8_gemm_triton(x2d, None, layer.weight, layer.weight_scale, x.dtype)
     else:
-        y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+        aq, a_s = quantize_activation_fp8(x2d)
+        if m >= CONFIG.scaled_mm_min_m and scaled_mm_supports(m, n, k):
+            y = fp8_gemm_scaled_mm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+        else:
+            y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
     if layer.bias is not None:
         y = y + layer.bias
     return y.reshape(*shape[:-1], n)

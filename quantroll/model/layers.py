@@ -35,8 +35,13 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype, device=device))
         self.eps = eps
+        self.fused = False  # one Triton kernel on GPU (set by the engine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.is_cuda:
+            from quantroll.kernels.fused import add_rmsnorm
+
+            return add_rmsnorm(x, None, self.weight, self.eps)[1]
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -61,6 +66,7 @@ class Attention(torch.nn.Module):
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
 
         self.qkv_proj: QLinear | None = None  # set by fuse_(): one GEMM for q, k and v
+        self.heads, self.kv_heads, self.eps = nh, nkv, cfg.rms_norm_eps
 
     def fuse_(self) -> None:
         parts = [self.q_proj, self.k_proj, self.v_proj]
@@ -69,6 +75,12 @@ class Attention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, t, _ = x.shape
+        attend_qkv = getattr(attend, "attend_qkv", None)
+        if attend_qkv is not None and self.qkv_proj is not None and t == 1:
+            # decode on GPU: norms, rotary and the cache write in one kernel, then attention
+            out = attend_qkv(self.layer_idx, self.qkv_proj(x).view(b, -1), self.q_norm.weight, self.k_norm.weight,
+                             self.eps, cos, sin, self.heads, self.kv_heads, self.head_dim)
+            return self.o_proj(out.reshape(b, t, -1))
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split(
                 [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
@@ -88,6 +100,7 @@ class MLP(torch.nn.Module):
         self.up_proj = linear(prefix + "up_proj", fmt_for, hidden, inter, False, dtype, device)
         self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, False, dtype, device)
         self.gate_up_proj: QLinear | None = None  # set by fuse_(): one GEMM for gate and up
+        self.fused = False  # silu * up in one Triton kernel on GPU (set by the engine)
 
     def fuse_(self) -> None:
         parts = [self.gate_proj, self.up_proj]
@@ -95,6 +108,10 @@ class MLP(torch.nn.Module):
             self.gate_up_proj = fuse_linears(parts, self.gate_proj.name.replace("gate_proj", "gate_up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None and self.fused and x.is_cuda:
+            from quantroll.kernels.fused import silu_mul
+
+            return self.down_proj(silu_mul(self.gate_up_proj(x)))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

@@ -45,12 +45,28 @@ class Qwen3Model(torch.nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.rotary = Rotary(cfg, device)
 
+        self.fused = False  # residual adds fused into the next RMSNorm (GPU; set by the engine)
+
     def forward(self, input_ids, positions, attend: Attend = causal_attend, routing: Routing | None = None):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
+        if self.fused and x.is_cuda:
+            return self._forward_fused(x, cos, sin, attend, routing)
         for layer in self.layers:
             x = layer(x, cos, sin, attend, routing)
         return self.norm(x)
+
+    def _forward_fused(self, x, cos, sin, attend, routing):
+        """The same computation with each residual add done inside the next norm's kernel."""
+        from quantroll.kernels.fused import add_rmsnorm
+
+        delta = None
+        for layer in self.layers:
+            x, h = add_rmsnorm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            a = layer.self_attn(h, cos, sin, attend)
+            x, h = add_rmsnorm(x, a, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+            delta = layer.mlp(h, routing) if isinstance(layer.mlp, SparseMoE) else layer.mlp(h)
+        return add_rmsnorm(x, delta, self.norm.weight, self.norm.eps)[1]
 
 
 class Qwen3ForCausalLM(torch.nn.Module):
@@ -75,6 +91,12 @@ class Qwen3ForCausalLM(torch.nn.Module):
 
     def forward(self, input_ids, positions=None, attend: Attend = causal_attend, routing: Routing | None = None):
         return self.logits(self.hidden(input_ids, positions, attend, routing))
+
+    def enable_fused_kernels_(self) -> None:
+        """Use the fused Triton kernels for norms, residuals, silu*up (GPU inference)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, MLP, Qwen3Model)):
+                module.fused = True
 
     def fuse_projections_(self) -> None:
         """Run q/k/v and gate/up as one GEMM each (inference: the parts become views)."""

@@ -50,7 +50,15 @@ def test_triton_fp8_gemm_matches_float64_emulation(m, n, k, cfg):
     y = fp8_gemm_triton(aq, a_s, wq.data, wq.scale, torch.float32, cfg)
     ref = _emulated(x, wq)
     rel = ((y.double() - ref).norm() / ref.norm()).item()
-    assert rel < 1e-5, rel  # float32 accumulation of exact FP8 products
+    # Hopper's FP8 MMA sums each 32-product chunk in a reduced-precision accumulator:
+    # cuBLAS and this kernel both land 2.5e-3..3.5e-3 from the float64 emulation (measured)
+    assert rel < 1e-2, rel
+    # the activation quantized inside the kernel: the same bits, the same sums
+    fused = fp8_gemm_triton(x, None, wq.data, wq.scale, torch.float32, cfg)
+    assert torch.equal(fused, y)
+    if scaled_mm_supports(m, n, k):
+        cublas = fp8_gemm_scaled_mm(aq, a_s, wq.data, wq.scale, torch.float32)
+        assert ((y - cublas).norm() / cublas.norm()).item() < 1e-3
 
 
 @pytest.mark.parametrize("m,n,k", [(16, 1024, 4096), (256, 4096, 4096)])
@@ -62,7 +70,7 @@ def test_scaled_mm_matches_float64_emulation(m, n, k):
     y = fp8_gemm_scaled_mm(aq, a_s, wq.data, wq.scale, torch.bfloat16)
     ref = _emulated(x, wq)
     rel = ((y.double() - ref).norm() / ref.norm()).item()
-    assert rel < 5e-3, rel  # bf16 output rounding dominates (2**-9)
+    assert rel < 1e-2, rel  # reduced-precision FP8 accumulation (see above) + bf16 output
 
 
 @pytest.mark.parametrize("b,h,hkv,d,lens", [(3, 32, 8, 128, [1, 77, 300]), (2, 6, 2, 96, [5, 64]), (1, 4, 4, 64, [129])])
@@ -109,7 +117,7 @@ def test_real_fp8_engine_vs_emulation_only_accumulation_differs():
     with torch.no_grad():
         bf16_logits = base(ids).float()
         emu_logits = fp8(ids).float()  # QLinear backend "emulated"
-        engine = Engine.from_model(fp8, FP8, DEV)  # switches the layers to the real FP8 backend
+        engine = Engine.from_model(fp8, FP8, DEV, fused_kernels=False)  # real FP8 GEMMs, nothing else changed
         assert engine.precision == "fp8"
         real_logits = fp8(ids).float()
     real_vs_emu = ((real_logits - emu_logits).norm() / emu_logits.norm()).item()
@@ -162,3 +170,61 @@ def test_moe_engine_graphs_equal_eager_and_routes_cover_positions():
         assert a.tokens == b.tokens
         assert b.routed_experts.shape == (len(p) + 24 - 1, 2, 4)
         assert torch.equal(a.routed_experts.sort(-1).values, b.routed_experts.sort(-1).values)
+
+
+
+def test_fused_norm_rope_and_silu_kernels_match_pytorch():
+    from quantroll.kernels.fused import add_rmsnorm, qk_norm_rope_cache, silu_mul
+    from quantroll.model.layers import RMSNorm
+    from quantroll.model.rope import apply_rotary
+
+    torch.manual_seed(0)
+    h = 4096
+    x, d = (torch.randn(16, h, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    norm = RMSNorm(h, 1e-6, torch.bfloat16, DEV)
+    norm.weight.data.normal_(1, 0.1)
+    res, y = add_rmsnorm(x, d, norm.weight, 1e-6)
+    assert torch.equal(res, x + d)
+    ref = norm(x + d)
+    assert (y.float() - ref.float()).abs().max().item() <= 2 * 2**-8 * ref.float().abs().max().item()
+    assert (y == ref).float().mean().item() > 0.95  # reduction order moves a few roundings only
+    gu = torch.randn(16, 2 * 768, device=DEV, dtype=torch.bfloat16)
+    ref = torch.nn.functional.silu(gu[:, :768]) * gu[:, 768:]
+    assert (silu_mul(gu).float() - ref.float()).abs().max().item() <= 2**-7 * ref.float().abs().max().item()
+    # q/k norm + rope + cache write, against the unfused ops
+    heads, kv, dim, b, s = 8, 2, 128, 3, 40
+    qkv = torch.randn(b, (heads + 2 * kv) * dim, device=DEV, dtype=torch.bfloat16)
+    qn, kn = RMSNorm(dim, 1e-6, torch.bfloat16, DEV), RMSNorm(dim, 1e-6, torch.bfloat16, DEV)
+    qn.weight.data.normal_(1, 0.1)
+    kn.weight.data.normal_(1, 0.1)
+    pos = torch.tensor([3, 17, 39], device=DEV)
+    ang = pos[:, None].float() * (1e6 ** (-torch.arange(0, dim, 2, device=DEV).float() / dim))
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos().to(torch.bfloat16)[:, None], emb.sin().to(torch.bfloat16)[:, None]
+    kc = torch.zeros(b, s, kv, dim, device=DEV, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    q = qk_norm_rope_cache(qkv, qn.weight, kn.weight, 1e-6, cos, sin, kc, vc, torch.arange(b, device=DEV), pos,
+                           heads, kv, dim)
+    qr, kr, vr = qkv.split([heads * dim, kv * dim, kv * dim], -1)
+    q_ref = apply_rotary(qn(qr.view(b, 1, heads, dim)), cos, sin)[:, 0]
+    k_ref = apply_rotary(kn(kr.view(b, 1, kv, dim)), cos, sin)[:, 0]
+    scale = q_ref.float().abs().max().item()
+    assert (q.float() - q_ref.float()).abs().max().item() <= 2**-6 * scale
+    rows = torch.arange(b, device=DEV)
+    assert (kc[rows, pos].float() - k_ref.float()).abs().max().item() <= 2**-6 * scale
+    assert torch.equal(vc[rows, pos], vr.view(b, kv, dim))
+    assert kc.sum(dim=(2, 3)).ne(0).sum().item() == b  # nothing else written
+
+
+def test_fused_engine_matches_unfused_engine():
+    cfg = _small()
+    model = random_model(cfg, DEV)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=4)
+    prompts = [[1, 2, 3], list(range(30, 50))]
+    plain = Engine.from_model(model, None, DEV, fused_kernels=False).generate(prompts, params)
+    model2 = random_model(cfg, DEV)
+    fused = Engine.from_model(model2, None, DEV, fused_kernels=True).generate(prompts, params)
+    for a, b in zip(plain, fused):
+        n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), len(a.tokens))
+        assert n >= 4, (a.tokens, b.tokens)  # same samples until rounding flips a near-tie
+        assert torch.allclose(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=5e-2)

@@ -54,14 +54,21 @@ SWEEP = {
         {"BM": 8, "G": 8, "num_warps": 2},
         {"BM": 16, "G": 8, "num_warps": 4},
     ],
-    "nvfp4": [
+    "nvfp4": [  # pass 2 alone
         {"BM": 16, "G": 8, "num_warps": 2},
-        {"BM": 16, "G": 16, "num_warps": 4},
-        {"BM": 32, "G": 8, "num_warps": 4},
+        {"BM": 16, "G": 16, "num_warps": 2},
+        {"BM": 32, "G": 8, "num_warps": 2},
         {"BM": 8, "G": 16, "num_warps": 2},
-        {"BM": 32, "G": 16, "num_warps": 8},
-        {"BM": 16, "G": 8, "num_warps": 2, "absmax": {"BLOCK": 2048, "ITERS": 8, "num_warps": 4}},
-        {"BM": 16, "G": 8, "num_warps": 2, "absmax": {"BLOCK": 8192, "ITERS": 4, "num_warps": 16}},
+        {"BM": 16, "G": 16, "num_warps": 4},
+        {"BM": 32, "G": 16, "num_warps": 4},
+    ],
+    "nvfp4_pass1": [  # the amax pass alone
+        {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 8},
+        {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 4},
+        {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 16},
+        {"BLOCK": 8192, "num_warps": 8, "ctas_per_sm": 8},
+        {"BLOCK": 4096, "num_warps": 4, "ctas_per_sm": 16},
+        {"BLOCK": 2048, "num_warps": 4, "ctas_per_sm": 16},
     ],
 }
 
@@ -160,6 +167,26 @@ def copy_bandwidth(timer: Timer) -> dict:
     return {"bytes": 2 * n, **t, "GBps": 2 * n / (t["median_ms"] * 1e-3) / 1e9}
 
 
+def sweep_nvfp4_passes(timer: Timer, w: torch.Tensor, out, log) -> dict:
+    from quantroll.kernels import quantize_triton as qt
+
+    amax = torch.zeros(1, dtype=torch.int32, device="cuda")
+    read = w.numel() * w.element_size()
+    p1 = []
+    for cfg in SWEEP["nvfp4_pass1"]:
+        t = timer(lambda: qt.launch_absmax(w, amax, 0, **cfg))
+        p1.append({"cfg": cfg, **t, "read_GBps": read / (t["median_ms"] * 1e-3) / 1e9})
+        print(f"nvfp4 pass 1 (amax) {cfg}: {t['median_ms'] * 1e3:6.1f} us  {p1[-1]['read_GBps']:5.0f} GB/s read", flush=True)
+    p2 = []
+    for cfg in SWEEP["nvfp4"]:
+        t = timer(lambda: qt.launch_nvfp4(w, out.data, out.scale, out.global_scale, amax, 0, **cfg))
+        p2.append({"cfg": cfg, **t})
+        print(f"nvfp4 pass 2 (groups) {cfg}: {t['median_ms'] * 1e3:6.1f} us", flush=True)
+    log["nvfp4_pass_sweep"] = {"pass1": p1, "pass2": p2}
+    b1 = min(p1, key=lambda r: r["median_ms"])["cfg"]
+    return {**min(p2, key=lambda r: r["median_ms"])["cfg"], "absmax": b1}
+
+
 def bench_single(timer: Timer, copy_bw: float, sweep: bool, log) -> dict[str, dict]:
     w = test_weight(SINGLE, 1)
     best_cfg = {}
@@ -169,6 +196,8 @@ def bench_single(timer: Timer, copy_bw: float, sweep: bool, log) -> dict[str, di
         out = allocate_quantized(SINGLE, fmt, "cuda")
         read, written = io_bytes([w], [out])
         cfgs = SWEEP[name] if (sweep and rule != "ocp") else [best_cfg.get(name, {})]
+        if name == "nvfp4" and sweep:  # sweep the two passes apart, then time the best pair together
+            cfgs = [sweep_nvfp4_passes(timer, w, out, log)]
         rows = []
         for cfg in cfgs:
             t = timer(lambda: quantize_weight_gpu(w, fmt, "w", out=out, check_finite=False, **cfg))

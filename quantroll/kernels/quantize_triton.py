@@ -47,7 +47,7 @@ CONFIGS: dict[str, dict[str, int]] = {
     "fp8": {"num_warps": 4},
     "mxfp8": {"BM": 8, "G": 8, "num_warps": 2},
     "nvfp4": {"BM": 16, "G": 8, "num_warps": 2},
-    "absmax": {"BLOCK": 4096, "ITERS": 4, "num_warps": 8},
+    "absmax": {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 8},
 }
 
 INF_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN
@@ -159,13 +159,12 @@ def div_check(a: torch.Tensor, d: torch.Tensor, mode: int = 0) -> tuple[torch.Te
     return fast, ref
 
 
-@triton.jit(do_not_specialize=["flag_idx", "N", "n_kb"])
+@triton.jit(do_not_specialize=["flag_idx", "N"])
 def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb,
                       BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
     """One 128x128 block per program: amax -> scale = amax/448 -> e4m3(x / scale)."""
-    pid = tl.program_id(0)
-    pm = pid // n_kb
-    pk = pid % n_kb
+    pm = tl.program_id(0)  # block row
+    pk = tl.program_id(1)  # block column
     rows = pm * BLOCK + tl.arange(0, BLOCK)
     cols = pk * BLOCK + tl.arange(0, BLOCK)
     mask = (rows < N)[:, None] & (cols < K)[None, :]
@@ -185,17 +184,16 @@ def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb,
     q = tl.minimum(q, 448.0, propagate_nan=tl.PropagateNan.ALL)
     q = (q.to(tl.int32, bitcast=True) | (xbits & -2147483648)).to(tl.float32, bitcast=True)  # sign of x
     tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + pid, scale)  # scale is [n_mb, n_kb] row-major: index pm * n_kb + pk
+    tl.store(s_ptr + pm * n_kb + pk, scale)  # scale is [n_mb, n_kb] row-major
 
 
-@triton.jit(do_not_specialize=["flag_idx", "N", "n_kt"])
-def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_groups, n_kt,
+@triton.jit(do_not_specialize=["flag_idx", "N"])
+def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_groups,
                   BM: tl.constexpr, G: tl.constexpr, CEIL: tl.constexpr):
     """A [BM rows] x [G groups of 32] tile per program; one E8M0 scale per group."""
     GS: tl.constexpr = 32
-    pid = tl.program_id(0)
-    pm = pid // n_kt
-    pk = pid % n_kt
+    pm = tl.program_id(0)  # row tile
+    pk = tl.program_id(1)  # group tile
     rows = pm * BM + tl.arange(0, BM)
     gidx = pk * G + tl.arange(0, G)
     cols = gidx[:, None] * GS + tl.arange(0, GS)[None, :]
@@ -221,14 +219,14 @@ def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_groups, n_kt,
 
 @triton.jit(do_not_specialize=["amax_idx"])
 def _absmax_kernel(x_ptr, amax_ptr, amax_idx, numel, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-    """NVFP4 pass 1: atomic max of |x| bits over the tensor; ITERS blocks per program."""
+    """NVFP4 pass 1: max of |x| bits over ITERS consecutive blocks, one relaxed atomic max."""
     base = tl.program_id(0).to(tl.int64) * (BLOCK * ITERS)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for it in tl.static_range(ITERS):
+    for it in range(ITERS):
         offs = base + it * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, _abs_bits(x))
-    tl.atomic_max(amax_ptr + amax_idx, tl.max(acc))
+    tl.atomic_max(amax_ptr + amax_idx, tl.max(acc), sem="relaxed")
 
 
 @triton.jit
@@ -251,21 +249,20 @@ def _pack_nibbles(code, BM: tl.constexpr, G: tl.constexpr):
     return (lo | (hi << 4)).to(tl.uint8)
 
 
-@triton.jit(do_not_specialize=["amax_idx", "N", "n_kt"])
-def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_groups, n_bytes, n_kt,
+@triton.jit(do_not_specialize=["amax_idx", "N"])
+def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_groups, n_bytes,
                   BM: tl.constexpr, G: tl.constexpr, INTERPRET: tl.constexpr):
     """NVFP4 pass 2: a [BM rows] x [G groups of 16] tile per program.
 
     Each group is loaded as two halves of 8 with the same layout, so one thread holds a
     whole group: its amax, scale and reciprocal are computed once, in registers."""
-    pid = tl.program_id(0)
-    pm = pid // n_kt
-    pk = pid % n_kt
-    # global = amax / (448 * 6), or 1 for an all-zero tensor; program 0 stores it
+    pm = tl.program_id(0)  # row tile
+    pk = tl.program_id(1)  # group tile
+    # global = amax / (448 * 6), or 1 for an all-zero tensor; the first program stores it
     amax_bits = tl.load(amax_ptr + amax_idx)
     gscale = tl.math.div_rn(amax_bits.to(tl.float32, bitcast=True), 2688.0)
     gscale = tl.where(amax_bits > 0, gscale, 1.0)
-    tl.store(gs_ptr, gscale, mask=pid == 0)
+    tl.store(gs_ptr, gscale, mask=(pm == 0) & (pk == 0))
 
     rows = pm * BM + tl.arange(0, BM)
     gidx = pk * G + tl.arange(0, G)
@@ -321,12 +318,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_SM_COUNT: dict = {}
+
+
+def _sm_count(x: torch.Tensor) -> int:
+    if x.device.type != "cuda":
+        return 4  # the CPU interpreter
+    if x.device not in _SM_COUNT:
+        _SM_COUNT[x.device] = torch.cuda.get_device_properties(x.device).multi_processor_count
+    return _SM_COUNT[x.device]
+
+
 def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: torch.Tensor, idx: int, **cfg) -> None:
     """x [N, K] contiguous -> data [N, K] e4m3, scale [ceil(N/128), ceil(K/128)] f32; flags[idx] = 1 on NaN/Inf."""
     cfg = {**CONFIGS["fp8"], **cfg}
     n, k = x.shape
     n_kb = _cdiv(k, 128)
-    grid = (_cdiv(n, 128) * n_kb,)
+    grid = (_cdiv(n, 128), n_kb)
     _fp8_block_kernel[grid](x, data, scale, flags, idx, n, k, n_kb, BLOCK=128, INTERPRET=_interpret(),
                             num_warps=cfg["num_warps"], **EXACT)
 
@@ -338,19 +346,25 @@ def launch_mxfp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags
     n, k = x.shape
     bm, g = cfg["BM"], cfg["G"]
     n_groups = _cdiv(k, 32)
-    n_kt = _cdiv(n_groups, g)
-    grid = (_cdiv(n, bm) * n_kt,)
-    _mxfp8_kernel[grid](x, data, scale, flags, idx, n, k, n_groups, n_kt, BM=bm, G=g, CEIL=bool(ceil),
+    grid = (_cdiv(n, bm), _cdiv(n_groups, g))
+    _mxfp8_kernel[grid](x, data, scale, flags, idx, n, k, n_groups, BM=bm, G=g, CEIL=bool(ceil),
                         num_warps=cfg["num_warps"], **EXACT)
 
 
 def launch_absmax(x: torch.Tensor, amax_bits: torch.Tensor, idx: int, **cfg) -> None:
-    """Atomic max of |x|'s float32 bits into amax_bits[idx] (int32, zeroed by the caller)."""
+    """Atomic max of |x|'s float32 bits into amax_bits[idx] (int32, zeroed by the caller).
+
+    About ctas_per_sm programs per multiprocessor, each over a power-of-two number of
+    consecutive blocks (few atomics, few compiled variants)."""
     cfg = {**CONFIGS["absmax"], **cfg}
     numel = x.numel()
     block = cfg["BLOCK"]
-    grid = (_cdiv(numel, block * cfg["ITERS"]),)
-    _absmax_kernel[grid](x, amax_bits, idx, numel, BLOCK=block, ITERS=cfg["ITERS"], num_warps=cfg["num_warps"], **EXACT)
+    n_blocks = _cdiv(numel, block)
+    iters = 1
+    while iters < 64 and iters * _sm_count(x) * cfg["ctas_per_sm"] < n_blocks:
+        iters *= 2
+    grid = (_cdiv(n_blocks, iters),)
+    _absmax_kernel[grid](x, amax_bits, idx, numel, BLOCK=block, ITERS=iters, num_warps=cfg["num_warps"], **EXACT)
 
 
 def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
@@ -360,7 +374,6 @@ def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, globa
     n, k = x.shape
     bm, g = cfg["BM"], cfg["G"]
     n_groups = _cdiv(k, 16)
-    n_kt = _cdiv(n_groups, g)
-    grid = (_cdiv(n, bm) * n_kt,)
-    _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, idx, n, k, n_groups, _cdiv(k, 2), n_kt,
+    grid = (_cdiv(n, bm), _cdiv(n_groups, g))
+    _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, idx, n, k, n_groups, _cdiv(k, 2),
                         BM=bm, G=g, INTERPRET=_interpret(), num_warps=cfg["num_warps"], **EXACT)

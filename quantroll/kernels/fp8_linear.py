@@ -59,15 +59,17 @@ def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, s
 
 
-def small_m_config(n: int, k: int) -> TritonGemmConfig:
-    """Enough programs to keep every multiprocessor streaming weights: split K when the
-    output has few column tiles (the partial sums are reduced deterministically)."""
+def small_m_config(n: int, k: int, m: int = 16) -> TritonGemmConfig:
+    """One row block for all of M (each weight tile read once), and enough programs to
+    keep every multiprocessor streaming weights: split K when the output has few column
+    tiles (the partial sums are reduced deterministically)."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     tiles = (n + 63) // 64
     k_blocks = (k + 127) // 128
     split = 1
     while tiles * split < 264 and split < 8 and k_blocks // (split * 2) >= 4:
         split *= 2
-    return TritonGemmConfig(block_m=16, block_n=64, split_k=split, num_warps=4, num_stages=4)
+    return TritonGemmConfig(block_m=block_m, block_n=64, split_k=split, num_warps=4, num_stages=4 if block_m < 64 else 3)
 
 
 def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmConfig | None = None) -> torch.Tensor:
@@ -76,7 +78,7 @@ def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmC
 
     m, k = aq.shape
     n = wq.shape[0]
-    cfg = cfg or (small_m_config(n, k) if m <= 64 else CONFIG.large_m)
+    cfg = cfg or (small_m_config(n, k, m) if m <= 64 else CONFIG.large_m)
     quant_a = a_s is None
     if quant_a:
         a_s = aq  # unused by the kernel
@@ -98,7 +100,10 @@ def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmC
 
 
 def scaled_mm_supports(m: int, n: int, k: int) -> bool:
-    return m >= 16 and n % 128 == 0 and k % 128 == 0
+    """Shapes on which cuBLAS' blockwise FP8 GEMM was verified on the H200 (torch 2.11):
+    128x128 weight-scale grids whose both sides are multiples of 4 blocks. With N = 384
+    (3 blocks) it returned garbage in the last columns, silently."""
+    return m >= 16 and n % 512 == 0 and k % 512 == 0
 
 
 def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:

@@ -61,7 +61,7 @@ def test_triton_fp8_gemm_matches_float64_emulation(m, n, k, cfg):
         assert ((y - cublas).norm() / cublas.norm()).item() < 1e-3
 
 
-@pytest.mark.parametrize("m,n,k", [(16, 1024, 4096), (256, 4096, 4096)])
+@pytest.mark.parametrize("m,n,k", [(16, 1024, 4096), (256, 4096, 4096), (256, 6144, 12288)])
 def test_scaled_mm_matches_float64_emulation(m, n, k):
     assert scaled_mm_supports(m, n, k)
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)

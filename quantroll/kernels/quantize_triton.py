@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quantroll.errors import QuantrollError
+
 # Compile options every launch passes (see the module docstring).
 EXACT = {"enable_reflect_ftz": False, "enable_fp_fusion": False}
 
@@ -163,8 +165,8 @@ def div_check(a: torch.Tensor, d: torch.Tensor, mode: int = 0) -> tuple[torch.Te
 def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb,
                       BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
     """One 128x128 block per program: amax -> scale = amax/448 -> e4m3(x / scale)."""
-    pm = tl.program_id(0)  # block row
-    pk = tl.program_id(1)  # block column
+    pk = tl.program_id(0)  # block column (consecutive programs walk along the rows' memory)
+    pm = tl.program_id(1)  # block row
     rows = pm * BLOCK + tl.arange(0, BLOCK)
     cols = pk * BLOCK + tl.arange(0, BLOCK)
     mask = (rows < N)[:, None] & (cols < K)[None, :]
@@ -192,8 +194,8 @@ def _mxfp8_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_groups,
                   BM: tl.constexpr, G: tl.constexpr, CEIL: tl.constexpr):
     """A [BM rows] x [G groups of 32] tile per program; one E8M0 scale per group."""
     GS: tl.constexpr = 32
-    pm = tl.program_id(0)  # row tile
-    pk = tl.program_id(1)  # group tile
+    pk = tl.program_id(0)  # group tile (consecutive programs walk along the rows' memory)
+    pm = tl.program_id(1)  # row tile
     rows = pm * BM + tl.arange(0, BM)
     gidx = pk * G + tl.arange(0, G)
     cols = gidx[:, None] * GS + tl.arange(0, GS)[None, :]
@@ -256,8 +258,8 @@ def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, amax_ptr, amax_idx, N, K, n_group
 
     Each group is loaded as two halves of 8 with the same layout, so one thread holds a
     whole group: its amax, scale and reciprocal are computed once, in registers."""
-    pm = tl.program_id(0)  # row tile
-    pk = tl.program_id(1)  # group tile
+    pk = tl.program_id(0)  # group tile (consecutive programs walk along the rows' memory)
+    pm = tl.program_id(1)  # row tile
     # global = amax / (448 * 6), or 1 for an all-zero tensor; the first program stores it
     amax_bits = tl.load(amax_ptr + amax_idx)
     gscale = tl.math.div_rn(amax_bits.to(tl.float32, bitcast=True), 2688.0)
@@ -318,6 +320,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _row_tiles(n: int, bm: int) -> int:
+    tiles = _cdiv(n, bm)
+    if tiles > 65535:  # CUDA's limit on the grid's second dimension
+        raise QuantrollError(f"a weight of {n} rows is more than this kernel's grid takes ({65535 * bm})")
+    return tiles
+
+
 _SM_COUNT: dict = {}
 
 
@@ -334,7 +343,7 @@ def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: 
     cfg = {**CONFIGS["fp8"], **cfg}
     n, k = x.shape
     n_kb = _cdiv(k, 128)
-    grid = (_cdiv(n, 128), n_kb)
+    grid = (n_kb, _row_tiles(n, 128))
     _fp8_block_kernel[grid](x, data, scale, flags, idx, n, k, n_kb, BLOCK=128, INTERPRET=_interpret(),
                             num_warps=cfg["num_warps"], **EXACT)
 
@@ -346,7 +355,7 @@ def launch_mxfp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags
     n, k = x.shape
     bm, g = cfg["BM"], cfg["G"]
     n_groups = _cdiv(k, 32)
-    grid = (_cdiv(n, bm), _cdiv(n_groups, g))
+    grid = (_cdiv(n_groups, g), _row_tiles(n, bm))
     _mxfp8_kernel[grid](x, data, scale, flags, idx, n, k, n_groups, BM=bm, G=g, CEIL=bool(ceil),
                         num_warps=cfg["num_warps"], **EXACT)
 
@@ -374,6 +383,6 @@ def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, globa
     n, k = x.shape
     bm, g = cfg["BM"], cfg["G"]
     n_groups = _cdiv(k, 16)
-    grid = (_cdiv(n, bm), _cdiv(n_groups, g))
+    grid = (_cdiv(n_groups, g), _row_tiles(n, bm))
     _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, idx, n, k, n_groups, _cdiv(k, 2),
                         BM=bm, G=g, INTERPRET=_interpret(), num_warps=cfg["num_warps"], **EXACT)

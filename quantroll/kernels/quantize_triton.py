@@ -48,8 +48,8 @@ EXACT = {"enable_reflect_ftz": False, "enable_fp_fusion": False}
 CONFIGS: dict[str, dict[str, int]] = {
     "fp8": {"num_warps": 4},
     "mxfp8": {"BM": 8, "G": 8, "num_warps": 2},
-    "nvfp4": {"BM": 16, "G": 8, "num_warps": 2},
-    "absmax": {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 8},
+    "nvfp4": {"BM": 8, "G": 16, "num_warps": 2},
+    "absmax": {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 16},
 }
 
 INF_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN

@@ -12,10 +12,12 @@ Exactness, operation by operation (the reference is the CPU run of quantroll.for
   q = fma(y, r, q0), guarded by FCHK, which sends operands with extreme exponents
   (denormals, quotients near under/overflow) to a slow path. Here d is the same for a
   whole block (FP8) or group (NVFP4), so the reciprocal and its Newton step are done
-  once per block; both operands are first scaled by the same power of two so that the
-  divisor lies in [1, 2) and every dividend that can round to a non-zero code lies far
-  from the denormal range, where the fast path is exact. That leaves three FP32
-  operations per element instead of ~12 and a branch. Triton's plain ``/`` would be
+  once per block. FP8 (and NVFP4 tensors of tiny values) scale each dividend by the
+  power of two that brings the divisor into [1, 2), so that every dividend that can
+  round to a non-zero code lies far from the denormal range, where the fast path is
+  exact; NVFP4 scales the reciprocal instead, the same arithmetic up to exact powers
+  of two (see _div_rn_recip). Three or four FP32 operations per element instead of
+  ~12 and a branch; tests/kernels checks both against div.rn.f32 itself. Triton's plain ``/`` would be
   ``div.full.f32`` (about 2 ulp). Scalar divisions use ``tl.math.div_rn``; every
   launch passes ``enable_reflect_ftz=False`` so that it is ``div.rn.f32``, not
   ``div.rn.ftz.f32`` (which flushes subnormals), and ``enable_fp_fusion=False`` so that
@@ -51,9 +53,6 @@ CONFIGS: dict[str, dict[str, int]] = {
     "nvfp4": {"BM": 8, "G": 16, "num_warps": 2},
     "absmax": {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 16},
 }
-
-INF_BITS = 0x7F800000  # |x| bits at or above this: Inf or NaN
-
 
 @triton.jit
 def _abs_bits(x):

@@ -24,6 +24,16 @@ FP32_TINY = torch.finfo(torch.float32).tiny
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
+def div_exact(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor, correctly rounded on every device.
+
+    Dividing a CUDA tensor by a Python scalar makes torch multiply by the rounded
+    reciprocal, which differs from true division in the last bit; a tensor divisor
+    keeps IEEE division on CPU and GPU alike (and matches the kernels' div_rn).
+    """
+    return x / torch.full_like(x, divisor)
+
+
 def pow2(exponent: torch.Tensor) -> torch.Tensor:
     """Exact float32 2**e for integer e in [-127, 127], built from the bit pattern.
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 
 from quantroll.formats.base import Format, QuantizedTensor, block_amax, expand_blocks
-from quantroll.formats.elements import E4M3_MAX, FP32_TINY, e4m3_ulp, to_e4m3
+from quantroll.formats.elements import E4M3_MAX, FP32_TINY, div_exact, e4m3_ulp, to_e4m3
 
 
 def fp8_block_scale(amax: torch.Tensor) -> torch.Tensor:
     """amax / 448 (float32, correctly rounded); 0 for an all-zero block."""
-    scale = (amax / E4M3_MAX).clamp(min=FP32_TINY)
+    scale = div_exact(amax, E4M3_MAX).clamp(min=FP32_TINY)
     return torch.where(amax > 0, scale, torch.zeros_like(scale))
 
 

@@ -24,6 +24,8 @@ from quantroll.formats.elements import (
     E2M1_MAX,
     E4M3_MAX,
     E4M3_MIN_SUBNORMAL,
+    FP32_TINY,
+    div_exact,
     e2m1_decode,
     e2m1_encode,
     e2m1_ulp,
@@ -34,14 +36,16 @@ from quantroll.formats.elements import (
 
 
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
-    """amax / 2688 as float32 (1.0 for an all-zero tensor)."""
+    """amax / 2688 as float32 (1.0 for an all-zero tensor; never below the smallest
+    normal float32, so that the group scales stay finite for subnormal amaxes)."""
     amax = amax.to(torch.float32)
-    return torch.where(amax > 0, amax / (E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+    global_scale = div_exact(amax, E4M3_MAX * E2M1_MAX).clamp(min=FP32_TINY)
+    return torch.where(amax > 0, global_scale, torch.ones_like(amax))
 
 
 def nvfp4_group_scale(group_amax: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """E4M3 group scales: e4m3(amax / 6 / global), never 0 for a nonzero group."""
-    s = to_e4m3(group_amax / E2M1_MAX / global_scale)
+    s = to_e4m3(div_exact(group_amax, E2M1_MAX) / global_scale)
     tiny = torch.full_like(group_amax, E4M3_MIN_SUBNORMAL).to(torch.float8_e4m3fn)
     underflow = (s.to(torch.float32) == 0) & (group_amax > 0)
     return torch.where(underflow, tiny, s)

@@ -86,3 +86,9 @@ def test_floor_log2_and_mantissa():
     x = torch.tensor([1.0, 1.75, 1.7500001, 448.0, 0.3])
     assert el.floor_log2(x).tolist() == [0, 0, 0, 8, -2]
     assert (el.mantissa_bits(x) > 0x600000).tolist() == [False, False, True, False, False]  # 0.3 = 1.2 * 2**-2
+
+
+def test_div_exact_is_true_division():
+    x = torch.rand(100000) * 1000
+    want = (x.double() / 448.0).float()  # the correctly rounded quotient
+    assert torch.equal(el.div_exact(x, 448.0), want)

@@ -105,3 +105,10 @@ def test_activation_dynamic_global_and_groups():
 
 def test_decode_table_signs():
     assert e2m1_decode(torch.tensor([0, 7, 8, 15], dtype=torch.uint8)).tolist() == [0.0, 6.0, -0.0, -6.0]
+
+
+def test_subnormal_amax_keeps_scales_finite():
+    w = torch.tensor([[3e-42] + [1e-43] * 15])
+    q = NV.quantize_weight(w)
+    assert q.global_scale.item() > 0 and torch.isfinite(q.scale.float()).all()
+    assert torch.isfinite(NV.dequantize(q)).all()

@@ -21,6 +21,7 @@ from quantroll.engine.kv_cache import KVCache, kv_cache_bytes
 from quantroll.engine.sampling import SamplingParams, sample
 from quantroll.errors import QuantrollError
 from quantroll.formats import QuantizedTensor
+from quantroll.kernels import triton_available
 from quantroll.model.linear import QLinear
 from quantroll.model.loader import load_model
 from quantroll.model.moe import RecordRouting
@@ -72,14 +73,6 @@ class _Timer:
         return stats
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, ...]:
     ids = set(config_eos)
     gen = checkpoint_dir / "generation_config.json"
@@ -117,7 +110,7 @@ class Engine:
         self.dtype = dtype
         self.config = self.model.config
         self.last_stats: dict[str, float] = {}
-        self.gpu_kernels = self.device.type == "cuda" and _triton_available()
+        self.gpu_kernels = self.device.type == "cuda" and triton_available()
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
         self.model.fuse_projections_()

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+from quantroll.kernels.decode_attention import next_pow2
 
 
 def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -23,7 +18,7 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     res = torch.empty_like(x2) if delta is not None else x2
     y = torch.empty_like(x2)
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
-                                       y.stride(0), HAS_DELTA=delta is not None, BLOCK=_pow2(h), num_warps=8)
+                                       y.stride(0), HAS_DELTA=delta is not None, BLOCK=next_pow2(h, 1), num_warps=8)
     return res.view(x.shape), y.view(x.shape)
 
 

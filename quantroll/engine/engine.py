@@ -136,6 +136,25 @@ class Engine:
         self._params = dict(self.model.named_parameters())
         self._linears = {m.name: m for m in self.model.modules() if isinstance(m, QLinear) and m.quantized}
 
+    def quantized_layers(self) -> dict:
+        """Quantized linears by checkpoint module name (a fused layer's parts, not the fused layer)."""
+        return {name: layer for name, layer in self._linears.items() if not name.endswith(("qkv_proj", "gate_up_proj"))}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every weight the engine holds, by checkpoint tensor name, as stored (quantized
+        weights as data + scale [+ global]), for snapshots and the update check."""
+        out = {}
+        for name, layer in self.quantized_layers().items():
+            q = layer.quantized_weight()
+            out[f"{name}.weight"] = q.data
+            out[f"{name}.weight_scale"] = q.scale
+            if q.global_scale is not None:
+                out[f"{name}.weight_global"] = q.global_scale
+        for name, p in self._params.items():
+            if not name.endswith(("qkv_proj.weight", "gate_up_proj.weight")):
+                out[name] = p.data
+        return out
+
     @property
     def precision(self) -> str:
         """What the engine computes in, as reports should print it ("fp8 (emulated)" ...)."""

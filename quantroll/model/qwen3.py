@@ -101,6 +101,8 @@ class Qwen3ForCausalLM(torch.nn.Module):
     def fuse_projections_(self) -> None:
         """Run q/k/v and gate/up as one GEMM each (inference: the parts become views)."""
         for module in self.modules():
+            if isinstance(module, MLP) and ".experts." in module.gate_proj.name:
+                continue  # experts run stacked (grouped GEMM) or one by one, never fused pairwise
             if isinstance(module, (Attention, MLP)):
                 module.fuse_()
 

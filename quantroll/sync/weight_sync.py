@@ -1,0 +1,80 @@
+"""Push the trainer's BF16 weights into the engine, in the engine's format, in place.
+
+Every weight the engine holds quantized is re-quantized by the rules the checkpoint
+was made with (``quantize_for_checkpoint``: the format with its MXFP8 scale rule, and
+NVFP4's global scale shared within fused q/k/v and gate/up), so that an update of
+unchanged weights reproduces the checkpoint bit for bit. Quantize and load are timed
+separately: on small models the per-update quantization can cost more than FP8 saves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.checkpoint.plan import scale_group
+from quantroll.checkpoint.quantize import quantize_for_checkpoint, tensor_amax
+from quantroll.formats import QuantizedTensor
+
+
+@dataclass(frozen=True)
+class SyncTiming:
+    quantize_s: float
+    load_s: float
+    version: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class WeightSync:
+    def __init__(self, engine):
+        self.engine = engine
+        self.format = engine.format
+        # modules the engine stores quantized, by checkpoint name (fused parents excluded)
+        self.quantized = {name for name, layer in engine.quantized_layers().items()}
+
+    def _shared_amaxes(self, named: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        if self.format is None or self.format.name != "nvfp4":
+            return {}
+        groups: dict[str, list[str]] = {}
+        for name in named:
+            module = name.removesuffix(".weight")
+            if module in self.quantized and (key := scale_group(module)) is not None:
+                groups.setdefault(key, []).append(name)
+        shared = {}
+        for names in groups.values():
+            amax = max(tensor_amax(named[n]) for n in names)
+            shared.update({n: amax for n in names})
+        return shared
+
+    def quantize(self, named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor | QuantizedTensor]:
+        """The update as the engine stores it: QuantizedTensor for quantized weights."""
+        shared = self._shared_amaxes(named)
+        out: dict[str, torch.Tensor | QuantizedTensor] = {}
+        for name, tensor in named.items():
+            module = name.removesuffix(".weight")
+            if name.endswith(".weight") and module in self.quantized:
+                w = tensor.detach().to(self.engine.device)
+                out[name] = quantize_for_checkpoint(self.format, w, name, shared.get(name))
+            else:
+                out[name] = tensor.detach()
+        return out
+
+    @torch.no_grad()
+    def push(self, named: Mapping[str, torch.Tensor]) -> SyncTiming:
+        """Quantize and load one update; returns the two times and the new weight version."""
+        device = self.engine.device
+        _sync(device)
+        t0 = time.perf_counter()
+        update = self.quantize(named)
+        _sync(device)
+        t1 = time.perf_counter()
+        version = self.engine.load_weights(update.items())
+        _sync(device)
+        return SyncTiming(t1 - t0, time.perf_counter() - t1, version)

@@ -1,0 +1,133 @@
+"""Weight sync and the first-update check on tiny checkpoints, with injected faults."""
+
+import pytest
+import torch
+
+from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+from quantroll.checkpoint.reader import CheckpointReader
+from quantroll.engine import Engine
+from quantroll.sync import WeightSync, WeightUpdateMismatch, check_weight_update
+
+SQUARE = dict(num_attention_heads=4, head_dim=64, num_key_value_heads=2)  # q/o 256x256: a transpose keeps the shape
+
+
+@pytest.fixture(scope="module")
+def bf16_dir(tiny_checkpoint):
+    return tiny_checkpoint(**SQUARE)
+
+
+@pytest.fixture(scope="module")
+def converted(bf16_dir, tmp_path_factory):
+    out = {}
+    for fmt in ("fp8", "mxfp8", "nvfp4"):
+        out[fmt] = tmp_path_factory.mktemp(fmt) / fmt
+        convert_checkpoint(bf16_dir, out[fmt], ConvertConfig(format=fmt, allow_partial_blocks=True, progress=False))
+    return out
+
+
+def trainer_weights(bf16_dir):
+    with CheckpointReader(bf16_dir) as reader:
+        return dict(reader.iter_tensors())
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4"])
+def test_honest_update_of_unchanged_weights_is_bitwise_equal(bf16_dir, converted, fmt):
+    engine = Engine(converted[fmt])
+    sync = WeightSync(engine)
+    assert sync.quantized, "the converted checkpoint must hold quantized layers"
+    weights = trainer_weights(bf16_dir)
+    errors = check_weight_update(engine, lambda: sync.push(weights), allow_quant_error=False)
+    assert errors and all(v == 0.0 for v in errors.values())
+    assert set(errors) >= {f"{m}.weight" for m in sync.quantized}
+
+
+def test_push_times_quantize_and_load_separately(bf16_dir, converted):
+    engine = Engine(converted["fp8"])
+    timing = WeightSync(engine).push(trainer_weights(bf16_dir))
+    assert timing.version == 1 and timing.quantize_s > 0 and timing.load_s > 0
+
+
+def test_a_changed_weight_passes_only_with_the_allowance(bf16_dir, converted):
+    engine = Engine(converted["fp8"])
+    sync = WeightSync(engine)
+    weights = trainer_weights(bf16_dir)
+    name = "model.layers.1.mlp.down_proj.weight"
+    nudged = dict(weights)
+    nudged[name] = (weights[name].float() * (1 + 2**-7)).to(torch.bfloat16)  # a trainer-side rounding difference
+    with pytest.raises(WeightUpdateMismatch, match="down_proj.weight.*not bitwise equal"):
+        check_weight_update(engine, lambda: sync.push(nudged), allow_quant_error=False)
+    engine = Engine(converted["fp8"])
+    errors = check_weight_update(engine, lambda: WeightSync(engine).push(nudged), allow_quant_error=True)
+    assert errors[name] > 0
+
+
+def _faulty(sync, corrupt):
+    clean = sync.quantize
+
+    def quantize(named):
+        return corrupt(clean(named))
+
+    sync.quantize = quantize
+    return sync
+
+
+def flip_code_bit(update):
+    q = update["model.layers.0.mlp.up_proj.weight"]
+    q.data.view(torch.uint8)[3, 5] ^= 0x40  # an exponent bit of one E4M3 code
+    return update
+
+
+def double_a_scale(update):
+    q = update["model.layers.2.self_attn.o_proj.weight"]
+    q.scale[0, 0] *= 2
+    return update
+
+
+def transpose_square(update):
+    q = update["model.layers.1.self_attn.q_proj.weight"]
+    update["model.layers.1.self_attn.q_proj.weight"] = type(q)(q.data.t().contiguous(), q.scale.t().contiguous(),
+                                                                 q.format, q.shape, q.block, q.global_scale)
+    return update
+
+
+def drop_one(update):
+    del update["model.layers.3.mlp.gate_proj.weight"]
+    return update
+
+
+def nan_in_norm(update):
+    update["model.layers.2.post_attention_layernorm.weight"] = torch.full_like(
+        update["model.layers.2.post_attention_layernorm.weight"], float("nan"))
+    return update
+
+
+def nan_in_scale(update):
+    update["model.layers.0.self_attn.k_proj.weight"].scale[0, 0] = float("nan")
+    return update
+
+
+@pytest.mark.parametrize("allow", [False, True])
+@pytest.mark.parametrize("corrupt, tensor", [
+    (flip_code_bit, "model.layers.0.mlp.up_proj.weight"),
+    (double_a_scale, "model.layers.2.self_attn.o_proj.weight"),
+    (transpose_square, "model.layers.1.self_attn.q_proj.weight"),
+    (drop_one, "model.layers.3.mlp.gate_proj.weight"),
+    (nan_in_norm, "model.layers.2.post_attention_layernorm.weight"),
+    (nan_in_scale, "model.layers.0.self_attn.k_proj.weight"),
+], ids=["flipped-bit", "wrong-scale", "transposed", "missing", "nan-plain", "nan-scale"])
+def test_injected_faults_are_caught_and_named(bf16_dir, converted, corrupt, tensor, allow):
+    engine = Engine(converted["fp8"])
+    assert engine.model.model.layers[1].self_attn.q_proj.in_features == engine.model.model.layers[1].self_attn.q_proj.out_features
+    sync = _faulty(WeightSync(engine), corrupt)
+    weights = trainer_weights(bf16_dir)
+    with pytest.raises(WeightUpdateMismatch, match=tensor.replace(".", r"\.")):
+        check_weight_update(engine, lambda: sync.push(weights), allow_quant_error=allow)
+
+
+def test_nvfp4_sync_shares_the_global_scale_within_fused_groups(bf16_dir, converted):
+    engine = Engine(converted["nvfp4"])
+    update = WeightSync(engine).quantize(trainer_weights(bf16_dir))
+    p = "model.layers.0.self_attn."
+    g = {n: update[f"{p}{n}.weight"].global_scale.item() for n in ("q_proj", "k_proj", "v_proj")}
+    assert len(set(g.values())) == 1
+    assert update["model.layers.0.mlp.gate_proj.weight"].global_scale == update["model.layers.0.mlp.up_proj.weight"].global_scale

@@ -45,6 +45,9 @@ class QLinear(torch.nn.Module):
         self.backend = "emulated"
         self._dequant_cache: torch.Tensor | None = None
         self._fused_into: list[QLinear] = []
+        # trainer modes 2-4: a BF16 layer whose forward uses this format (see quantized_forward)
+        self.train_format: Format | None = None
+        self.train_real_fp8 = False
         if fmt is None:
             self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         else:
@@ -87,6 +90,10 @@ class QLinear(torch.nn.Module):
             fused.invalidate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.format is None and self.train_format is not None:
+            from quantroll.model.quantized_forward import quantized_forward_linear
+
+            return quantized_forward_linear(x, self.weight, self.bias, self.train_format, self.train_real_fp8)
         if self.format is None:
             return F.linear(x, self.weight, self.bias)
         return BACKENDS[self.backend](self, x)

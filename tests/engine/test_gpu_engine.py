@@ -233,3 +233,19 @@ def test_fused_engine_matches_unfused_engine():
         n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), len(a.tokens))
         assert n >= 4, (a.tokens, b.tokens)  # same samples until rounding flips a near-tie
         assert torch.allclose(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=5e-2)
+
+
+def test_trainer_fp8_forward_on_gpu_matches_emulation_and_keeps_bf16_backward():
+    from quantroll.model.linear import QLinear
+
+    layer = QLinear(4096, 1024, fmt=None, dtype=torch.bfloat16, device=DEV)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    layer.train_format = FP8
+    x = torch.randn(256, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    emulated = layer(x).float()
+    layer.train_real_fp8 = True
+    real = layer(x)
+    rel = ((real.float() - emulated).norm() / emulated.norm()).item()
+    assert rel < 1e-2, rel  # FP8 MMA accumulation + bf16 output (see the GEMM tests)
+    real.sum().backward()
+    assert torch.allclose(x.grad.float(), layer.weight.float().sum(0).expand(256, -1), atol=2e-2)

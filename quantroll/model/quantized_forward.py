@@ -1,0 +1,57 @@
+"""Unified low precision in the trainer (modes 2-4): the forward pass computes with the
+engine's quantization, the backward pass with the original BF16 operands.
+
+Forward: y = deq(q_act(x)) @ deq(q_w(W))^T, the same block quantization of weights and
+activations the engine applies (exactly emulated; real FP8 GEMMs on Hopper for block FP8).
+Backward (straight-through): dX = dY W and dW = dY^T X on the unquantized operands, so
+the optimizer sees BF16 gradients and the FP32 master weights stay the truth.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantroll.formats import Format
+
+
+def _forward_emulated(x: torch.Tensor, w: torch.Tensor, fmt: Format) -> torch.Tensor:
+    xq = fmt.dequantize(fmt.quantize_activation(x.detach(), name="trainer activation"))
+    wq = fmt.dequantize(fmt.quantize_weight(w.detach(), name="trainer weight"))
+    return (xq @ wq.t()).to(x.dtype)
+
+
+def _forward_fp8_gpu(x: torch.Tensor, w: torch.Tensor, fmt: Format) -> torch.Tensor:
+    from quantroll.kernels import quantize_weight_gpu
+    from quantroll.kernels.fp8_linear import fp8_gemm_scaled_mm, fp8_gemm_triton, quantize_activation_fp8, scaled_mm_supports
+
+    x2d = x.detach().reshape(-1, x.shape[-1]).contiguous()
+    wq = quantize_weight_gpu(w.detach(), fmt, name="trainer weight", check_finite=False)
+    aq, a_s = quantize_activation_fp8(x2d)
+    m, n, k = x2d.shape[0], w.shape[0], w.shape[1]
+    if scaled_mm_supports(m, n, k):
+        y = fp8_gemm_scaled_mm(aq, a_s, wq.data, wq.scale, x.dtype)
+    else:
+        y = fp8_gemm_triton(aq, a_s, wq.data, wq.scale, x.dtype)
+    return y.reshape(*x.shape[:-1], n)
+
+
+class QuantizedForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, fmt: Format, real_fp8: bool) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return _forward_fp8_gpu(x, w, fmt) if real_fp8 else _forward_emulated(x, w, fmt)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        dx = dy @ w.to(dy.dtype) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = (dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1]).to(dy.dtype)).to(w.dtype)
+        return dx, dw, None, None
+
+
+def quantized_forward_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, fmt: Format,
+                             real_fp8: bool = False) -> torch.Tensor:
+    y = QuantizedForward.apply(x, w, fmt, real_fp8)
+    return y if bias is None else y + bias

@@ -1,0 +1,45 @@
+"""Built-in verifiable tasks.
+
+- ``arithmetic``: "a+b=" / "a-b=" / "a*b=" with operands of ``digits`` digits; the
+  answer is the integer, exactly. Difficulty grows with digits and with "*".
+- ``count``: "count 17 to 41:" answered "17 18 ... 41"; the answer length grows with
+  the span (``span``), so response length can be swept while the task stays exact.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from quantroll.tasks.base import Problem, answer_text
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    digits: int = 2
+    ops: str = "+-"
+    name: str = "arithmetic"
+
+    def sample(self, rng: random.Random) -> Problem:
+        lo, hi = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10**self.digits - 1
+        a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(self.ops)
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return Problem(f"{a}{op}{b}=", str(value))
+
+    def reward(self, response: str, label: str) -> float:
+        return 1.0 if answer_text(response) == label else 0.0
+
+
+@dataclass(frozen=True)
+class CountTask:
+    span: int = 16
+    start_max: int = 100
+    name: str = "count"
+
+    def sample(self, rng: random.Random) -> Problem:
+        start = rng.randint(0, self.start_max)
+        end = start + self.span - 1
+        return Problem(f"count {start} to {end}:", " ".join(str(i) for i in range(start, end + 1)))
+
+    def reward(self, response: str, label: str) -> float:
+        return 1.0 if answer_text(response) == label else 0.0

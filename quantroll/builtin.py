@@ -5,6 +5,7 @@ here from a seed: an HF-format directory (config.json + model.safetensors, BF16)
 transformers' Qwen3ForCausalLM loads with no missing or unexpected keys. Its
 dimensions mix multiples of 128 (quantized by default) and a non-multiple (the
 k/v projections, kept in BF16 by default), so every path of ``convert`` runs on it.
+Its tokenizer is quantroll's character-level one (quantroll/tasks/tokenizer.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from quantroll.tasks.tokenizer import BOS, EOS, PAD, char_vocab, write_char_tokenizer
+
 
 @dataclass(frozen=True)
 class TinyQwen3:
-    vocab_size: int = 1024
+    vocab_size: int = 128  # the character tokenizer's 98 tokens, padded
     hidden_size: int = 256
     intermediate_size: int = 768
     num_hidden_layers: int = 4
@@ -47,8 +50,8 @@ def qwen3_config_dict(shape: TinyQwen3) -> dict:
         "sliding_window": None,
         "max_window_layers": shape.num_hidden_layers,
         "rope_scaling": None,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
+        "bos_token_id": char_vocab()[BOS],
+        "eos_token_id": char_vocab()[EOS],
         "torch_dtype": "bfloat16",
     }
 
@@ -90,6 +93,8 @@ def write_tiny_qwen3(directory: str | Path, shape: TinyQwen3 = TinyQwen3(), seed
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(qwen3_config_dict(shape), indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}, indent=2) + "\n")
+    ids = {"bos_token_id": char_vocab()[BOS], "eos_token_id": char_vocab()[EOS], "pad_token_id": char_vocab()[PAD]}
+    (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    write_char_tokenizer(out)
     save_file(qwen3_weights(shape, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

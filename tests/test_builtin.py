@@ -21,3 +21,17 @@ def test_builtin_checkpoint_is_reproducible(tmp_path):
     a = (write_tiny_qwen3(tmp_path / "a") / "model.safetensors").read_bytes()
     b = (write_tiny_qwen3(tmp_path / "b") / "model.safetensors").read_bytes()
     assert a == b
+
+
+def test_builtin_checkpoint_carries_the_character_tokenizer(tmp_path):
+    import json
+
+    from tokenizers import Tokenizer
+
+    from quantroll.tasks.tokenizer import EOS, char_vocab
+
+    path = write_tiny_qwen3(tmp_path / "tiny")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    assert tok.decode(tok.encode("7*6=42").ids) == "7*6=42"
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["eos_token_id"] == char_vocab()[EOS] and cfg["vocab_size"] >= len(char_vocab())

@@ -1,0 +1,1 @@
+"""Measurements of a step: pure functions over tensors that return Python floats."""

@@ -1,0 +1,48 @@
+"""AdamW on FP32 master weights for a BF16 model.
+
+The model keeps BF16 parameters (what the forward computes with and what the weight
+sync quantizes); the optimizer keeps an FP32 copy of each, applies the update there
+and writes the rounded result back, so small updates accumulate instead of vanishing
+under BF16 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class MasterWeightAdamW:
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        self.params = [p for p in params if p.requires_grad]
+        self.master = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
+        self.inner = torch.optim.AdamW(self.master, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def grad_norm(self) -> float:
+        total = sum(float(p.grad.float().pow(2).sum()) for p in self.params if p.grad is not None)
+        return total**0.5
+
+    @torch.no_grad()
+    def step(self, max_grad_norm: float | None = None) -> float:
+        """Copy grads to FP32, clip, step, write back; returns the pre-clip grad norm."""
+        norm = self.grad_norm()
+        scale = 1.0 if not max_grad_norm or norm <= max_grad_norm else max_grad_norm / (norm + 1e-6)
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.to(torch.float32) * scale
+        self.inner.step()
+        for p, m in zip(self.params, self.master):
+            p.copy_(m.to(p.dtype))
+        return norm
+
+    def state_dict(self) -> dict:
+        return {"master": [m.detach().clone() for m in self.master], "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for m, saved, p in zip(self.master, state["master"], self.params):
+                m.copy_(saved)
+                p.copy_(saved.to(p.dtype))
+        self.inner.load_state_dict(state["inner"])

@@ -1,0 +1,74 @@
+"""The trainer's policy: BF16 weights loaded from ``--ref-load``, and its logprobs.
+
+The trainer never trains on quantized weights: a checkpoint with a quantization_config
+is refused with the reason (in Miles, the FSDP trainer loads ``--hf-checkpoint`` too, so
+an FP8 rollout checkpoint silently becomes an FP8 trainer; mode 1 needs BF16 here).
+Logprobs are computed exactly as the engine reports them: full-vocabulary
+``log_softmax(logits / T)`` at the response tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from quantroll.errors import QuantrollError
+from quantroll.model.loader import load_model
+from quantroll.model.moe import Routing
+from quantroll.model.qwen3 import Qwen3ForCausalLM
+
+
+def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> None:
+    cfg_path = Path(checkpoint_dir) / "config.json"
+    if not cfg_path.is_file():
+        raise QuantrollError(f"{flag} {checkpoint_dir}: config.json not found; point it at a BF16 HF checkpoint")
+    qc = json.loads(cfg_path.read_text()).get("quantization_config")
+    if isinstance(qc, dict):
+        method = qc.get("quant_algo") or qc.get("quant_method")
+        raise QuantrollError(
+            f"{flag} {checkpoint_dir} is a quantized ({method}) checkpoint; the trainer needs BF16 weights. "
+            "For mode 1 give the engine the quantized checkpoint with --hf-checkpoint and the trainer the BF16 "
+            "one it was converted from with --ref-load")
+
+
+def load_policy(checkpoint_dir: str | Path, device="cpu", dtype=torch.bfloat16) -> Qwen3ForCausalLM:
+    refuse_quantized(checkpoint_dir)
+    model, _ = load_model(checkpoint_dir, device, dtype)
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def pad_batch(prompts: list[list[int]], responses: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids [B, L] right-padded, response targets [B, R], response mask [B, R]) where the
+    model input is prompt + response[:-1] and row b predicts its response at P_b - 1 ...."""
+    b = len(prompts)
+    r_max = max(len(r) for r in responses)
+    l_max = max(len(p) + len(r) - 1 for p, r in zip(prompts, responses))
+    ids = torch.zeros(b, l_max, dtype=torch.long)
+    targets = torch.zeros(b, r_max, dtype=torch.long)
+    mask = torch.zeros(b, r_max)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        seq = p + r[:-1]
+        ids[i, : len(seq)] = torch.tensor(seq)
+        targets[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids.to(device), targets.to(device), mask.to(device)
+
+
+def response_logprobs(model: Qwen3ForCausalLM, prompts: list[list[int]], responses: list[list[int]],
+                      temperature: float, routing: Routing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp [B, R] float32 of each response token, mask [B, R]); differentiable."""
+    device = next(model.parameters()).device
+    ids, targets, mask = pad_batch(prompts, responses, device)
+    logits = model(ids, routing=routing).float()
+    t = temperature if temperature > 0 else 1.0
+    rows = []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        span = logits[i, len(p) - 1: len(p) - 1 + len(r)]
+        lp = torch.log_softmax(span / t, dim=-1).gather(-1, targets[i, : len(r), None])[:, 0]
+        rows.append(torch.nn.functional.pad(lp, (0, targets.shape[1] - len(r))))
+    return torch.stack(rows), mask

@@ -1,0 +1,97 @@
+"""``quantroll train``: RL with low-precision rollout and BF16 training (see quantroll/rl/loop.py).
+
+Flag names follow Miles where Miles has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from quantroll.rl.config import TrainConfig
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="RL training: low-precision rollout, BF16 trainer, corrections, metrics",
+                              description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    m = p.add_argument_group("models")
+    m.add_argument("--hf-checkpoint", required=True, help="checkpoint the rollout engine loads; its quantization_config "
+                   "decides the rollout precision")
+    m.add_argument("--ref-load", default=None, help="the trainer's BF16 weights (required when --hf-checkpoint is "
+                   "quantized: mode 1)")
+    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for both sides")
+    r = p.add_argument_group("rollout")
+    r.add_argument("--task", default="arithmetic", choices=["arithmetic", "count"], help="built-in verifiable task")
+    r.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
+    r.add_argument("--count-span", type=int, default=16, help="count: numbers in each answer (sets response length)")
+    r.add_argument("--rollout-batch-size", type=int, default=8, help="prompts per rollout")
+    r.add_argument("--n-samples-per-prompt", type=int, default=4, help="samples per prompt (a GRPO group)")
+    r.add_argument("--rollout-max-response-len", type=int, default=8, help="max new tokens per sample")
+    r.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature (also used for the "
+                   "trainer's logprobs)")
+    r.add_argument("--num-rollout", type=int, default=10, help="number of RL steps")
+    r.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
+    o = p.add_argument_group("optimization")
+    o.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: the "
+                   "whole rollout, one step per rollout)")
+    o.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (FP32 master weights)")
+    o.add_argument("--advantage-estimator", default="grpo", choices=["grpo", "reinforce_plus_plus"], help="advantages")
+    o.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range (low side)")
+    o.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip range, high side (default: --eps-clip)")
+    o.add_argument("--use-kl-loss", action="store_true", help="add a KL loss against the initial policy")
+    o.add_argument("--kl-loss-coef", type=float, default=0.0, help="weight of the KL loss")
+    o.add_argument("--kl-loss-type", default="low_var_kl", choices=["k1", "k2", "k3", "low_var_kl"], help="KL estimator")
+    o.add_argument("--loss-agg", default="token-mean", choices=["token-mean", "seq-mean-token-mean"],
+                   help="loss aggregation over response tokens")
+    c = p.add_argument_group("corrections")
+    c.add_argument("--use-tis", action="store_true", help="importance-sampling correction train/rollout")
+    c.add_argument("--tis-mode", default="truncate", choices=["truncate", "mask"], help="truncate (TIS) or mask "
+                   "(IcePop/MIS)")
+    c.add_argument("--tis-level", default="token", choices=["token", "sequence", "geometric"], help="ratio level")
+    c.add_argument("--tis-clip", type=float, default=None, help="upper bound C (default: 2.0 truncate, 5.0 mask)")
+    c.add_argument("--tis-clip-low", type=float, default=None, help="lower bound c (default: 0 truncate, 0.5 mask)")
+    c.add_argument("--use-rollout-routing-replay", action="store_true", help="R3: the trainer uses the experts the "
+                   "engine chose (MoE)")
+    c.add_argument("--use-routing-replay", action="store_true", help="record routing in the old-logprob pass and "
+                   "replay it in training (MoE)")
+    q = p.add_argument_group("unified low precision (modes 2-4)")
+    q.add_argument("--fp8-recipe", default=None, choices=["blockwise", "mxfp8"], help="trainer forward in block FP8 "
+                   "(mode 2) or MXFP8 (mode 3), backward in BF16")
+    q.add_argument("--fp8-format", default="e4m3", choices=["e4m3"], help="FP8 element format")
+    q.add_argument("--fp4-recipe", default=None, choices=["nvfp4"], help="trainer forward in NVFP4 (mode 4)")
+    w = p.add_argument_group("weight update check")
+    w.add_argument("--check-weight-update-equal", action="store_true", help="before training, check that the first "
+                   "weight update reproduces every engine tensor")
+    w.add_argument("--check-weight-update-allow-quant-error", action="store_true", help="compare dequantized values "
+                   "within one ULP per side instead of bitwise")
+    out = p.add_argument_group("output")
+    out.add_argument("--metrics-file", default=None, help="JSONL file, one line per step")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    recipe = {"blockwise": "fp8", "mxfp8": "mxfp8", None: None}[args.fp8_recipe] or args.fp4_recipe
+    return TrainConfig(
+        hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, device=args.device, task=args.task,
+        digits=args.digits, count_span=args.count_span, rollout_batch_size=args.rollout_batch_size,
+        n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
+        rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,
+        global_batch_size=args.global_batch_size, lr=args.lr, advantage_estimator=args.advantage_estimator,
+        eps_clip=args.eps_clip, eps_clip_high=args.eps_clip_high, use_kl_loss=args.use_kl_loss,
+        kl_loss_coef=args.kl_loss_coef, kl_loss_type=args.kl_loss_type, loss_agg=args.loss_agg, use_tis=args.use_tis,
+        tis_mode=args.tis_mode, tis_level=args.tis_level, tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low,
+        use_rollout_routing_replay=args.use_rollout_routing_replay, use_routing_replay=args.use_routing_replay,
+        train_recipe=recipe, check_weight_update_equal=args.check_weight_update_equal,
+        check_weight_update_allow_quant_error=args.check_weight_update_allow_quant_error,
+        metrics_file=args.metrics_file)
+
+
+def run(args: argparse.Namespace) -> int:
+    from quantroll.rl.loop import run_training
+
+    history = run_training(config_from_args(args))
+    last = history[-1]
+    print(f"{len(history)} steps; last reward {last['reward_mean']:.3f}, "
+          f"gap |logp diff| {last['train_rollout_logprob_abs_diff']:.3e}, rollout {last['rollout_precision']}")
+    return 0

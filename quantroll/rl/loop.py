@@ -1,0 +1,138 @@
+"""``quantroll train``: the RL loop, one verb per stage.
+
+    for step in range(num_rollout):
+        batch   = rollout(engine, ...)                # rollout precision
+        metrics = train_on_batch(policy, batch, ...)  # old logprobs, gap, corrections, update
+        timing  = sync.push(policy weights)           # re-quantize into the engine, in place
+        sink.write(metrics)                           # one JSON line, flushed
+
+Step 0's gap is measured on a rollout of the initial weights, before any update.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import resource
+from pathlib import Path
+
+import torch
+
+from quantroll.engine import Engine, SamplingParams
+from quantroll.errors import QuantrollError
+from quantroll.metrics.sink import JsonlSink
+from quantroll.rl.config import TrainConfig
+from quantroll.rl.rollout import make_task, rollout
+from quantroll.rl.step import train_on_batch
+from quantroll.sync import WeightSync, check_weight_update
+from quantroll.trainer.optimizer import MasterWeightAdamW
+from quantroll.trainer.policy import load_policy
+
+
+def _trainer_source(cfg: TrainConfig, engine: Engine) -> str:
+    if cfg.ref_load:
+        return cfg.ref_load
+    if engine.format is not None:
+        raise QuantrollError(
+            f"--hf-checkpoint {cfg.hf_checkpoint} is quantized ({engine.format.name}) and no --ref-load was given: "
+            "the trainer must not train on quantized weights. Mode 1 (quantized rollout, BF16 training) needs "
+            "the BF16 checkpoint as --ref-load")
+    return cfg.hf_checkpoint
+
+
+def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
+    """Modes 2-4: the trainer's forward uses the engine's quantization on the layers the
+    engine holds quantized (so first/last BF16 layers match on both sides)."""
+    if not cfg.train_recipe:
+        return
+    if engine.format is None or engine.format.name != cfg.train_recipe:
+        raise QuantrollError(f"--{'fp4' if cfg.train_recipe == 'nvfp4' else 'fp8'}-recipe {cfg.train_recipe} needs an "
+                             f"engine checkpoint in that format; --hf-checkpoint holds "
+                             f"{engine.format.name if engine.format else 'bf16'}")
+    fmt = engine.format
+    names = set(engine.quantized_layers())
+    real = (fmt.name == "fp8" and engine.device.type == "cuda" and engine.gpu_kernels)
+    for module in policy.modules():
+        if getattr(module, "name", None) in names:
+            module.train_format = fmt
+            module.train_real_fp8 = real
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _tokenizer(checkpoint: str):
+    from quantroll.commands.generate import load_tokenizer
+
+    return load_tokenizer(Path(checkpoint))
+
+
+def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
+    torch.manual_seed(cfg.seed)
+    engine = Engine(cfg.hf_checkpoint, device=cfg.device)
+    policy = load_policy(_trainer_source(cfg, engine), device=cfg.device)
+    _apply_train_recipe(cfg, policy, engine)
+    ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None
+    optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)
+    sync = WeightSync(engine)
+    tokenizer = _tokenizer(cfg.hf_checkpoint)
+    task = make_task(cfg.task, cfg.digits, cfg.count_span)
+    rng = random.Random(cfg.seed)
+    sink = JsonlSink(cfg.metrics_file)
+
+    def named_weights():
+        return {n: p for n, p in policy.named_parameters()}
+
+    if cfg.check_weight_update_equal:
+        check_weight_update(engine, lambda: sync.push(named_weights()), cfg.check_weight_update_allow_quant_error)
+    history, bad = [], 0
+    bar = _progress(cfg.num_rollout, progress)
+    try:
+        for step in range(cfg.num_rollout):
+            params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
+                                    seed=cfg.seed * 1_000_003 + step * 100_003)
+            batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
+            metrics = train_on_batch(cfg, policy, ref_policy, optimizer, batch)
+            if metrics.get("skipped_nonfinite"):
+                bad += 1
+                if bad >= cfg.max_bad_steps:
+                    raise QuantrollError(f"{bad} steps in a row had a NaN/Inf loss or gradient (last at step {step}); "
+                                         "lower --lr or check the data")
+            else:
+                bad = 0
+            timing = sync.push(named_weights())
+            record = {
+                "step": step, "rollout_precision": engine.precision, "loss_agg": cfg.loss_agg,
+                "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
+                "accuracy": float((batch.rewards >= 1.0).float().mean()),
+                "response_len_mean": batch.num_tokens / len(batch.results),
+                **metrics,
+                "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,
+                "weight_quantize_time": timing.quantize_s, "weight_load_time": timing.load_s,
+                "weight_version": timing.version, "peak_memory_gb": _peak_memory_gb(engine.device),
+            }
+            sink.write(record)
+            history.append(record)
+            if bar is not None:
+                bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
+                                gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
+                bar.update(1)
+    finally:
+        sink.close()
+        if bar is not None:
+            bar.close()
+    return history
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="rl steps", unit="step")
+
+
+__all__ = ["run_training"]

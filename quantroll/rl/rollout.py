@@ -1,0 +1,67 @@
+"""Rollout: sample prompts from a task, generate with the engine, score the answers."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.engine import Engine, GenerationResult, SamplingParams
+from quantroll.errors import QuantrollError
+from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
+
+
+def make_task(name: str, digits: int = 2, span: int = 16):
+    if name == "arithmetic":
+        return ArithmeticTask(digits=digits)
+    if name == "count":
+        return CountTask(span=span)
+    raise QuantrollError(f"unknown task '{name}'; built-in tasks: arithmetic, count")
+
+
+@dataclass
+class RolloutBatch:
+    prompts: list[list[int]]
+    labels: list[str]
+    results: list[GenerationResult]
+    rewards: torch.Tensor  # [B] float32
+    seconds: float
+
+    @property
+    def responses(self) -> list[list[int]]:
+        return [r.tokens for r in self.results]
+
+    def rollout_logprobs(self) -> torch.Tensor:
+        """[B, R] padded with zeros, like the trainer's logprobs."""
+        width = max(len(r.logprobs) for r in self.results)
+        out = torch.zeros(len(self.results), width)
+        for i, r in enumerate(self.results):
+            out[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+        return out
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.results)
+
+
+def rollout(engine: Engine, tokenizer, task, rng: random.Random, prompts_per_step: int, samples_per_prompt: int,
+            params: SamplingParams) -> RolloutBatch:
+    problems = [task.sample(rng) for _ in range(prompts_per_step)]
+    prompts, labels = [], []
+    for p in problems:  # the samples of one prompt are consecutive (GRPO groups)
+        ids = tokenizer.encode(p.prompt, add_special_tokens=False).ids
+        prompts += [ids] * samples_per_prompt
+        labels += [p.label] * samples_per_prompt
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    rewards = []
+    for i, (res, label) in enumerate(zip(results, labels)):
+        text = tokenizer.decode(res.tokens, skip_special_tokens=False)
+        try:
+            rewards.append(float(task.reward(text, label)))
+        except Exception as err:  # a user's reward function: stop with the sample that broke it
+            raise QuantrollError(f"the reward function raised on sample {i} ({text!r}): {type(err).__name__}: {err}") from err
+    return RolloutBatch(prompts, labels, results, torch.tensor(rewards, dtype=torch.float32), seconds)

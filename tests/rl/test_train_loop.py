@@ -1,0 +1,95 @@
+"""`quantroll train` end to end on tiny checkpoints (CPU): metrics lines, the step-0 gap
+with BF16 and FP8 rollout, mode-1 refusal, TIS, mode 2, and routing replay on MoE."""
+
+import json
+
+import pytest
+import torch
+
+from quantroll.builtin import TinyQwen3, write_tiny_qwen3
+from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+from quantroll.cli import main
+from quantroll.rl.config import TrainConfig
+from quantroll.rl.loop import run_training
+
+SMALL = TinyQwen3(num_hidden_layers=2)
+FAST = dict(rollout_batch_size=2, n_samples_per_prompt=2, rollout_max_response_len=4, num_rollout=2, lr=1e-4)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl")
+    bf16 = write_tiny_qwen3(root / "bf16", SMALL)
+    fp8 = root / "fp8"
+    convert_checkpoint(bf16, fp8, ConvertConfig(format="fp8", progress=False))
+    return bf16, fp8
+
+
+def test_bf16_and_fp8_rollout_step0_gap_and_metrics_lines(ckpts, tmp_path):
+    bf16, fp8 = ckpts
+    runs = {}
+    for name, engine_dir in (("bf16", bf16), ("fp8", fp8)):
+        path = tmp_path / f"{name}.jsonl"
+        run_training(TrainConfig(hf_checkpoint=str(engine_dir), ref_load=str(bf16), metrics_file=str(path), **FAST),
+                     progress=False)
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["step"] for r in lines] == [0, 1]
+        for key in ("train_rollout_logprob_abs_diff", "train_rollout_kl", "log_ppl_diff", "ppl_ratio", "chi2_token",
+                    "chi2_seq", "reward_mean", "reward_std", "accuracy", "response_len_mean", "pg_clipfrac", "grad_norm",
+                    "rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "rollout_tokens_per_s",
+                    "peak_memory_gb"):
+            assert key in lines[0], key
+        runs[name] = lines[0]["train_rollout_logprob_abs_diff"]
+    # BF16 engine vs BF16 trainer differ only by kernel order; FP8 rollout adds its rounding
+    assert runs["bf16"] < 5e-3 and runs["fp8"] > 3 * runs["bf16"], runs
+
+
+def test_quantized_engine_without_ref_load_is_refused(ckpts, capsys):
+    _, fp8 = ckpts
+    rc = main(["train", "--hf-checkpoint", str(fp8), "--num-rollout", "1", "--device", "cpu"])
+    assert rc == 2
+    assert "must not train on quantized weights" in capsys.readouterr().err
+
+
+def test_tis_mode2_and_weight_update_check_run(ckpts, tmp_path):
+    bf16, fp8 = ckpts
+    hist = run_training(TrainConfig(hf_checkpoint=str(fp8), ref_load=str(bf16), use_tis=True, train_recipe="fp8",
+                                    check_weight_update_equal=True, **FAST), progress=False)
+    assert "tis" in hist[0] and "ess_ratio" in hist[0]
+    assert hist[-1]["weight_version"] >= 3  # the checked first update + one per step
+
+
+def test_routing_replay_on_moe_forces_engine_experts_and_trains_the_router(tiny_qwen3_moe_dir):
+    from quantroll.engine import Engine, SamplingParams
+    from quantroll.rl.rollout import RolloutBatch
+    from quantroll.rl.routing import replay_from_engine
+    from quantroll.rl.step import train_on_batch
+    from quantroll.trainer.optimizer import MasterWeightAdamW
+    from quantroll.trainer.policy import load_policy, response_logprobs
+
+    engine = Engine(tiny_qwen3_moe_dir)
+    policy = load_policy(tiny_qwen3_moe_dir)
+    prompts = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]]
+    results = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=5, stop_token_ids=(), seed=1))
+    batch = RolloutBatch(prompts, ["x"] * 4, results, torch.tensor([1.0, 0.0, 0.0, 1.0]), 1.0)
+    cfg = TrainConfig(hf_checkpoint=str(tiny_qwen3_moe_dir), use_rollout_routing_replay=True, n_samples_per_prompt=2,
+                      lr=1e-3)
+    # under replay the trainer's expert choices are the engine's, position by position
+    replay = replay_from_engine([r.routed_experts for r in results], prompts, [r.tokens for r in results],
+                                policy.config.moe_layers, policy.config.num_experts_per_tok)
+    with torch.no_grad():
+        response_logprobs(policy, prompts, [r.tokens for r in results], 1.0, replay)
+    for layer, table in replay.chosen.items():
+        rows = table.view(4, -1, table.shape[-1])
+        for i, r in enumerate(results):
+            n = len(prompts[i]) + len(r.tokens) - 1
+            assert torch.equal(rows[i, :n], r.routed_experts[:, cfg_layer_slot(policy, layer)].long())
+    before = policy.model.layers[0].mlp.gate.weight.detach().clone()
+    metrics = train_on_batch(cfg, policy, None, MasterWeightAdamW(policy.parameters(), lr=1e-3), batch)
+    assert any(k.startswith("routing_agreement_layer") for k in metrics)
+    assert metrics["grad_norm"] > 0
+    assert not torch.equal(before, policy.model.layers[0].mlp.gate.weight.detach())  # the router still learns
+
+
+def cfg_layer_slot(policy, layer):
+    return policy.config.moe_layers.index(layer)

@@ -32,6 +32,14 @@ def register(subparsers) -> None:
                    "trainer's logprobs)")
     r.add_argument("--num-rollout", type=int, default=10, help="number of RL steps")
     r.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
+    r.add_argument("--prompt-data", default=None, help="JSONL prompts to train on instead of the built-in task")
+    r.add_argument("--input-key", default="prompt", help="JSONL key of the prompt text")
+    r.add_argument("--label-key", default="label", help="JSONL key of the label the reward checks")
+    r.add_argument("--custom-rm-path", default=None, help="reward function 'module:function(response, label) -> "
+                   "float' (default: exact match with the label)")
+    r.add_argument("--eval-data", default=None, help="JSONL held-out prompts: greedy accuracy of the engine's and the "
+                   "trainer's BF16 policy")
+    r.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
     o = p.add_argument_group("optimization")
     o.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: the "
                    "whole rollout, one step per rollout)")
@@ -77,6 +85,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         digits=args.digits, count_span=args.count_span, rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
         rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,
+        prompt_data=args.prompt_data, input_key=args.input_key, label_key=args.label_key,
+        custom_rm_path=args.custom_rm_path, eval_data=args.eval_data, eval_interval=args.eval_interval,
         global_batch_size=args.global_batch_size, lr=args.lr, advantage_estimator=args.advantage_estimator,
         eps_clip=args.eps_clip, eps_clip_high=args.eps_clip_high, use_kl_loss=args.use_kl_loss,
         kl_loss_coef=args.kl_loss_coef, kl_loss_type=args.kl_loss_type, loss_agg=args.loss_agg, use_tis=args.use_tis,

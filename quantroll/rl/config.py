@@ -20,6 +20,12 @@ class TrainConfig:
     rollout_temperature: float = 1.0
     num_rollout: int = 10
     seed: int = 0
+    prompt_data: str | None = None
+    input_key: str = "prompt"
+    label_key: str = "label"
+    custom_rm_path: str | None = None
+    eval_data: str | None = None
+    eval_interval: int = 0
     # optimization
     global_batch_size: int | None = None  # None: the whole rollout batch, one step per rollout
     lr: float = 1e-5

@@ -23,7 +23,9 @@ from quantroll.errors import QuantrollError
 from quantroll.metrics.sink import JsonlSink
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.rollout import make_task, rollout
+from quantroll.rl.evaluate import evaluate
 from quantroll.rl.step import train_on_batch
+from quantroll.tasks.data import read_problems
 from quantroll.sync import WeightSync, check_weight_update
 from quantroll.trainer.optimizer import MasterWeightAdamW
 from quantroll.trainer.policy import load_policy
@@ -79,7 +81,9 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
     optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)
     sync = WeightSync(engine)
     tokenizer = _tokenizer(cfg.hf_checkpoint)
-    task = make_task(cfg.task, cfg.digits, cfg.count_span)
+    task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
+                     cfg.custom_rm_path)
+    eval_problems = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key) if cfg.eval_data else None
     rng = random.Random(cfg.seed)
     sink = JsonlSink(cfg.metrics_file)
 
@@ -104,6 +108,8 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
             else:
                 bad = 0
             timing = sync.push(named_weights())
+            if eval_problems and cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
+                metrics.update(evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len))
             record = {
                 "step": step, "rollout_precision": engine.precision, "loss_agg": cfg.loss_agg,
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),

@@ -13,7 +13,14 @@ from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 
 
-def make_task(name: str, digits: int = 2, span: int = 16):
+def make_task(name: str, digits: int = 2, span: int = 16, prompt_data: str | None = None, input_key: str = "prompt",
+              label_key: str = "label", custom_rm_path: str | None = None):
+    """A built-in task, or the user's data with their reward function (exact match by default)."""
+    from quantroll.tasks.data import DataTask, load_reward, read_problems
+
+    if prompt_data:
+        return DataTask(read_problems(prompt_data, input_key, label_key),
+                        load_reward(custom_rm_path) if custom_rm_path else None)
     if name == "arithmetic":
         return ArithmeticTask(digits=digits)
     if name == "count":

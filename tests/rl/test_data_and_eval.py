@@ -1,0 +1,59 @@
+"""User prompt data, custom rewards (and one that raises), held-out evaluation of both policies."""
+
+import json
+
+import pytest
+
+from quantroll.builtin import TinyQwen3, write_tiny_qwen3
+from quantroll.cli import main
+from quantroll.errors import QuantrollError
+from quantroll.rl.config import TrainConfig
+from quantroll.rl.loop import run_training
+from quantroll.tasks.data import DataTask, load_reward, read_problems
+
+FAST = dict(rollout_batch_size=2, n_samples_per_prompt=2, rollout_max_response_len=3, num_rollout=1)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    ckpt = write_tiny_qwen3(root / "bf16", TinyQwen3(num_hidden_layers=1))
+    data = root / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"q": f"{a}+1=", "a": str(a + 1)}) for a in range(10)) + "\n")
+    return ckpt, data
+
+
+def test_read_problems_and_errors(setup, tmp_path):
+    _, data = setup
+    problems = read_problems(data, "q", "a")
+    assert problems[3].prompt == "3+1=" and problems[3].label == "4"
+    with pytest.raises(QuantrollError, match="lacks 'prompt'"):
+        read_problems(data, "prompt", "a")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"q": 1}\nnot json\n')
+    with pytest.raises(QuantrollError, match="bad.jsonl:1 lacks|bad.jsonl:2 is not valid JSON"):
+        read_problems(bad, "q", "a")
+    with pytest.raises(QuantrollError, match="module:function|cannot import"):
+        load_reward("nonexistent_module_xyz:f")
+
+
+def test_custom_reward_is_used(setup):
+    task = DataTask(read_problems(setup[1], "q", "a"), load_reward("tests.rl.rewards_for_tests:length_reward"))
+    assert task.reward("abc", "x") == 1.0 and task.reward("ab", "x") == 0.0
+
+
+def test_train_on_user_data_with_eval_of_both_policies(setup, tmp_path):
+    ckpt, data = setup
+    hist = run_training(TrainConfig(hf_checkpoint=str(ckpt), prompt_data=str(data), input_key="q", label_key="a",
+                                    eval_data=str(data), eval_interval=1, **FAST), progress=False)
+    assert 0.0 <= hist[0]["eval_engine_accuracy"] <= 1.0 and 0.0 <= hist[0]["eval_trainer_accuracy"] <= 1.0
+
+
+def test_a_reward_function_that_raises_stops_the_run_with_the_sample(setup, capsys):
+    ckpt, data = setup
+    rc = main(["train", "--hf-checkpoint", str(ckpt), "--prompt-data", str(data), "--input-key", "q", "--label-key",
+               "a", "--custom-rm-path", "tests.rl.rewards_for_tests:broken_reward", "--num-rollout", "1",
+               "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "2",
+               "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "reward function raised on sample 0" in err and "reward server down" in err

@@ -93,3 +93,23 @@ def test_routing_replay_on_moe_forces_engine_experts_and_trains_the_router(tiny_
 
 def cfg_layer_slot(policy, layer):
     return policy.config.moe_layers.index(layer)
+
+
+def test_nonfinite_losses_skip_steps_then_stop_the_run(ckpts, monkeypatch, tmp_path):
+    import quantroll.rl.step as step_module
+    from quantroll.errors import QuantrollError
+
+    bf16, _ = ckpts
+    real = step_module.ppo_policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, clipped = real(*args, **kwargs)
+        return loss * float("nan"), clipped
+
+    monkeypatch.setattr(step_module, "ppo_policy_loss", nan_loss)
+    path = tmp_path / "nan.jsonl"
+    with pytest.raises(QuantrollError, match="3 steps in a row had a NaN/Inf loss"):
+        run_training(TrainConfig(hf_checkpoint=str(bf16), metrics_file=str(path), max_bad_steps=3,
+                                 **{**FAST, "num_rollout": 5}), progress=False)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 2 and all(r["skipped_nonfinite"] == 1 for r in lines)  # logged, then the third stops it

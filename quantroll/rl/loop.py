@@ -24,6 +24,7 @@ from quantroll.metrics.sink import JsonlSink
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.rollout import make_task, rollout
 from quantroll.rl.evaluate import evaluate
+from quantroll.rl.state import load_state, save_state, truncate_metrics
 from quantroll.rl.step import train_on_batch
 from quantroll.tasks.data import read_problems
 from quantroll.sync import WeightSync, check_weight_update
@@ -85,17 +86,23 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
                      cfg.custom_rm_path)
     eval_problems = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key) if cfg.eval_data else None
     rng = random.Random(cfg.seed)
-    sink = JsonlSink(cfg.metrics_file)
+    first_step = 0
+    if cfg.load:
+        first_step = load_state(cfg.load, policy, optimizer, rng) + 1
+        truncate_metrics(cfg.metrics_file, first_step - 1)
+    sink = JsonlSink(cfg.metrics_file, append=bool(cfg.load))
 
     def named_weights():
         return {n: p for n, p in policy.named_parameters()}
 
-    if cfg.check_weight_update_equal:
+    if cfg.check_weight_update_equal and not cfg.load:
         check_weight_update(engine, lambda: sync.push(named_weights()), cfg.check_weight_update_allow_quant_error)
+    elif cfg.load:
+        sync.push(named_weights())  # the engine starts from the resumed weights
     history, bad = [], 0
-    bar = _progress(cfg.num_rollout, progress)
+    bar = _progress(cfg.num_rollout - first_step, progress)
     try:
-        for step in range(cfg.num_rollout):
+        for step in range(first_step, cfg.num_rollout):
             params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
                                     seed=cfg.seed * 1_000_003 + step * 100_003)
             batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
@@ -122,6 +129,8 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
             }
             sink.write(record)
             history.append(record)
+            if cfg.save and cfg.save_interval and ((step + 1) % cfg.save_interval == 0 or step + 1 == cfg.num_rollout):
+                save_state(cfg.save, policy, optimizer, step, rng)
             if bar is not None:
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")

@@ -113,3 +113,32 @@ def test_nonfinite_losses_skip_steps_then_stop_the_run(ckpts, monkeypatch, tmp_p
                                  **{**FAST, "num_rollout": 5}), progress=False)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(lines) == 2 and all(r["skipped_nonfinite"] == 1 for r in lines)  # logged, then the third stops it
+
+
+def test_save_and_resume_continue_the_metrics_without_gaps_or_repeats(ckpts, tmp_path):
+    bf16, _ = ckpts
+    metrics, save = tmp_path / "m.jsonl", tmp_path / "state"
+    cfg = dict(hf_checkpoint=str(bf16), metrics_file=str(metrics), save=str(save), save_interval=2,
+               **{**FAST, "num_rollout": 3})
+    run_training(TrainConfig(**{**cfg, "num_rollout": 3}), progress=False)  # saves after steps 1 and 2
+    # simulate a crash after step 3 was logged but before its save: append a stray line
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"step": 3, "stray": True}) + "\n")
+    hist = run_training(TrainConfig(**{**cfg, "num_rollout": 5, "load": str(save)}), progress=False)
+    assert [h["step"] for h in hist] == [3, 4]
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4]
+    assert not any(json.loads(x).get("stray") for x in metrics.read_text().splitlines())
+
+
+def test_resume_reproduces_an_uninterrupted_run(ckpts, tmp_path):
+    bf16, _ = ckpts
+    base = dict(hf_checkpoint=str(bf16), **{**FAST, "num_rollout": 3, "lr": 1e-3})
+    straight = run_training(TrainConfig(**base), progress=False)
+    save = tmp_path / "s"
+    run_training(TrainConfig(**{**base, "num_rollout": 2, "save": str(save), "save_interval": 2}), progress=False)
+    resumed = run_training(TrainConfig(**{**base, "load": str(save)}), progress=False)
+    assert resumed[0]["step"] == 2
+    assert resumed[0]["response_len_mean"] == straight[2]["response_len_mean"]
+    assert resumed[0]["train_rollout_logprob_abs_diff"] == pytest.approx(straight[2]["train_rollout_logprob_abs_diff"],
+                                                                         rel=1e-6)

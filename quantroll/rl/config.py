@@ -52,6 +52,7 @@ class TrainConfig:
     check_weight_update_allow_quant_error: bool = False
     # output
     metrics_file: str | None = None
+    tensorboard_dir: str | None = None
     save: str | None = None
     save_interval: int = 0
     load: str | None = None

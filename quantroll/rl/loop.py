@@ -21,6 +21,7 @@ import torch
 from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
 from quantroll.metrics.sink import JsonlSink
+from quantroll.metrics.tensorboard import TensorBoardSink
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.rollout import make_task, rollout
 from quantroll.rl.evaluate import evaluate
@@ -91,6 +92,7 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
         first_step = load_state(cfg.load, policy, optimizer, rng) + 1
         truncate_metrics(cfg.metrics_file, first_step - 1)
     sink = JsonlSink(cfg.metrics_file, append=bool(cfg.load))
+    board = TensorBoardSink(cfg.tensorboard_dir)
 
     def named_weights():
         return {n: p for n, p in policy.named_parameters()}
@@ -128,6 +130,7 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
                 "weight_version": timing.version, "peak_memory_gb": _peak_memory_gb(engine.device),
             }
             sink.write(record)
+            board.write(record)
             history.append(record)
             if cfg.save and cfg.save_interval and ((step + 1) % cfg.save_interval == 0 or step + 1 == cfg.num_rollout):
                 save_state(cfg.save, policy, optimizer, step, rng)
@@ -137,6 +140,7 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
                 bar.update(1)
     finally:
         sink.close()
+        board.close()
         if bar is not None:
             bar.close()
     return history

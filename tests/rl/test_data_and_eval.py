@@ -57,3 +57,17 @@ def test_a_reward_function_that_raises_stops_the_run_with_the_sample(setup, caps
                "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and "reward function raised on sample 0" in err and "reward server down" in err
+
+
+def test_tensorboard_gets_the_same_scalars(setup, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ckpt, _ = setup
+    hist = run_training(TrainConfig(hf_checkpoint=str(ckpt), tensorboard_dir=str(tmp_path / "tb"), **FAST),
+                        progress=False)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert "train_rollout_logprob_abs_diff" in scalars and "reward_mean" in scalars
+    value = acc.Scalars("train_rollout_logprob_abs_diff")[0].value
+    assert value == pytest.approx(hist[0]["train_rollout_logprob_abs_diff"], rel=1e-6)

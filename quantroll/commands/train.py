@@ -20,6 +20,8 @@ def register(subparsers) -> None:
                    "decides the rollout precision")
     m.add_argument("--ref-load", default=None, help="the trainer's BF16 weights (required when --hf-checkpoint is "
                    "quantized: mode 1)")
+    m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="bound on the engine's KV cache: larger "
+                   "rollouts run in sub-batches that fit (default: no bound)")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for both sides")
     r = p.add_argument_group("rollout")
     r.add_argument("--task", default="arithmetic", choices=["arithmetic", "count"], help="built-in verifiable task")
@@ -86,7 +88,8 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     recipe = {"blockwise": "fp8", "mxfp8": "mxfp8", None: None}[args.fp8_recipe] or args.fp4_recipe
     return TrainConfig(
-        hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, device=args.device, task=args.task,
+        hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, device=args.device,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, task=args.task,
         digits=args.digits, count_span=args.count_span, rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
         rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,

@@ -86,7 +86,8 @@ def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, .
 
 class Engine:
     def __init__(self, checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                 fp8_kernels: bool | None = None, cuda_graphs: bool = True, fused_kernels: bool = True):
+                 fp8_kernels: bool | None = None, cuda_graphs: bool = True, fused_kernels: bool = True,
+                 max_kv_cache_gb: float | None = None):
         """fp8_kernels: real FP8 GEMMs for a block-FP8 checkpoint (default: when the GPU has
         them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
         on GPU (default on; off is the eager path, for debugging)."""
@@ -94,6 +95,7 @@ class Engine:
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
         self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
                     fused_kernels)
+        self.max_kv_cache_bytes = int(max_kv_cache_gb * 2**30) if max_kv_cache_gb else None
 
     @classmethod
     def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
@@ -110,6 +112,7 @@ class Engine:
         self.dtype = dtype
         self.config = self.model.config
         self.last_stats: dict[str, float] = {}
+        self.max_kv_cache_bytes: int | None = None
         self.gpu_kernels = self.device.type == "cuda" and triton_available()
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
@@ -181,19 +184,37 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams()) -> list[GenerationResult]:
+        """Generate for every prompt. With ``max_kv_cache_bytes`` set, the prompts run in
+        consecutive sub-batches whose KV cache fits; prompt i always samples with seed + i."""
         self._check(prompts, params)
+        seq_len = max(len(p) for p in prompts) + params.max_new_tokens
+        chunk = len(prompts)
+        if self.max_kv_cache_bytes:
+            per_sequence = kv_cache_bytes(self.config, 1, seq_len, self.dtype)
+            if per_sequence > self.max_kv_cache_bytes:
+                raise QuantrollError(
+                    f"one sequence of {seq_len} tokens needs {per_sequence / 2**30:.3f} GiB of KV cache, more than the "
+                    f"{self.max_kv_cache_bytes / 2**30:.3f} GiB allowed; raise the KV-cache bound or lower "
+                    "max_new_tokens")
+            chunk = max(1, self.max_kv_cache_bytes // per_sequence)
+        results: list[GenerationResult] = []
+        for start in range(0, len(prompts), chunk):
+            results += self._generate_batch(prompts[start: start + chunk], params, start)
+        return results
+
+    def _generate_batch(self, prompts, params: SamplingParams, seed_offset: int) -> list[GenerationResult]:
         batch = len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         seq_len = int(lengths.max()) + params.max_new_tokens
         try:
-            return self._generate(prompts, params, batch, lengths, seq_len)
+            return self._generate(prompts, params, batch, lengths, seq_len, seed_offset)
         except torch.OutOfMemoryError:
             gib = kv_cache_bytes(self.config, batch, seq_len, self.dtype) / 2**30
             raise QuantrollError(
                 f"out of GPU memory generating {batch} sequences of up to {seq_len} tokens "
                 f"(KV cache {gib:.2f} GiB); lower the batch size or max_new_tokens") from None
 
-    def _generate(self, prompts, params, batch, lengths, seq_len) -> list[GenerationResult]:
+    def _generate(self, prompts, params, batch, lengths, seq_len, seed_offset=0) -> list[GenerationResult]:
         cfg, dev = self.config, self.device
         stop = torch.tensor(params.stop_token_ids if params.stop_token_ids is not None else self.default_stop_ids,
                             dtype=torch.long, device=dev)
@@ -208,7 +229,7 @@ class Engine:
         timer = _Timer(dev)
         hidden = self.model.hidden(ids, positions, cache, prefill_routing)
         rows = torch.arange(batch, device=dev)
-        seeds = params.seed + rows.to(torch.int64)
+        seeds = params.seed + seed_offset + rows.to(torch.int64)
         token, logprob = sample(self.model.logits(hidden[rows, lengths - 1]), params, seeds, lengths)
         loop = DecodeLoop(self.model, cache, params, stop, seeds, token, logprob, lengths, self.route_dtype,
                           use_graph=self.use_cuda_graphs and self.grouped_moe)

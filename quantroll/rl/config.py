@@ -10,6 +10,7 @@ class TrainConfig:
     hf_checkpoint: str
     ref_load: str | None = None
     device: str = "cpu"
+    kv_cache_memory_gb: float | None = None
     # rollout
     task: str = "arithmetic"
     digits: int = 2

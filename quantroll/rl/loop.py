@@ -76,7 +76,7 @@ def _tokenizer(checkpoint: str):
 
 def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
     torch.manual_seed(cfg.seed)
-    engine = Engine(cfg.hf_checkpoint, device=cfg.device)
+    engine = Engine(cfg.hf_checkpoint, device=cfg.device, max_kv_cache_gb=cfg.kv_cache_memory_gb)
     policy = load_policy(_trainer_source(cfg, engine), device=cfg.device)
     _apply_train_recipe(cfg, policy, engine)
     ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None

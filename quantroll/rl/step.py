@@ -37,14 +37,14 @@ def _advantages(cfg: TrainConfig, rewards: torch.Tensor, mask: torch.Tensor) -> 
     return reinforce_plus_plus_advantages(rewards, mask)
 
 
-def _slice_routing(replay: ReplayRouting | None, rows: list[int], batch: int) -> ReplayRouting | None:
+def _slice_routing(replay: ReplayRouting | None, rows: list[int], batch: int, length: int) -> ReplayRouting | None:
+    """The replay tables of a minibatch, cut to the minibatch's own padded length."""
     if replay is None:
         return None
     out = {}
     for layer, table in replay.chosen.items():
         per_row = table.view(batch, -1, table.shape[-1])
-        sub = per_row[rows]
-        out[layer] = sub.reshape(-1, table.shape[-1])
+        out[layer] = per_row[rows, :length].reshape(-1, table.shape[-1])
     return ReplayRouting(out)
 
 
@@ -87,7 +87,8 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
     losses, clipfracs, kls, norms, corr = [], [], [], [], []
     for start in range(0, len(prompts), size):
         rows = list(range(start, min(start + size, len(prompts))))
-        sub_routing = _slice_routing(replay, rows, len(prompts)) if replay is not None else None
+        length = max(len(prompts[i]) + len(responses[i]) - 1 for i in rows)
+        sub_routing = _slice_routing(replay, rows, len(prompts), length)
         logp, sub_mask = response_logprobs(policy, [prompts[i] for i in rows], [responses[i] for i in rows],
                                            cfg.rollout_temperature, sub_routing)
         width = logp.shape[1]

@@ -59,7 +59,8 @@ def test_tis_mode2_and_weight_update_check_run(ckpts, tmp_path):
     assert hist[-1]["weight_version"] >= 3  # the checked first update + one per step
 
 
-def test_routing_replay_on_moe_forces_engine_experts_and_trains_the_router(tiny_qwen3_moe_dir):
+@pytest.mark.parametrize("minibatch", [None, 2])
+def test_routing_replay_on_moe_forces_engine_experts_and_trains_the_router(tiny_qwen3_moe_dir, minibatch):
     from quantroll.engine import Engine, SamplingParams
     from quantroll.rl.rollout import RolloutBatch
     from quantroll.rl.routing import replay_from_engine
@@ -69,11 +70,11 @@ def test_routing_replay_on_moe_forces_engine_experts_and_trains_the_router(tiny_
 
     engine = Engine(tiny_qwen3_moe_dir)
     policy = load_policy(tiny_qwen3_moe_dir)
-    prompts = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]]
+    prompts = [[5, 6, 7, 8, 9, 11], [5, 6, 7, 8, 9, 11], [9, 10], [9, 10]]  # minibatches of different lengths
     results = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=5, stop_token_ids=(), seed=1))
     batch = RolloutBatch(prompts, ["x"] * 4, results, torch.tensor([1.0, 0.0, 0.0, 1.0]), 1.0)
     cfg = TrainConfig(hf_checkpoint=str(tiny_qwen3_moe_dir), use_rollout_routing_replay=True, n_samples_per_prompt=2,
-                      lr=1e-3)
+                      lr=1e-3, global_batch_size=minibatch)
     # under replay the trainer's expert choices are the engine's, position by position
     replay = replay_from_engine([r.routed_experts for r in results], prompts, [r.tokens for r in results],
                                 policy.config.moe_layers, policy.config.num_experts_per_tok)

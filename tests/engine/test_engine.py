@@ -183,3 +183,9 @@ def test_kv_cache_bound_splits_the_batch_without_changing_samples(tiny_qwen3_dir
     too_small = Engine(tiny_qwen3_dir, dtype=torch.float32, max_kv_cache_gb=0.5 * one / 2**30)
     with pytest.raises(QuantrollError, match="needs .* GiB of KV cache"):
         too_small.generate(PROMPTS, params)
+
+
+def test_engine_and_sampling_params_are_exported_from_the_package():
+    import quantroll
+
+    assert quantroll.Engine is Engine and quantroll.SamplingParams is SamplingParams

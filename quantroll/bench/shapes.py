@@ -41,7 +41,6 @@ def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int 
     from quantroll.model.linear import QLinear
 
     torch.manual_seed(seed)
-    linear_names = None
 
     def fmt_for(name: str):
         return fmt if fmt is not None and name != "lm_head" and not name.endswith("mlp.gate") else None
@@ -60,7 +59,6 @@ def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int 
             w = src[module.name + ".weight"] if source is not None else torch.empty(
                 module.out_features, module.in_features, dtype=torch.bfloat16, device=device).normal_(0.0, 0.02)
             module.load_quantized_(_quantize(fmt, w, module.name))
-    del linear_names
     return model.eval()
 
 

@@ -81,6 +81,8 @@ def register(subparsers) -> None:
                      "tensorboard package)")
     out.add_argument("--save", default=None, help="directory for resumable state (model, optimizer, RNG, step)")
     out.add_argument("--save-interval", type=int, default=0, help="save every N steps and at the end (0: never)")
+    out.add_argument("--save-hf", default=None, help="at the end, export the trained policy as an HF BF16 checkpoint "
+                     "(loads in transformers and `quantroll convert`)")
     out.add_argument("--load", default=None, help="resume from a --save directory; the metrics file continues")
     p.set_defaults(func=run)
 
@@ -102,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         use_rollout_routing_replay=args.use_rollout_routing_replay, use_routing_replay=args.use_routing_replay,
         train_recipe=recipe, check_weight_update_equal=args.check_weight_update_equal,
         check_weight_update_allow_quant_error=args.check_weight_update_allow_quant_error,
-        metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir, save=args.save, save_interval=args.save_interval, load=args.load)
+        metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir, save=args.save, save_interval=args.save_interval, load=args.load, save_hf=args.save_hf)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,4 +57,5 @@ class TrainConfig:
     save: str | None = None
     save_interval: int = 0
     load: str | None = None
+    save_hf: str | None = None
     max_bad_steps: int = 3

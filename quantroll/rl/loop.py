@@ -29,6 +29,7 @@ from quantroll.rl.state import load_state, save_state, truncate_metrics
 from quantroll.rl.step import train_on_batch
 from quantroll.tasks.data import read_problems
 from quantroll.sync import WeightSync, check_weight_update
+from quantroll.trainer.export import save_hf_checkpoint
 from quantroll.trainer.optimizer import MasterWeightAdamW
 from quantroll.trainer.policy import load_policy
 
@@ -138,6 +139,8 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
                 bar.update(1)
+        if cfg.save_hf:
+            save_hf_checkpoint(policy, _trainer_source(cfg, engine), cfg.save_hf)
     finally:
         sink.close()
         board.close()

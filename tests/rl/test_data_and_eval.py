@@ -71,3 +71,22 @@ def test_tensorboard_gets_the_same_scalars(setup, tmp_path):
     assert "train_rollout_logprob_abs_diff" in scalars and "reward_mean" in scalars
     value = acc.Scalars("train_rollout_logprob_abs_diff")[0].value
     assert value == pytest.approx(hist[0]["train_rollout_logprob_abs_diff"], rel=1e-6)
+
+
+def test_save_hf_exports_the_trained_policy_for_convert(setup, tmp_path):
+    import torch
+
+    from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+    from quantroll.trainer.policy import load_policy
+
+    ckpt, data = setup
+    out = tmp_path / "hf"
+    run_training(TrainConfig(hf_checkpoint=str(ckpt), save_hf=str(out), **{**FAST, "lr": 1e-2}), progress=False)
+    exported = load_policy(out)
+    original = load_policy(ckpt)
+    assert set(dict(exported.named_parameters())) == set(dict(original.named_parameters()))
+    convert_checkpoint(out, tmp_path / "fp8", ConvertConfig(format="fp8", progress=False))
+    assert (tmp_path / "fp8" / "config.json").is_file()
+    # all rewards are 0 for a random model, so GRPO advantages are 0 and the weights are the initial ones
+    for (name, a), (_, b) in zip(sorted(exported.named_parameters()), sorted(original.named_parameters())):
+        assert torch.equal(a, b), name

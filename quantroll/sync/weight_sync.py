@@ -37,7 +37,9 @@ class WeightSync:
         self.engine = engine
         self.format = engine.format
         # modules the engine stores quantized, by checkpoint name (fused parents excluded)
-        self.quantized = {name for name, layer in engine.quantized_layers().items()}
+        self.quantized = set(engine.quantized_layers())
+        # on a GPU with triton, quantize every weight of an update in one batched call
+        self._gpu_path = self.format is not None and engine.device.type == "cuda" and engine.gpu_kernels
 
     def _shared_amaxes(self, named: Mapping[str, torch.Tensor]) -> dict[str, float]:
         if self.format is None or self.format.name != "nvfp4":
@@ -57,13 +59,23 @@ class WeightSync:
         """The update as the engine stores it: QuantizedTensor for quantized weights."""
         shared = self._shared_amaxes(named)
         out: dict[str, torch.Tensor | QuantizedTensor] = {}
+        gpu: list[str] = []  # weights for the batched Triton path (bit-identical to the reference)
         for name, tensor in named.items():
             module = name.removesuffix(".weight")
             if name.endswith(".weight") and module in self.quantized:
                 w = tensor.detach().to(self.engine.device)
-                out[name] = quantize_for_checkpoint(self.format, w, name, shared.get(name))
+                if self._gpu_path and name not in shared:
+                    gpu.append(name)
+                    out[name] = w
+                else:
+                    out[name] = quantize_for_checkpoint(self.format, w, name, shared.get(name))
             else:
                 out[name] = tensor.detach()
+        if gpu:
+            from quantroll.kernels import quantize_weights_gpu
+
+            for name, q in zip(gpu, quantize_weights_gpu([out[n] for n in gpu], self.format, gpu)):
+                out[name] = q
         return out
 
     @torch.no_grad()

@@ -249,3 +249,19 @@ def test_trainer_fp8_forward_on_gpu_matches_emulation_and_keeps_bf16_backward():
     assert rel < 1e-2, rel  # FP8 MMA accumulation + bf16 output (see the GEMM tests)
     real.sum().backward()
     assert torch.allclose(x.grad.float(), layer.weight.float().sum(0).expand(256, -1), atol=2e-2)
+
+
+def test_weight_sync_gpu_path_equals_the_reference():
+    from quantroll.sync import WeightSync
+
+    cfg = _small()
+    base = random_model(cfg, DEV)
+    engine = Engine.from_model(random_model(cfg, DEV, fmt=FP8, source=base), FP8, DEV)
+    sync = WeightSync(engine)
+    assert sync._gpu_path
+    named = {n: p.detach() for n, p in base.named_parameters()}
+    fast = sync.quantize(named)
+    for name in (f"{m}.weight" for m in sync.quantized):
+        ref = FP8.quantize_weight(named[name], name)
+        assert torch.equal(fast[name].data.view(torch.uint8), ref.data.view(torch.uint8)), name
+        assert torch.equal(fast[name].scale, ref.scale), name

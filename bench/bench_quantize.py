@@ -1,6 +1,6 @@
 """Benchmark the GPU weight-quantize path (the work of every RL weight update).
 
-    python bench/bench_quantize.py [--sweep] [--json out.json]
+    python bench/bench_quantize.py [--sweep] [--json out.json] [--formats nvfp4] [--skip-model]
 
 1. Correctness first: each format on a 4096x12288 bf16 weight, GPU == CPU reference
    byte for byte (exit 1 otherwise); the many-weight paths are checked too.
@@ -17,7 +17,10 @@
    fp8 and mxfp8 >= 70% of copy bandwidth; nvfp4 reads its input twice (global amax,
    then the groups), so its floor is 70% of that two-pass bound at copy bandwidth.
    --sweep first times a few tile configs per format on the single weight and uses the
-   best everywhere after (record the winner in quantize_triton.CONFIGS).
+   best everywhere after (record the winner in quantize_triton.CONFIGS); for NVFP4 it times
+   the two passes apart, pass 2 over the bf16 kernel's tiles (and the generic kernel, for
+   reference), each config's bytes checked against the CPU reference first.
+   --formats restricts everything to some formats (e.g. nvfp4).
 Prints JSON, then a short table last.
 """
 
@@ -56,21 +59,26 @@ SWEEP = {
         {"BM": 8, "G": 8, "num_warps": 2},
         {"BM": 16, "G": 8, "num_warps": 4},
     ],
-    "nvfp4": [  # pass 2 alone
-        {"BM": 16, "G": 8, "num_warps": 2},
-        {"BM": 16, "G": 16, "num_warps": 2},
-        {"BM": 32, "G": 8, "num_warps": 2},
-        {"BM": 8, "G": 16, "num_warps": 2},
-        {"BM": 16, "G": 16, "num_warps": 4},
-        {"BM": 32, "G": 16, "num_warps": 4},
+    "nvfp4": [  # pass 2 alone: the bf16 kernel (rows of whole groups), then the generic one
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 1, "PREFETCH": False},
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 4, "PREFETCH": False},
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 8, "PREFETCH": False},
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 8, "PREFETCH": False, "maxnreg": 64},
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 4, "PREFETCH": True},
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 8, "PREFETCH": True},
+        {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 8, "PREFETCH": True, "maxnreg": 96},
+        {"BM": 4, "G": 16, "num_warps": 2, "ITERS": 8, "PREFETCH": False},
+        {"BM": 4, "G": 16, "num_warps": 2, "ITERS": 8, "PREFETCH": True},
+        {"BM": 8, "G": 16, "num_warps": 4, "ITERS": 4, "PREFETCH": False},
+        {"BM": 8, "G": 32, "num_warps": 4, "ITERS": 4, "PREFETCH": False},
+        {"BM": 16, "G": 16, "num_warps": 2, "ITERS": 4, "PREFETCH": False},
+        {"BM": 32, "G": 16, "num_warps": 4, "ITERS": 2, "PREFETCH": False},
+        {"generic": True, "BM": 8, "G": 16, "num_warps": 2},
     ],
     "nvfp4_pass1": [  # the amax pass alone
-        {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 8},
-        {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 4},
         {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 16},
+        {"BLOCK": 4096, "num_warps": 8, "ctas_per_sm": 8},
         {"BLOCK": 8192, "num_warps": 8, "ctas_per_sm": 8},
-        {"BLOCK": 4096, "num_warps": 4, "ctas_per_sm": 16},
-        {"BLOCK": 2048, "num_warps": 4, "ctas_per_sm": 16},
     ],
 }
 
@@ -157,11 +165,11 @@ def test_weight(shape, seed: int) -> torch.Tensor:
     return w.to(torch.bfloat16)
 
 
-def check_correctness(log) -> bool:
+def check_correctness(log, formats) -> bool:
     ok_all = True
     w = test_weight(SINGLE, 0)
     w_cpu = w.cpu()
-    for name, rule in FORMATS:
+    for name, rule in formats:
         fmt = get_format(name, scale_rule=rule)
         ref = fmt.quantize_weight(w_cpu)
         got = quantize_weight_gpu(w, fmt, "single").to("cpu")
@@ -198,28 +206,34 @@ def sweep_nvfp4_passes(timer: Timer, ws: list, outs: list, log) -> dict:
         t = per_weight(timer(run), n)
         p1.append({"cfg": cfg, **t, "read_GBps": read / (t["median_ms"] * 1e-3) / 1e9})
         print(f"nvfp4 pass 1 (amax) {cfg}: {t['median_ms'] * 1e3:6.1f} us  {p1[-1]['read_GBps']:5.0f} GB/s read", flush=True)
+    ref = get_format("nvfp4").quantize_weight(ws[0].cpu())  # each pass-2 config must give these bytes
     p2 = []
     for cfg in SWEEP["nvfp4"]:
+        outs[0].data.zero_()
+        outs[0].scale.view(torch.uint8).zero_()
         run = graphed(lambda: [qt.launch_nvfp4(w, q.data, q.scale, q.global_scale, amax, i, **cfg)
                                for i, (w, q) in enumerate(zip(ws, outs))])
+        ok = same_q(ref, type(ref)(outs[0].data.cpu(), outs[0].scale.cpu(), "nvfp4", ref.shape, ref.block,
+                                   outs[0].global_scale.cpu()))
         t = per_weight(timer(run), n)
-        p2.append({"cfg": cfg, **t})
-        print(f"nvfp4 pass 2 (groups) {cfg}: {t['median_ms'] * 1e3:6.1f} us", flush=True)
+        p2.append({"cfg": cfg, **t, "correct": ok})
+        print(f"nvfp4 pass 2 (groups) {cfg}: {t['median_ms'] * 1e3:6.1f} us  correct={ok}", flush=True)
     log["nvfp4_pass_sweep"] = {"pass1": p1, "pass2": p2}
     b1 = min(p1, key=lambda r: r["median_ms"])
-    b2 = min(p2, key=lambda r: r["median_ms"])
+    b2 = min((r for r in p2 if r["correct"]), key=lambda r: r["median_ms"])
     log["nvfp4_pass1_amax_ms"], log["nvfp4_pass1_read_GBps"] = b1["median_ms"], b1["read_GBps"]
     log["nvfp4_pass2_ms"] = b2["median_ms"]
+    log["nvfp4_pass2_sweep_all_correct"] = all(r["correct"] for r in p2)
     return {**b2["cfg"], "absmax": b1["cfg"]}
 
 
-def bench_single(timer: Timer, copy_bw: float, sweep: bool, log) -> dict[str, dict]:
+def bench_single(timer: Timer, copy_bw: float, sweep: bool, log, formats) -> dict[str, dict]:
     """Per-weight time of 4096x12288 bf16 weights: a CUDA graph quantizing 8 distinct ones
     back to back (800 MB in, far beyond L2), divided by 8; out= buffers, no NaN check."""
     n = 8
     ws = [test_weight(SINGLE, 1 + i) for i in range(n)]
     best_cfg = {}
-    for name, rule in FORMATS:
+    for name, rule in formats:
         fmt = get_format(name, scale_rule=rule)
         label = fmt_label(name, rule)
         outs = [allocate_quantized(SINGLE, fmt, "cuda") for _ in range(n)]
@@ -255,14 +269,14 @@ def bench_single(timer: Timer, copy_bw: float, sweep: bool, log) -> dict[str, di
     return best_cfg
 
 
-def bench_model(timer: Timer, copy_bw: float, best_cfg: dict, log) -> None:
+def bench_model(timer: Timer, copy_bw: float, best_cfg: dict, log, formats) -> None:
     names, ws = [], []
     for layer in range(QWEN3_8B_LAYERS):
         for i, (lname, shape) in enumerate(QWEN3_8B_LAYER.items()):
             names.append(f"model.layers.{layer}.{lname}.weight")
             ws.append(test_weight(shape, 1000 * layer + i))
     log["model"] = {"weights": len(ws), "params": sum(w.numel() for w in ws)}
-    for name, rule in FORMATS:
+    for name, rule in formats:
         fmt = get_format(name, scale_rule=rule)
         label = fmt_label(name, rule)
         cfg = best_cfg.get(name, {})
@@ -304,7 +318,10 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="time a few tile configs per format first; use the best")
     ap.add_argument("--json", help="also write the JSON here")
     ap.add_argument("--skip-model", action="store_true", help="only the single weight")
+    ap.add_argument("--formats", default="", help="comma-separated subset: fp8, mxfp8, nvfp4 (default: all)")
     args = ap.parse_args()
+    wanted = {f.strip() for f in args.formats.split(",") if f.strip()}
+    formats = [f for f in FORMATS if not wanted or f[0] in wanted]
     if not torch.cuda.is_available():
         print("bench_quantize needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -317,15 +334,16 @@ def main() -> int:
         "triton": triton.__version__,
         "command": "python " + " ".join(sys.argv),
     }
-    correct = check_correctness(log)
+    correct = check_correctness(log, formats)
     timer = Timer()
     copy = copy_bandwidth(timer)
     log["copy"] = copy
     copy_bw = copy["GBps"] * 1e9
     print(f"copy bandwidth: {copy['GBps']:.0f} GB/s (read + written)", flush=True)
-    best_cfg = bench_single(timer, copy_bw, args.sweep, log)
+    best_cfg = bench_single(timer, copy_bw, args.sweep, log, formats)
+    correct &= log.get("nvfp4_pass2_sweep_all_correct", True)
     if not args.skip_model:
-        bench_model(timer, copy_bw, best_cfg, log)
+        bench_model(timer, copy_bw, best_cfg, log, formats)
         correct &= all(log[k]["correct"] for k in log if k.startswith("model_"))
 
     print(json.dumps(log, indent=1, default=str))
@@ -333,8 +351,12 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(log, f, indent=1, default=str)
     print(f"\ncopy {copy['GBps']:.0f} GB/s; floors: fp8/mxfp8 {FLOOR:.0%} of copy, nvfp4 {FLOOR:.0%} of its two-pass bound")
+    if "nvfp4_pass_sweep" in log:
+        for r in log["nvfp4_pass_sweep"]["pass2"]:
+            print(f"nvfp4 pass 2 {str(r['cfg']):80s} {r['median_ms'] * 1e3:7.1f} us  correct={r['correct']}")
+        print(f"nvfp4 pass 1 best {log['nvfp4_pass1_amax_ms'] * 1e3:.1f} us; chosen {log['chosen_cfg'].get('nvfp4')}")
     print(f"{'case':34s} {'ms':>8s} {'GB/s':>7s} {'% basis':>8s} floor")
-    for name, rule in FORMATS:
+    for name, rule in formats:
         label = fmt_label(name, rule)
         b = log[f"single_{label}"]["best"]
         print(f"{'single 4096x12288 ' + label:34s} {b['median_ms']:8.4f} {b['GBps']:7.0f} "

@@ -169,6 +169,158 @@ def test_nonfinite_names_the_right_tensor(spec):
     plan.run()  # flags are cleared on every run
 
 
+# NVFP4 pass 2 has a bf16 kernel for rows of whole groups (K % 16 == 0; the shapes above
+# with other K, and float16/float32, take the generic kernel): the cases below aim at it.
+BF16_SHAPES = [(1, 16), (3, 48), (130, 16), (127, 144), (33, 272), (200, 320), (1000, 160), (4096, 1024)]
+BF16_CONFIGS = [  # every kind of tile the bench sweeps: row tails inside a run of tiles, prefetch
+    {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 1, "PREFETCH": False},
+    {"BM": 8, "G": 16, "num_warps": 2, "ITERS": 4, "PREFETCH": True},
+    {"BM": 16, "G": 16, "num_warps": 4, "ITERS": 3, "PREFETCH": False},
+    {"BM": 4, "G": 32, "num_warps": 4, "ITERS": 2, "PREFETCH": True},
+]
+
+
+def _nvfp4_check(w: torch.Tensor, **cfg) -> None:
+    from quantroll.kernels.quantize_triton import nvfp4_bf16_path
+
+    w = w.cuda()
+    if w.dtype == torch.bfloat16 and w.shape[1] % 16 == 0:
+        assert nvfp4_bf16_path(w, torch.empty(w.shape[0], w.shape[1] // 2, dtype=torch.uint8, device=w.device))
+    check(w, FORMATS[3], **cfg)
+
+
+@pytest.mark.parametrize("cfg", [{}] + BF16_CONFIGS, ids=["default"] + [str(i) for i in range(len(BF16_CONFIGS))])
+@pytest.mark.parametrize("shape", BF16_SHAPES, ids=str)
+def test_nvfp4_bf16_kernel_mixed(shape, cfg):
+    _nvfp4_check(mixed_weight(shape, torch.bfloat16, seed=shape[0] * 11 + shape[1]), **cfg)
+
+
+@pytest.mark.parametrize("cfg", [{}] + BF16_CONFIGS[1:2], ids=["default", "prefetch"])
+@pytest.mark.parametrize("scale", [1e-39, 1e-30, 1e-20, 1e-6, 1.0, 1e4, 1e30])
+def test_nvfp4_bf16_kernel_uniform(scale, cfg):
+    """Global scales from the clamp at FP32_TINY through the tiny-tensor branch (< 2**-80) to huge."""
+    _nvfp4_check(uniform_weight((96, 256), torch.bfloat16, scale, seed=int(scale * 1e6) % 9973 + 1), **cfg)
+
+
+def test_nvfp4_bf16_kernel_generic_equal():
+    """The generic kernel gives the same bytes on the same bf16 weight (both equal the reference)."""
+    w = mixed_weight((300, 512), torch.bfloat16, seed=12)
+    check(w, FORMATS[3])
+    check(w, FORMATS[3], generic=True)
+
+
+def test_nvfp4_bf16_zeros_and_signs():
+    w = torch.zeros(40, 64, dtype=torch.bfloat16)
+    _nvfp4_check(w)  # all-zero tensor: global 1, every scale 0
+    _nvfp4_check(-w)  # negative zeros keep their sign bit
+    w = uniform_weight((40, 64), torch.bfloat16, 1.0, seed=9)
+    w[3] = 0  # zero groups (scale 0) beside nonzero ones
+    w[5, 16:32] = -0.0
+    w[7, :16] = torch.tensor([-0.0, 0.0] * 8, dtype=torch.bfloat16)
+    w[9, 32:48] = -w[9, 32:48].abs()  # a group of negatives only
+    _nvfp4_check(w)
+
+
+E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def _near_threshold_weight(amax: float, seed: int) -> tuple[torch.Tensor, int]:
+    """A bf16 weight whose quotients x / (s * global) land on or next to the E2M1 rounding
+    thresholds, returned with how many land within 2 float32 ulps of one without equalling it.
+
+    With a tensor amax of 3m * 2**e (m not a multiple of 7), global = RN(amax / 2688) is
+    inexact, yet x = t * s * amax / 2688 is a bf16 number when the group scale s is 1.75 *
+    2**k (1.5 * 2**k for t = 1.75 and 3.5): x / RN(s * global) is then t up to the roundings
+    of global and of s * global, a few ulps. Those are the quotients where a division off by
+    an ulp, or rounding that breaks ties otherwise, changes the code; the reference's own
+    float32 quotient may even round onto the threshold (a tie) from an inexact value."""
+    g = torch.Generator().manual_seed(seed)
+    gs = torch.tensor(amax) / torch.tensor(2688.0)
+    groups, near = [], 0
+    for t in E2M1_THRESHOLDS:
+        for k in (-6, -3, -1, 0, 2, 5, 7):
+            s = (1.5 if t in (1.75, 3.5) else 1.75) * 2.0**k
+            gmax = torch.tensor(6 * s * float(gs)).to(torch.bfloat16).float()
+            x = t * s * amax / 2688  # exact in float64, and a bf16 number
+            assert torch.tensor(x).to(torch.bfloat16).double().item() == x
+            if gmax < x or (gmax / torch.tensor(6.0) / gs).to(torch.float8_e4m3fn).float() != s:
+                continue
+            xb = torch.tensor([x]).to(torch.bfloat16)
+            up = (xb.view(torch.int16) + 1).view(torch.bfloat16).float()
+            down = (xb.view(torch.int16) - 1).view(torch.bfloat16).float()
+            q = torch.tensor([x], dtype=torch.float32) / (torch.tensor(s) * gs)
+            near += int((q != t) & ((q - t).abs() <= 2 * t * 2.0**-23))
+            rest = torch.rand(10, generator=g) * gmax
+            grp = torch.cat([gmax.view(1), torch.tensor([x, x, x]), up.clamp(max=gmax), down, rest])
+            signs = torch.where(torch.rand(16, generator=g) < 0.5, -1.0, 1.0)
+            signs[:2] = 1.0
+            signs[2] = -1.0
+            groups.append(grp * signs)
+    while len(groups) % 4:
+        groups.append(torch.zeros(16))
+    w = torch.stack(groups).reshape(-1, 4 * 16)
+    w[0, 0] = amax
+    return w.to(torch.bfloat16), near
+
+
+def test_nvfp4_quotients_at_e2m1_thresholds():
+    near = 0
+    for i, m in enumerate((3, 9, 15, 33, 45, 51, 57, 69, 75, 81, 87, 93, 99, 111, 117, 123)):
+        w, n = _near_threshold_weight(float(m) * 2.0**(7 - i % 5), seed=i)
+        near += n
+        _nvfp4_check(w)
+        _nvfp4_check(w.float())  # the generic kernel on the same values
+        for cfg in BF16_CONFIGS[:2]:
+            _nvfp4_check(w, **cfg)
+    assert near >= 20, near  # the construction does put quotients next to the thresholds
+
+
+def test_nvfp4_subnormal_group_scales_saturate():
+    """Groups far below the tensor amax get E4M3-subnormal scales (2**-9 .. 2**-7), rounded
+    down by up to a third, so quotients reach ~9: codes saturate at 6 (code 7)."""
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for k in range(64):
+        t = (1 + 7 * torch.rand((), generator=g).item()) * 2.0**-10  # amax/6/global in [2**-10, 2**-7)
+        grp = torch.rand(16, generator=g) * 6 * t
+        grp[0] = 6 * t
+        grp[1] = 6 * t * (1 - 2.0**-6)
+        rows.append(grp * torch.where(torch.rand(16, generator=g) < 0.5, -1.0, 1.0))
+    w = torch.stack(rows).reshape(8, 128)
+    w[0, 0] = 2688.0  # global scale exactly 1
+    _nvfp4_check(w.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_nvfp4_bf16_kernel_nonfinite_refused(bad):
+    fmt = fmt_of(FORMATS[3])
+    w = uniform_weight((130, 208), torch.bfloat16, 1.0, seed=8)
+    w[129, 207] = bad
+    with pytest.raises(NonFiniteError) as ref_err:
+        fmt.quantize_weight(w, "w")
+    with pytest.raises(NonFiniteError) as gpu_err:
+        quantize_weight_gpu(w.cuda(), fmt, "w")
+    assert str(gpu_err.value) == str(ref_err.value)
+
+
+def test_e2m1_rounding_every_float32():
+    """The bf16 kernel's E2M1 rounding (max of two roundings) against elements.e2m1_encode on
+    every non-negative float32 below 11 (the largest quotient pass 2 can meet is about 9;
+    above 7 both saturate)."""
+    from quantroll.formats.elements import e2m1_encode
+    from quantroll.kernels.quantize_triton import e2m1_check
+
+    top, step = 0x41300000, 1 << 26
+    for start in range(0, top, step):
+        q = torch.arange(start, min(start + step, top), device="cuda", dtype=torch.int32).view(torch.float32)
+        got = e2m1_check(q)
+        ref = e2m1_encode(q)  # comparisons only: the same on every device
+        bad = got != ref
+        assert not bool(bad.any()), (
+            f"{int(bad.sum())} codes differ, e.g. q = {q[bad][:4].tolist()}: {got[bad][:4].tolist()} != {ref[bad][:4].tolist()}"
+        )
+
+
 def _check_division(a: torch.Tensor, d: torch.Tensor, mode: int = 0) -> int:
     """mode 0 (FP8, tiny NVFP4 tensors): exact for quotients >= 2**-100, any positive divisor;
     mode 1 (NVFP4): exact for quotients >= 2**-3 and divisors >= 2**-89, smaller ones < 0.25."""

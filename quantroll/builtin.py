@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from quantroll.errors import QuantrollError
 from quantroll.tasks.tokenizer import BOS, EOS, PAD, char_vocab, write_char_tokenizer
 
 
@@ -33,14 +34,33 @@ class TinyQwen3:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
     tie_word_embeddings: bool = False
+    # Qwen3-MoE when num_experts > 0: every layer sparse, softmax top-k routing
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+
+# The MoE variant of the default: 8 experts, top-2, each expert's MLP a sixth of the dense one.
+TINY_QWEN3_MOE = TinyQwen3(intermediate_size=768, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128)
 
 
 def qwen3_config_dict(shape: TinyQwen3) -> dict:
-    """config.json for a Qwen3ForCausalLM of the given shape."""
+    """config.json for a Qwen3ForCausalLM (or Qwen3MoeForCausalLM) of the given shape."""
+    fields = asdict(shape)
+    moe_fields = {k: fields.pop(k) for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                              "norm_topk_prob")}
+    if shape.moe:
+        fields.update(moe_fields, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+                      output_router_logits=False)
     return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        **asdict(shape),
+        "architectures": ["Qwen3MoeForCausalLM" if shape.moe else "Qwen3ForCausalLM"],
+        "model_type": "qwen3_moe" if shape.moe else "qwen3",
+        **fields,
         "hidden_act": "silu",
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -79,13 +99,21 @@ def qwen3_weights(shape: TinyQwen3, seed: int = 0) -> dict[str, torch.Tensor]:
             p + "self_attn.o_proj.weight": normal(h, shape.num_attention_heads * hd),
             p + "self_attn.q_norm.weight": ones(hd),
             p + "self_attn.k_norm.weight": ones(hd),
-            p + "mlp.gate_proj.weight": normal(inter, h),
-            p + "mlp.up_proj.weight": normal(inter, h),
-            p + "mlp.down_proj.weight": normal(h, inter),
         })
+        if shape.moe:
+            w[p + "mlp.gate.weight"] = normal(shape.num_experts, h)
+            for e in range(shape.num_experts):
+                w.update(_mlp(f"{p}mlp.experts.{e}.", h, shape.moe_intermediate_size, normal))
+        else:
+            w.update(_mlp(p + "mlp.", h, inter, normal))
     if not shape.tie_word_embeddings:
         w["lm_head.weight"] = normal(shape.vocab_size, h)
     return w
+
+
+def _mlp(prefix: str, hidden: int, inter: int, normal) -> dict[str, torch.Tensor]:
+    return {prefix + "gate_proj.weight": normal(inter, hidden), prefix + "up_proj.weight": normal(inter, hidden),
+            prefix + "down_proj.weight": normal(hidden, inter)}
 
 
 def write_tiny_qwen3(directory: str | Path, shape: TinyQwen3 = TinyQwen3(), seed: int = 0) -> Path:
@@ -98,3 +126,26 @@ def write_tiny_qwen3(directory: str | Path, shape: TinyQwen3 = TinyQwen3(), seed
     write_char_tokenizer(out)
     save_file(qwen3_weights(shape, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+# -- the shipped default models ------------------------------------------------------
+# Warm-started by `quantroll sft` (recipe, seed and accuracies in each directory's
+# quantroll_sft.json) and shipped with the package, so `quantroll train` and
+# `quantroll compare` start from a model that already gets rewards, in seconds.
+DATA_DIR = Path(__file__).parent / "data"
+BUILTIN_MODELS = {
+    "dense": ("tiny-qwen3-arith", "quantroll sft --save {dir}"),
+    "moe": ("tiny-qwen3-moe-arith", "quantroll sft --moe --save {dir}"),
+}
+
+
+def builtin_checkpoint(kind: str = "dense") -> Path:
+    """The shipped warm-started checkpoint ("dense" or "moe")."""
+    if kind not in BUILTIN_MODELS:
+        raise QuantrollError(f"unknown built-in model {kind!r}; choose one of {', '.join(BUILTIN_MODELS)}")
+    name, recipe = BUILTIN_MODELS[kind]
+    path = DATA_DIR / name
+    if not (path / "model.safetensors").is_file():
+        raise QuantrollError(f"the built-in {kind} model is missing from {path}; regenerate it with "
+                             f"`{recipe.format(dir=path)}` or reinstall quantroll")
+    return path

@@ -15,7 +15,7 @@ from quantroll import __version__
 from quantroll.errors import QuantrollError
 
 # Subcommand modules, in the order `quantroll --help` lists them.
-COMMANDS = ("demo", "sft", "train", "convert", "inspect", "generate", "bench")
+COMMANDS = ("compare", "train", "demo", "sft", "convert", "inspect", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,3 +91,11 @@ def _remove_empty(dirs: list[Path]) -> None:
             d.rmdir()
         except OSError:
             break
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a small text file so that a reader sees the old or the new content, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -12,10 +12,12 @@ import argparse
 
 import torch
 
+from quantroll.builtin import TINY_QWEN3_MOE
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 from quantroll.trainer.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
-                                   DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TARGET_ACCURACY, STATS_FILE, warm_start)
+                                   DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TARGET_ACCURACY, STATS_FILE, WARM_START_SHAPE,
+                                   warm_start)
 
 
 def register(subparsers) -> None:
@@ -27,6 +29,8 @@ def register(subparsers) -> None:
         f"problems before and after, and save it as an HF BF16 checkpoint (recipe and accuracies in {STATS_FILE}).",
     )
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
+    p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "
+                   "instead of the dense tiny Qwen3")
     p.add_argument("--task", choices=("arithmetic", "count"), default="arithmetic",
                    help="built-in task: arithmetic ('a+b=' / 'a-b=') or count ('count 17 to 32:') (default: arithmetic)")
     p.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
@@ -66,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--eval-size must be >= 1, got {args.eval_size}")
     print(f"sft: {task} for up to {args.steps} steps of {args.batch_size}, lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                       eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device)
+                       eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
+                       shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"
     print(f"ran {stats['steps_run']} of {stats['steps']} steps{stopped}; "

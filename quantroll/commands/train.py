@@ -9,30 +9,57 @@ import argparse
 
 import torch
 
+from quantroll.builtin import BUILTIN_MODELS
+from quantroll.compute import COMPUTE_DTYPES
+from quantroll.formats import FORMAT_NAMES
 from quantroll.rl.config import TrainConfig
+
+
+D = TrainConfig()  # the defaults, in one place
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="RL training: low-precision rollout, BF16 trainer, corrections, metrics",
                               description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     m = p.add_argument_group("models")
-    m.add_argument("--hf-checkpoint", required=True, help="checkpoint the rollout engine loads; its quantization_config "
-                   "decides the rollout precision")
+    m.add_argument("--hf-checkpoint", default=None, help="checkpoint the rollout engine loads; its quantization_config "
+                   "decides the rollout precision (default: the built-in warm-started tiny Qwen3, see --builtin-model)")
+    m.add_argument("--builtin-model", default="dense", choices=sorted(BUILTIN_MODELS), help="the built-in model used "
+                   "when --hf-checkpoint is not given: a tiny Qwen3 warm-started on 2-digit arithmetic, dense or MoE "
+                   "(8 experts, top-2)")
+    m.add_argument("--rollout-precision", default=None, choices=("bf16",) + FORMAT_NAMES, help="convert the BF16 "
+                   "--hf-checkpoint (or the built-in model) to this format for the engine and train on the BF16 source "
+                   "(mode 1; add --fp8-recipe/--fp4-recipe for modes 2-4). Default: whatever --hf-checkpoint holds")
+    m.add_argument("--convert-dir", default=None, help="where --rollout-precision writes its conversion, kept after "
+                   "the run (default: a temporary directory)")
+    m.add_argument("--num-layers-at-start-in-bf16", type=int, default=0, help="with --rollout-precision: keep the "
+                   "first N layers in BF16 on both sides")
+    m.add_argument("--num-layers-at-end-in-bf16", type=int, default=0, help="with --rollout-precision: keep the last "
+                   "N layers in BF16 on both sides")
     m.add_argument("--ref-load", default=None, help="the trainer's BF16 weights (required when --hf-checkpoint is "
                    "quantized: mode 1)")
     m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="bound on the engine's KV cache: larger "
                    "rollouts run in sub-batches that fit (default: no bound)")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for both sides")
+    m.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help="what the BF16 sides compute in: "
+                   "auto = bfloat16 on GPU, float32 on CPU (weights keep BF16 values either way; CPUs without BF16 "
+                   "matrix units are 10-100x slower in bfloat16)")
     r = p.add_argument_group("rollout")
     r.add_argument("--task", default="arithmetic", choices=["arithmetic", "count"], help="built-in verifiable task")
     r.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
+    r.add_argument("--train-problems", type=int, default=D.train_problems, help="built-in tasks: train on a fixed "
+                   "pool of this many problems, disjoint from the held-out ones (0: a fresh problem every time)")
+    r.add_argument("--eval-size", type=int, default=D.eval_size, help="built-in tasks: held-out problems evaluated "
+                   "every --eval-interval steps when no --eval-data is given")
     r.add_argument("--count-span", type=int, default=16, help="count: numbers in each answer (sets response length)")
-    r.add_argument("--rollout-batch-size", type=int, default=8, help="prompts per rollout")
-    r.add_argument("--n-samples-per-prompt", type=int, default=4, help="samples per prompt (a GRPO group)")
-    r.add_argument("--rollout-max-response-len", type=int, default=8, help="max new tokens per sample")
+    r.add_argument("--rollout-batch-size", type=int, default=D.rollout_batch_size, help="prompts per rollout")
+    r.add_argument("--n-samples-per-prompt", type=int, default=D.n_samples_per_prompt, help="samples per prompt (a GRPO group)")
+    r.add_argument("--rollout-max-response-len", type=int, default=D.rollout_max_response_len, help="max new tokens per sample")
+    r.add_argument("--rollout-ignore-eos", action="store_true", help="sample exactly --rollout-max-response-len "
+                   "tokens (for gap-vs-length sweeps)")
     r.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature (also used for the "
                    "trainer's logprobs)")
-    r.add_argument("--num-rollout", type=int, default=10, help="number of RL steps")
+    r.add_argument("--num-rollout", type=int, default=D.num_rollout, help="number of RL steps")
     r.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
     r.add_argument("--prompt-data", default=None, help="JSONL prompts to train on instead of the built-in task")
     r.add_argument("--input-key", default="prompt", help="JSONL key of the prompt text")
@@ -45,7 +72,7 @@ def register(subparsers) -> None:
     o = p.add_argument_group("optimization")
     o.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: the "
                    "whole rollout, one step per rollout)")
-    o.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (FP32 master weights)")
+    o.add_argument("--lr", type=float, default=D.lr, help="AdamW learning rate (FP32 master weights)")
     o.add_argument("--advantage-estimator", default="grpo", choices=["grpo", "reinforce_plus_plus"], help="advantages")
     o.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range (low side)")
     o.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip range, high side (default: --eps-clip)")
@@ -90,9 +117,13 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     recipe = {"blockwise": "fp8", "mxfp8": "mxfp8", None: None}[args.fp8_recipe] or args.fp4_recipe
     return TrainConfig(
-        hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, device=args.device,
+        hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, builtin_model=args.builtin_model,
+        rollout_precision=args.rollout_precision, convert_dir=args.convert_dir,
+        num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
+        num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16, rollout_ignore_eos=args.rollout_ignore_eos,
+        device=args.device, compute_dtype=args.compute_dtype,
         kv_cache_memory_gb=args.kv_cache_memory_gb, task=args.task,
-        digits=args.digits, count_span=args.count_span, rollout_batch_size=args.rollout_batch_size,
+        digits=args.digits, count_span=args.count_span, train_problems=args.train_problems, eval_size=args.eval_size, rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
         rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,
         prompt_data=args.prompt_data, input_key=args.input_key, label_key=args.label_key,

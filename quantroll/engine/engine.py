@@ -162,7 +162,7 @@ class Engine:
     def precision(self) -> str:
         """What the engine computes in, as reports should print it ("fp8 (emulated)" ...)."""
         if self.format is None:
-            return str(self.dtype).replace("torch.", "")
+            return "bfloat16" if self.dtype == torch.bfloat16 else f"bfloat16 ({str(self.dtype).replace('torch.', '')} compute)"
         backends = {layer.backend for layer in self._linears.values()}
         return f"{self.format.name} (emulated)" if "emulated" in backends else self.format.name
 

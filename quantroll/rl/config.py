@@ -7,19 +7,28 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TrainConfig:
-    hf_checkpoint: str
+    hf_checkpoint: str | None = None  # None: the built-in warm-started model (builtin_model)
     ref_load: str | None = None
+    builtin_model: str = "dense"  # "dense" or "moe"
+    rollout_precision: str | None = None  # convert hf_checkpoint (BF16) to this format for the engine
+    convert_dir: str | None = None
+    num_layers_at_start_in_bf16: int = 0
+    num_layers_at_end_in_bf16: int = 0
     device: str = "cpu"
     kv_cache_memory_gb: float | None = None
+    compute_dtype: str = "auto"  # quantroll/compute.py: bfloat16 on GPU, float32 on CPU
     # rollout
     task: str = "arithmetic"
     digits: int = 2
     count_span: int = 16
-    rollout_batch_size: int = 8
-    n_samples_per_prompt: int = 4
+    train_problems: int = 64  # built-in tasks: the training pool's size (0: fresh problems)
+    eval_size: int = 64  # built-in tasks: held-out problems when evaluating without eval_data
+    rollout_batch_size: int = 16
+    n_samples_per_prompt: int = 8
     rollout_max_response_len: int = 8
     rollout_temperature: float = 1.0
-    num_rollout: int = 10
+    rollout_ignore_eos: bool = False  # sample exactly rollout_max_response_len tokens (length sweeps)
+    num_rollout: int = 30
     seed: int = 0
     prompt_data: str | None = None
     input_key: str = "prompt"
@@ -29,7 +38,7 @@ class TrainConfig:
     eval_interval: int = 0
     # optimization
     global_batch_size: int | None = None  # None: the whole rollout batch, one step per rollout
-    lr: float = 1e-5
+    lr: float = 2e-4
     max_grad_norm: float = 1.0
     advantage_estimator: str = "grpo"
     eps_clip: float = 0.2

@@ -13,18 +13,28 @@ from quantroll.tasks.base import Problem
 
 @torch.no_grad()
 def greedy_trainer(model, prompts: list[list[int]], max_new: int, stop: set[int]) -> list[list[int]]:
-    """Greedy decoding with full forward passes (no cache: the trainer's own model, untouched)."""
-    out = []
-    for prompt in prompts:
-        seq, new = list(prompt), []
-        device = next(model.parameters()).device
+    """Greedy decoding with full forward passes (no cache: the trainer's own model, untouched).
+
+    Prompts of equal length decode together, one forward per new token for the group;
+    a row's tokens after its stop token are dropped."""
+    device = next(model.parameters()).device
+    out: list[list[int] | None] = [None] * len(prompts)
+    by_length: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p), []).append(i)
+    for rows in by_length.values():
+        seqs = torch.tensor([prompts[i] for i in rows], device=device)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
         for _ in range(max_new):
-            token = int(model(torch.tensor([seq], device=device))[0, -1].argmax())
-            new.append(token)
-            seq.append(token)
-            if token in stop:
+            token = model(seqs)[:, -1].argmax(-1)
+            seqs = torch.cat([seqs, token[:, None]], 1)
+            done |= torch.isin(token, torch.tensor(sorted(stop), device=device, dtype=token.dtype))
+            if bool(done.all()):
                 break
-        out.append(new)
+        for j, i in enumerate(rows):
+            new = seqs[j, len(prompts[i]):].tolist()
+            cut = next((k + 1 for k, t in enumerate(new) if t in stop), len(new))
+            out[i] = new[:cut]
     return out
 
 

@@ -13,36 +13,38 @@ from __future__ import annotations
 
 import copy
 import random
-import resource
 from pathlib import Path
 
 import torch
 
+from quantroll.compute import resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
 from quantroll.metrics.sink import JsonlSink
 from quantroll.metrics.tensorboard import TensorBoardSink
+from quantroll.rl.checkpoints import resolve_checkpoints
 from quantroll.rl.config import TrainConfig
-from quantroll.rl.rollout import make_task, rollout
+from quantroll.rl.memory import engine_memory, peak_memory_gb
+from quantroll.rl.rollout import build_task, rollout
 from quantroll.rl.evaluate import evaluate
 from quantroll.rl.state import load_state, save_state, truncate_metrics
 from quantroll.rl.step import train_on_batch
-from quantroll.tasks.data import read_problems
 from quantroll.sync import WeightSync, check_weight_update
 from quantroll.trainer.export import save_hf_checkpoint
 from quantroll.trainer.optimizer import MasterWeightAdamW
 from quantroll.trainer.policy import load_policy
 
 
-def _trainer_source(cfg: TrainConfig, engine: Engine) -> str:
-    if cfg.ref_load:
-        return cfg.ref_load
+def _trainer_source(engine_dir: Path, trainer_dir: Path | None, engine: Engine) -> Path:
+    if trainer_dir is not None:
+        return trainer_dir
     if engine.format is not None:
         raise QuantrollError(
-            f"--hf-checkpoint {cfg.hf_checkpoint} is quantized ({engine.format.name}) and no --ref-load was given: "
+            f"--hf-checkpoint {engine_dir} is quantized ({engine.format.name}) and no --ref-load was given: "
             "the trainer must not train on quantized weights. Mode 1 (quantized rollout, BF16 training) needs "
-            "the BF16 checkpoint as --ref-load")
-    return cfg.hf_checkpoint
+            "the BF16 checkpoint as --ref-load (or give the BF16 checkpoint with --rollout-precision "
+            f"{engine.format.name})")
+    return engine_dir
 
 
 def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
@@ -63,12 +65,6 @@ def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
             module.train_real_fp8 = real
 
 
-def _peak_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def _tokenizer(checkpoint: str):
     from quantroll.commands.generate import load_tokenizer
 
@@ -76,17 +72,27 @@ def _tokenizer(checkpoint: str):
 
 
 def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
+    """Run ``cfg.num_rollout`` RL steps; returns the metrics records (also written to
+    ``cfg.metrics_file``)."""
+    with resolve_checkpoints(cfg) as (engine_dir, trainer_dir):
+        return _train(cfg, engine_dir, trainer_dir, progress)
+
+
+def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path | None, progress: bool) -> list[dict]:
     torch.manual_seed(cfg.seed)
-    engine = Engine(cfg.hf_checkpoint, device=cfg.device, max_kv_cache_gb=cfg.kv_cache_memory_gb)
-    policy = load_policy(_trainer_source(cfg, engine), device=cfg.device)
+    dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
+    if torch.device(cfg.device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(cfg.device)
+    engine = Engine(engine_dir, device=cfg.device, dtype=dtype, max_kv_cache_gb=cfg.kv_cache_memory_gb)
+    trainer_source = _trainer_source(engine_dir, trainer_dir, engine)
+    policy = load_policy(trainer_source, device=cfg.device, dtype=dtype)
     _apply_train_recipe(cfg, policy, engine)
     ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None
     optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)
     sync = WeightSync(engine)
-    tokenizer = _tokenizer(cfg.hf_checkpoint)
-    task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
-                     cfg.custom_rm_path)
-    eval_problems = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key) if cfg.eval_data else None
+    memory = engine_memory(engine)
+    tokenizer = _tokenizer(engine_dir)
+    task, eval_problems = build_task(cfg)
     rng = random.Random(cfg.seed)
     first_step = 0
     if cfg.load:
@@ -107,7 +113,8 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
     try:
         for step in range(first_step, cfg.num_rollout):
             params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
-                                    seed=cfg.seed * 1_000_003 + step * 100_003)
+                                    seed=cfg.seed * 1_000_003 + step * 100_003,
+                                    stop_token_ids=() if cfg.rollout_ignore_eos else None)
             batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
             metrics = train_on_batch(cfg, policy, ref_policy, optimizer, batch)
             if metrics.get("skipped_nonfinite"):
@@ -128,7 +135,7 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
                 **metrics,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,
                 "weight_quantize_time": timing.quantize_s, "weight_load_time": timing.load_s,
-                "weight_version": timing.version, "peak_memory_gb": _peak_memory_gb(engine.device),
+                "weight_version": timing.version, "peak_memory_gb": peak_memory_gb(engine.device), **memory,
             }
             sink.write(record)
             board.write(record)
@@ -140,7 +147,7 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
                 bar.update(1)
         if cfg.save_hf:
-            save_hf_checkpoint(policy, _trainer_source(cfg, engine), cfg.save_hf)
+            save_hf_checkpoint(policy, trainer_source, cfg.save_hf)
     finally:
         sink.close()
         board.close()

@@ -28,6 +28,35 @@ def make_task(name: str, digits: int = 2, span: int = 16, prompt_data: str | Non
     raise QuantrollError(f"unknown task '{name}'; built-in tasks: arithmetic, count")
 
 
+def build_task(cfg) -> tuple[object, list | None]:
+    """(training task, held-out evaluation problems or None) for a TrainConfig.
+
+    A built-in task trains on a pool of ``cfg.train_problems`` problems (0: a fresh
+    problem every time) and, when evaluation is on without --eval-data, is evaluated on
+    ``cfg.eval_size`` held-out problems: the same held-out stream ``quantroll sft`` keeps
+    out of training, never in the pool."""
+    from quantroll.tasks.base import PoolTask
+    from quantroll.tasks.data import read_problems
+    from quantroll.trainer.sft import held_out_problems
+
+    task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
+                     cfg.custom_rm_path)
+    if cfg.eval_data:
+        evaluation = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key)
+    elif cfg.eval_interval and not cfg.prompt_data:
+        evaluation = held_out_problems(task, cfg.eval_size, seed=0)
+    else:
+        evaluation = None
+    if cfg.prompt_data or not cfg.train_problems:
+        return task, evaluation
+    held_out = held_out_problems(task, max(cfg.eval_size, 256), seed=0)
+    try:
+        pool = PoolTask.draw(task, cfg.train_problems, cfg.seed, frozenset(p.prompt for p in held_out))
+    except ValueError as err:
+        raise QuantrollError(f"--train-problems {cfg.train_problems}: {err}; lower it") from None
+    return pool, evaluation
+
+
 @dataclass
 class RolloutBatch:
     prompts: list[list[int]]

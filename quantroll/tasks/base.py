@@ -24,3 +24,37 @@ class Task(Protocol):
 def answer_text(response: str, stop: str = "<|endoftext|>") -> str:
     """The response up to its end-of-text marker (or all of it), without outer spaces."""
     return response.split(stop, 1)[0].strip()
+
+
+@dataclass(frozen=True)
+class PoolTask:
+    """A built-in task restricted to a fixed training set of problems.
+
+    RL runs train on a finite prompt set, visited over and over (epochs); that is also
+    what lets a tiny model's reward rise within minutes, where fresh problems at every
+    step would only show slow generalization. The pool is drawn once from ``base``
+    (seeded), never containing a prompt of ``exclude`` (the held-out evaluation set)."""
+
+    base: Task
+    problems: tuple[Problem, ...]
+    name: str = "pool"
+
+    @classmethod
+    def draw(cls, base: Task, size: int, seed: int, exclude: frozenset[str] = frozenset()) -> "PoolTask":
+        rng = random.Random(f"quantroll-train-pool-{seed}")
+        pool: dict[str, Problem] = {}
+        for _ in range(1000 * size):
+            if len(pool) == size:
+                break
+            p = base.sample(rng)
+            if p.prompt not in exclude:
+                pool.setdefault(p.prompt, p)
+        if len(pool) < size:
+            raise ValueError(f"the task has fewer than {size} distinct problems outside the held-out set")
+        return cls(base, tuple(pool.values()), f"{base.name} ({size} training problems)")
+
+    def sample(self, rng: random.Random) -> Problem:
+        return rng.choice(self.problems)
+
+    def reward(self, response: str, label: str) -> float:
+        return self.base.reward(response, label)

@@ -3,7 +3,9 @@
 The model keeps BF16 parameters (what the forward computes with and what the weight
 sync quantizes); the optimizer keeps an FP32 copy of each, applies the update there
 and writes the rounded result back, so small updates accumulate instead of vanishing
-under BF16 rounding.
+under BF16 rounding. A model that computes in float32 on a CPU (quantroll/compute.py)
+still gets BF16 values written back (``weight_dtype``), so its weights are the BF16
+weights a GPU run would hold.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import torch
 
 
 class MasterWeightAdamW:
-    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 weight_dtype: torch.dtype | None = torch.bfloat16):
+        """weight_dtype: what the parameters' values are rounded to (None: their own dtype)."""
         self.params = [p for p in params if p.requires_grad]
+        self.weight_dtype = weight_dtype
         self.master = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
         self.inner = torch.optim.AdamW(self.master, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
@@ -34,8 +39,11 @@ class MasterWeightAdamW:
             m.grad = None if p.grad is None else p.grad.to(torch.float32) * scale
         self.inner.step()
         for p, m in zip(self.params, self.master):
-            p.copy_(m.to(p.dtype))
+            p.copy_(self._rounded(m, p))
         return norm
+
+    def _rounded(self, master: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        return master.to(self.weight_dtype or param.dtype).to(param.dtype)
 
     def state_dict(self) -> dict:
         return {"master": [m.detach().clone() for m in self.master], "inner": self.inner.state_dict()}
@@ -44,5 +52,5 @@ class MasterWeightAdamW:
         with torch.no_grad():
             for m, saved, p in zip(self.master, state["master"], self.params):
                 m.copy_(saved)
-                p.copy_(saved.to(p.dtype))
+                p.copy_(self._rounded(saved, p))
         self.inner.load_state_dict(state["inner"])

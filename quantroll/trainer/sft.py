@@ -185,7 +185,8 @@ def train_sft(model: torch.nn.Module, task: Task, steps: int, batch_size: int, l
 
     device = next(model.parameters()).device
     rng = random.Random(f"quantroll-sft-train-{seed}")
-    opt = MasterWeightAdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
+    opt = MasterWeightAdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay,
+                            weight_dtype=None)  # exported to BF16 once, at the end
     model.train()
     losses: list[float] = []
     bar = tqdm(range(steps), desc="sft", unit="step", disable=None if progress else True)

@@ -1,0 +1,121 @@
+"""``quantroll compare``: the study that says which precision mode and which correction.
+
+Runs, on the same prompts, BF16 rollout and each low-precision rollout (mode 1, and the
+unified modes 2-4 with --modes), each with each correction, over several seeds: every
+run an ordinary ``quantroll train`` process with its own metrics file. Then it reports
+the train/rollout gap at step 0 and over the steps, rewards and held-out accuracy of
+both policies, time per step, the rollout speedup against BF16 and whether it pays for
+the re-quantization of every update (break-even), and recommends a correction per mode.
+Rerunning the same command continues an interrupted compare; failed runs are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+from pathlib import Path
+
+import torch
+
+from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
+from quantroll.compute import COMPUTE_DTYPES
+from quantroll.errors import QuantrollError
+from quantroll.trainer.policy import refuse_quantized
+
+DEFAULT_NUM_ROLLOUT = 25
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="study: gap, reward, speed and break-even per precision mode and "
+                              "correction; report.md/html with plots", description=__doc__,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--output-dir", default="quantroll-compare", help="where runs, summary.json, report.md, "
+                   "report.html and plots/ go; rerunning continues what is there")
+    p.add_argument("--hf-checkpoint", default=None, help="BF16 HF checkpoint to study (converted once per "
+                   "precision); default: the built-in warm-started tiny Qwen3")
+    p.add_argument("--builtin-model", default="dense", choices=sorted(BUILTIN_MODELS), help="which built-in model "
+                   "when --hf-checkpoint is not given (moe adds the r3 correction)")
+    p.add_argument("--precisions", default="bf16,fp8", help="rollout precisions, of bf16,fp8,mxfp8,nvfp4 (mxfp8 "
+                   "and nvfp4 are emulated on hardware without them)")
+    p.add_argument("--corrections", default="none,tis", help="corrections per low precision, of none,tis,mask "
+                   "(r3 is added for MoE models)")
+    p.add_argument("--modes", default="1", help="1 = low-precision rollout, BF16 training; 2/3/4 = unified "
+                   "fp8/mxfp8/nvfp4 (the trainer's forward quantized too), each for its precision")
+    p.add_argument("--seeds", default="1", help="seeds; with several, differences are judged against the spread")
+    p.add_argument("--num-rollout", type=int, default=DEFAULT_NUM_ROLLOUT, help="RL steps per run")
+    p.add_argument("--rollout-max-response-len", type=int, default=8, help="response length of the main runs")
+    p.add_argument("--sweep-response-len", default=None, help="also measure the gap at these response lengths "
+                   "(comma-separated, e.g. 1024,4096,8192,16384): responses sampled to full length, ignoring EOS")
+    p.add_argument("--sweep-num-rollout", type=int, default=1, help="RL steps per sweep run (1: the gap at step 0)")
+    p.add_argument("--sweep-rollout-batch-size", type=int, default=4, help="prompts per sweep step")
+    p.add_argument("--sweep-n-samples-per-prompt", type=int, default=2, help="samples per prompt in sweep runs")
+    p.add_argument("--num-layers-at-start-in-bf16", type=int, default=0, help="keep the first N layers BF16 "
+                   "(both sides)")
+    p.add_argument("--num-layers-at-end-in-bf16", type=int, default=0, help="keep the last N layers BF16 (both sides)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of every run")
+    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help="as for quantroll train")
+    p.add_argument("--train-args", default="", help="more `quantroll train` flags for every run, as one string "
+                   "(e.g. \"--lr 1e-4 --rollout-batch-size 32 --task count\")")
+    p.set_defaults(func=run)
+
+
+def _source(args) -> tuple[Path, str, bool]:
+    if args.hf_checkpoint:
+        source = Path(args.hf_checkpoint)
+        refuse_quantized(source, "--hf-checkpoint")
+        label = str(source)
+    else:
+        source = builtin_checkpoint(args.builtin_model)
+        label = f"built-in tiny Qwen3 ({args.builtin_model}, warm-started)"
+    config = json.loads((source / "config.json").read_text())
+    return source, label, config.get("model_type") == "qwen3_moe"
+
+
+def _train_args(text: str) -> tuple[str, ...]:
+    extra = tuple(shlex.split(text))
+    owned = {"--hf-checkpoint", "--ref-load", "--seed", "--metrics-file", "--num-rollout", "--device",
+             "--rollout-max-response-len", "--use-tis", "--tis-mode", "--fp8-recipe", "--fp4-recipe",
+             "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save"}
+    clash = sorted(owned & {a.split("=")[0] for a in extra})
+    if clash:
+        raise QuantrollError(f"--train-args may not set {', '.join(clash)}: compare sets them per run "
+                             "(use compare's own flags)")
+    return extra
+
+
+def run(args: argparse.Namespace) -> int:
+    from quantroll.compare.matrix import build_matrix
+    from quantroll.compare.report import terminal_tables, write_report
+    from quantroll.compare.runner import CompareSetup, prepare_checkpoints, run_one
+    from quantroll.compare.summary import load_runs, summarize
+
+    if args.num_rollout < 1 or args.sweep_num_rollout < 1:
+        raise QuantrollError("--num-rollout and --sweep-num-rollout must be >= 1")
+    source, label, moe = _source(args)
+    specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
+                         moe, args.sweep_response_len)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
+    sweep = ("--rollout-batch-size", str(args.sweep_rollout_batch_size),
+             "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
+    setup = CompareSetup(out, source, label, moe, args.device, args.num_rollout, args.sweep_num_rollout, common, sweep,
+                         {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
+                          "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16})
+    print(f"compare: {len(specs)} runs on {label} ({args.device}), {args.num_rollout} steps each -> {out}")
+    checkpoints = prepare_checkpoints(setup, specs)
+    start = time.perf_counter()
+    for i, spec in enumerate(specs, 1):
+        print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
+        record = run_one(setup, spec, checkpoints, log=print)
+        if record["status"] == "failed":
+            print(f"  failed: {record['error']}")
+    summary = summarize(load_runs(out))
+    paths = write_report(out, summary)
+    print()
+    print(terminal_tables(summary))
+    print(f"\nreport: {paths.get('report.md')}  {paths.get('report.html')}  ({time.perf_counter() - start:.0f} s)")
+    failed = [r for r in summary.get("runs", []) if r.get("status") == "failed"]
+    return 1 if failed and len(failed) == len(specs) else 0

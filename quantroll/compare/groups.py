@@ -1,0 +1,129 @@
+"""Runs -> groups of seeds: one group per (mode, precision, unified, correction).
+
+A group's every number is a statistic over its runs (one value per run, see perrun),
+so the spread it carries is the seed-to-seed spread the recommendation needs. Curves
+(reward and gap per step) are per-step statistics over the runs that reached the step.
+Sweep runs are grouped apart, by response length too, and keep only their step-0 gap:
+they exist to show how the gap grows with the length of what is generated.
+"""
+
+from __future__ import annotations
+
+from quantroll.compare.labels import display, group_id, mode_label, sort_key
+from quantroll.compare.perrun import GAP_METRICS, MAIN_GAP, MEMORY_KEYS, TIME_KEYS, run_values
+from quantroll.compare.rundata import RunData
+from quantroll.compare.stats import as_float, stats
+
+CURVES = ("reward_mean", MAIN_GAP)
+
+
+def spec_key(spec: dict) -> tuple[str, str, bool, str]:
+    """(mode label, precision, unified, correction) of a run spec."""
+    precision = str(spec.get("precision") or "bf16")
+    unified = bool(spec.get("unified")) and precision != "bf16"
+    correction = str(spec.get("correction") or "none")
+    return mode_label(precision, unified), precision, unified, correction
+
+
+def is_emulated(run: RunData) -> bool:
+    """run.json says so, or the engine did: its rollout_precision reads e.g. "mxfp8 (emulated)"."""
+    return bool(run.spec.get("emulated")) or any("emulated" in str(s.get("rollout_precision", "")) for s in run.steps)
+
+
+def _distinct(values) -> list:
+    out = []
+    for v in values:
+        if v is not None and v not in out:
+            out.append(v)
+    return out
+
+
+def curve(step_lists: list[list[dict]], key: str) -> list[dict]:
+    """Per step: stats over the runs that have the step."""
+    by_step: dict[int, list] = {}
+    for steps in step_lists:
+        for s in steps:
+            by_step.setdefault(s["step"], []).append(s.get(key))
+    return [{"step": step, **stats(vals)} for step, vals in sorted(by_step.items())]
+
+
+def _identity(key: tuple, runs: list[RunData]) -> dict:
+    label, precision, unified, correction = key
+    specs = [r.spec for r in runs]
+    emulated = any(is_emulated(r) for r in runs)
+    return {
+        "id": group_id(label, correction), "mode": label, "label": display(label, emulated),
+        "precision": precision, "unified": unified, "correction": correction, "emulated": emulated,
+        "moe": any(bool(s.get("moe")) for s in specs),
+        "run_ids": [r.run_id for r in runs], "seeds": [s.get("seed") for s in specs], "n_runs": len(runs),
+        "devices": _distinct(s.get("device") for s in specs), "models": _distinct(s.get("model") for s in specs),
+    }
+
+
+def aggregate(key: tuple, runs: list[RunData]) -> dict:
+    """The group dict of summary.json (identity, gap, reward, eval, routing, time, memory)."""
+    vals = [run_values(r.steps) for r in runs]
+    lens = sorted(_distinct(r.spec.get("response_len") for r in runs))
+    metric_names = sorted({k for v in vals for k in v["means"]})
+    layers = sorted({n for v in vals for n in v["routing_mean"]})
+    evals = [v["eval"] for v in vals if v["eval"]]
+    group = _identity(key, runs)
+    group.update({
+        "response_lens": lens,
+        "response_len": lens[0] if len(lens) == 1 else None,
+        "num_steps": max(v["num_steps"] for v in vals),
+        "loss_agg": _distinct(v["loss_agg"] for v in vals),
+        "rollout_precision": _distinct(v["rollout_precision"] for v in vals),
+        "gap_step0": {k: stats(v["gap_step0"][k] for v in vals) for k in GAP_METRICS},
+        "gap_mean": {k: stats(v["gap_mean"][k] for v in vals) for k in GAP_METRICS},
+        "metrics_mean": {k: stats(v["means"].get(k) for v in vals) for k in metric_names},
+        "curves": {k: curve([r.steps for r in runs], k) for k in CURVES},
+        "reward": {"mean": stats(v["means"].get("reward_mean") for v in vals),
+                   "final": stats(v["final"].get("reward_mean") for v in vals)},
+        "accuracy": {"mean": stats(v["means"].get("accuracy") for v in vals),
+                     "final": stats(v["final"].get("accuracy") for v in vals)},
+        "eval": ({"engine": stats(e["engine"] for e in evals), "trainer": stats(e["trainer"] for e in evals),
+                  "steps": sorted(_distinct(e["step"] for e in evals))} if evals else None),
+        "routing": ({"layers": layers,
+                     "step0": {str(n): stats(v["routing_step0"].get(n) for v in vals) for n in layers},
+                     "mean": {str(n): stats(v["routing_mean"].get(n) for v in vals) for n in layers}}
+                    if layers else None),
+        "time": {
+            **{k: stats(v["times"][k] for v in vals) for k in TIME_KEYS},
+            "rollout_tokens_per_s": stats(v["rollout_tokens_per_s"] for v in vals),
+            "tokens_per_step": stats(v["tokens_per_step"] for v in vals),
+            "s_per_token": stats(v["s_per_token"] for v in vals),
+            "warmup_excluded": all(v["num_steps"] > 1 for v in vals),
+        },
+        "memory": {k: stats(v["memory"][k] for v in vals) for k in MEMORY_KEYS},
+    })
+    return group
+
+
+def build_groups(runs: list[RunData]) -> list[dict]:
+    buckets: dict[tuple, list[RunData]] = {}
+    for r in runs:
+        buckets.setdefault(spec_key(r.spec), []).append(r)
+    order = sorted(buckets, key=lambda k: sort_key(k[1], k[2], k[3]))
+    return [aggregate(k, buckets[k]) for k in order]
+
+
+def build_sweep(runs: list[RunData]) -> list[dict]:
+    """Step-0 gap vs response length, per (mode, correction) and length, stats over seeds."""
+    buckets: dict[tuple, list[RunData]] = {}
+    for r in runs:
+        buckets.setdefault((*spec_key(r.spec), r.spec.get("response_len")), []).append(r)
+
+    def order(k):
+        return (sort_key(k[1], k[2], k[3]), as_float(k[4]) or 0.0)
+
+    rows = []
+    for k in sorted(buckets, key=order):
+        members = buckets[k]
+        step0 = [next((s for s in r.steps if s.get("step") == 0), {}) for r in members]
+        rows.append({
+            **_identity(k[:4], members),
+            "response_len": k[4],
+            "gap_step0": {m: stats(s.get(m) for s in step0) for m in GAP_METRICS},
+        })
+    return rows

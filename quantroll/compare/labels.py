@@ -1,0 +1,40 @@
+"""Names a reader sees: the precision mode of a run, and the "(emulated)" mark.
+
+The runner records what a run did (rollout precision, whether the trainer's forward is
+quantized the same way); the study talks in the README's four modes. The mapping lives
+here once so that tables, plots and the recommendation can never disagree on a name.
+"""
+
+from __future__ import annotations
+
+PRECISION_ORDER = ("bf16", "fp8", "mxfp8", "nvfp4")
+CORRECTION_ORDER = ("none", "tis", "mask", "r3")
+_UNIFIED = {"fp8": "mode 2: block FP8", "mxfp8": "mode 3: MXFP8", "nvfp4": "mode 4: NVFP4"}
+BASELINE_MODE = "bf16"
+
+
+def mode_label(precision: str, unified: bool) -> str:
+    """bf16 -> the baseline; quantized rollout with a BF16 trainer -> mode 1; unified -> modes 2/3/4."""
+    if precision == "bf16":
+        return BASELINE_MODE
+    if not unified:
+        return f"mode 1: {precision} rollout, BF16 train"
+    return _UNIFIED.get(precision, f"unified {precision}")
+
+
+def display(label: str, emulated: bool) -> str:
+    """The label as printed: emulated precisions are marked wherever they appear."""
+    return f"{label} (emulated)" if emulated else label
+
+
+def group_id(label: str, correction: str) -> str:
+    return f"{label} / {correction}"
+
+
+def sort_key(precision: str, unified: bool, correction: str) -> tuple:
+    """bf16 first, then mode 1 by precision, then modes 2-4; corrections in CLI order."""
+    def rank(seq, value):
+        return (seq.index(value), "") if value in seq else (len(seq), str(value))
+
+    mode_rank = 0 if precision == "bf16" else (2 if unified else 1)
+    return (mode_rank, rank(PRECISION_ORDER, precision), rank(CORRECTION_ORDER, correction))

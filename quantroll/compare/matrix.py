@@ -1,0 +1,102 @@
+"""The runs a compare is made of: which precisions, modes, corrections, seeds, lengths.
+
+Each ``RunSpec`` becomes one ordinary ``quantroll train`` command line (``train_args``),
+so a run of the study can be reproduced, or continued, by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantroll.errors import QuantrollError
+
+PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
+CORRECTIONS = ("none", "tis", "mask", "r3")
+# mode -> the precision it quantizes the trainer's forward in (mode 1 applies to every low precision)
+UNIFIED_MODES = {"2": "fp8", "3": "mxfp8", "4": "nvfp4"}
+CORRECTION_ARGS = {
+    "none": (),
+    "tis": ("--use-tis",),
+    "mask": ("--use-tis", "--tis-mode", "mask"),
+    "r3": ("--use-rollout-routing-replay",),
+}
+RECIPE_ARGS = {"fp8": ("--fp8-recipe", "blockwise"), "mxfp8": ("--fp8-recipe", "mxfp8"), "nvfp4": ("--fp4-recipe", "nvfp4")}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    precision: str
+    unified: bool
+    correction: str
+    seed: int
+    response_len: int
+    sweep: bool = False
+
+    @property
+    def run_id(self) -> str:
+        mode = "unified" if self.unified else ("rollout" if self.precision != "bf16" else "baseline")
+        tail = f"-len{self.response_len}" if self.sweep else ""
+        return f"{self.precision}-{mode}-{self.correction}-seed{self.seed}{tail}"
+
+    def train_args(self) -> list[str]:
+        """The flags that make this run what it is (the runner adds checkpoints and output)."""
+        args = ["--seed", str(self.seed), "--rollout-max-response-len", str(self.response_len)]
+        args += list(CORRECTION_ARGS[self.correction])
+        if self.unified:
+            args += list(RECIPE_ARGS[self.precision])
+        if self.sweep:
+            args += ["--rollout-ignore-eos"]
+        return args
+
+
+def _parse_list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise QuantrollError(f"{flag} {text!r}: use a comma-separated list of {', '.join(allowed)}")
+    return list(dict.fromkeys(items))
+
+
+def _parse_ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise QuantrollError(f"{flag} {text!r}: use a comma-separated list of integers") from None
+    if not values:
+        raise QuantrollError(f"{flag} is empty")
+    return list(dict.fromkeys(values))
+
+
+def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, response_len: int, moe: bool,
+                 sweep_lens: str | None = None) -> list[RunSpec]:
+    """bf16 runs once per seed (no correction: it is the baseline); every low precision
+    with every correction, in mode 1 and in its unified mode when ``modes`` names it;
+    ``r3`` joins the corrections for MoE models. Sweep runs (correction none) repeat
+    each precision/mode at every response length."""
+    precs = _parse_list(precisions, PRECISIONS, "--precisions")
+    corrs = _parse_list(corrections, CORRECTIONS, "--corrections")
+    mode_list = _parse_list(modes, ("1",) + tuple(UNIFIED_MODES), "--modes")
+    if "r3" in corrs and not moe:
+        raise QuantrollError("--corrections r3 (routing replay) needs an MoE model")
+    if moe and "r3" not in corrs:
+        corrs.append("r3")
+    seed_list = _parse_ints(seeds, "--seeds")
+    variants: list[tuple[str, bool]] = []
+    for p in precs:
+        if p == "bf16":
+            variants.append((p, False))
+            continue
+        if "1" in mode_list:
+            variants.append((p, False))
+        if any(UNIFIED_MODES[m] == p for m in mode_list if m != "1"):
+            variants.append((p, True))
+    if not any(p != "bf16" for p, _ in variants) and len(precs) > 1:
+        raise QuantrollError(f"--modes {modes} applies to none of --precisions {precisions}: mode 1 is any low-precision "
+                             "rollout with BF16 training, 2/3/4 are unified fp8/mxfp8/nvfp4")
+    specs = []
+    for p, unified in variants:
+        for c in (["none"] if p == "bf16" else corrs):
+            specs += [RunSpec(p, unified, c, s, response_len) for s in seed_list]
+    for length in (_parse_ints(sweep_lens, "--sweep-response-len") if sweep_lens else []):
+        specs += [RunSpec(p, unified, "none", s, length, sweep=True) for p, unified in variants for s in seed_list]
+    return specs

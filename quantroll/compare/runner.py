@@ -1,0 +1,140 @@
+"""Run the matrix: convert the BF16 checkpoint once per precision, then one ordinary
+``quantroll train`` process per run, each with its own directory, log and metrics.
+
+A run is a child process so that one failing (an error, an out-of-memory kill) cannot
+take the others down, and so that each run's peak memory is its own. A run directory's
+``run.json`` holds the spec, the exact command and the status; a finished run whose
+command is unchanged is not redone, so an interrupted compare continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from quantroll.checkpoint.atomic import atomic_write_text
+from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+from quantroll.compare.matrix import RunSpec
+
+
+@dataclass(frozen=True)
+class CompareSetup:
+    out_dir: Path
+    source: Path  # the BF16 checkpoint
+    model_label: str
+    moe: bool
+    device: str
+    num_rollout: int
+    sweep_num_rollout: int
+    common_args: tuple[str, ...]  # flags every run gets (task, batch sizes, lr, ...)
+    sweep_args: tuple[str, ...]  # flags sweep runs get on top (smaller batches)
+    convert_args: dict  # ConvertConfig fields (layers kept in BF16)
+
+
+def prepare_checkpoints(setup: CompareSetup, specs: list[RunSpec], log=print) -> dict[str, Path]:
+    """precision -> the checkpoint its engine loads (bf16: the source itself)."""
+    out = {"bf16": setup.source}
+    for precision in sorted({s.precision for s in specs} - {"bf16"}):
+        target = setup.out_dir / "checkpoints" / precision
+        marker = target / ".quantroll-compare-done"
+        if not marker.is_file():
+            log(f"converting {setup.source} -> {precision}")
+            convert_checkpoint(setup.source, target, ConvertConfig(format=precision, force=True, progress=False,
+                                                                   **setup.convert_args))
+            marker.write_text("ok\n")
+        out[precision] = target
+    return out
+
+
+def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], run_dir: Path) -> list[str]:
+    args = [sys.executable, "-m", "quantroll", "train", "--hf-checkpoint", str(checkpoints[spec.precision])]
+    if spec.precision != "bf16":
+        args += ["--ref-load", str(setup.source)]
+    steps = setup.sweep_num_rollout if spec.sweep else setup.num_rollout
+    args += ["--device", setup.device, "--num-rollout", str(steps), *setup.common_args]
+    if spec.sweep:
+        args += list(setup.sweep_args)
+    elif "--eval-interval" not in setup.common_args:
+        args += ["--eval-interval", str(steps)]
+    return args + spec.train_args() + ["--metrics-file", str(run_dir / "metrics.jsonl")]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _steps_written(metrics: Path) -> int:
+    if not metrics.is_file():
+        return 0
+    steps = set()
+    for line in metrics.read_text().splitlines():
+        try:
+            steps.add(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return len(steps)
+
+
+def _error_line(log: Path) -> str:
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
+    for line in reversed(lines):
+        if "error:" in line.lower() or line.startswith(("Traceback", "RuntimeError", "MemoryError")):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def _emulated(metrics: Path, precision: str) -> bool:
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines()[:1]:
+            try:
+                return "emulated" in json.loads(line).get("rollout_precision", "")
+            except ValueError:
+                break
+    return precision in ("mxfp8", "nvfp4")
+
+
+def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], log=print) -> dict:
+    """Run (or skip, when already done with the same command) one spec; returns run.json."""
+    run_dir = setup.out_dir / "runs" / spec.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = command_for(setup, spec, checkpoints, run_dir)
+    shown = ["quantroll"] + cmd[3:]
+    metrics = run_dir / "metrics.jsonl"
+    steps = setup.sweep_num_rollout if spec.sweep else setup.num_rollout
+    previous = _read_json(run_dir / "run.json")
+    if previous and previous.get("status") == "done" and previous.get("command") == shown \
+            and _steps_written(metrics) >= steps:
+        log(f"  {spec.run_id}: done earlier, kept")
+        return previous
+    metrics.unlink(missing_ok=True)
+    record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
+              "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
+              "emulated": None}
+    atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
+    start = time.perf_counter()
+    with open(run_dir / "train.log", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: stop the child too; the run stays "running" and is redone next time
+            proc.kill()
+            proc.wait()
+            raise
+    record["wall_time_s"] = round(time.perf_counter() - start, 2)
+    record["emulated"] = _emulated(metrics, spec.precision)
+    if code == 0 and _steps_written(metrics) >= steps:
+        record["status"] = "done"
+    else:
+        record["status"] = "failed"
+        record["error"] = _error_line(run_dir / "train.log") if code != 0 else \
+            f"exited 0 but wrote {_steps_written(metrics)} of {steps} steps"
+    atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
+    return record

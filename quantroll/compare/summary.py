@@ -1,0 +1,103 @@
+"""The study of a `quantroll compare` matrix as one JSON-serializable dict (summary.json).
+
+Pure: finished run directories in (see rundata.load_runs), numbers out. Only runs with
+status "done" and at least one step are aggregated; every run, failed ones with their
+error, appears in ``runs``. Layout of the result:
+
+  gap_metrics, main_gap, notes{warmup, break_even, significance}, baseline (group id),
+  groups[]: identity, gap_step0/gap_mean{metric: stats}, metrics_mean, curves, reward,
+            accuracy, eval, routing, time, memory, speed (vs baseline), reward_vs_bf16
+  sweep[]: identity + response_len + gap_step0{metric: stats}
+  runs[]: one row per run; failed[]: the failed ones; recommendation{modes, verdicts};
+  warnings[]: what the reader should know about the data (dropped lines, missing baseline).
+
+A "stats" is {"mean", "std" (over seeds, ddof=1, None with one seed), "n"}.
+"""
+
+from __future__ import annotations
+
+from quantroll.compare.groups import build_groups, build_sweep, is_emulated, spec_key
+from quantroll.compare.labels import display
+from quantroll.compare.perrun import GAP_METRICS, MAIN_GAP, run_values
+from quantroll.compare.recommend import recommend
+from quantroll.compare.rundata import RunData, load_runs
+from quantroll.compare.speed import ASSUMPTION, WARMUP_NOTE, break_even
+from quantroll.compare.stats import difference
+
+__all__ = ["RunData", "load_runs", "summarize", "run_row"]
+
+SCHEMA_VERSION = 1
+SIGNIFICANCE = ("a difference between two groups counts only if |mean_a - mean_b| > sqrt(std_a^2 + std_b^2), "
+                "std over seeds (ddof=1); with one seed the spread is unknown")
+
+
+def run_row(run: RunData) -> dict:
+    """One line of the per-run table: identity, status, error and the key numbers."""
+    s = run.spec
+    label, precision, unified, correction = spec_key(s)
+    emulated = is_emulated(run)
+    row = {
+        "run_id": run.run_id, "status": s.get("status"), "error": s.get("error"),
+        "mode": label, "label": display(label, emulated), "precision": precision,
+        "unified": unified, "correction": correction, "seed": s.get("seed"), "response_len": s.get("response_len"),
+        "sweep": bool(s.get("sweep")), "emulated": emulated, "moe": bool(s.get("moe")),
+        "device": s.get("device"), "model": s.get("model"), "wall_time_s": s.get("wall_time_s"),
+        "num_steps": len(run.steps), "truncated_last_line": run.truncated_last_line, "bad_lines": list(run.bad_lines),
+        "gap_step0": None, "gap_mean": None, "reward_mean": None, "reward_final": None,
+        "rollout_time": None, "train_time": None, "peak_memory_gb": None,
+    }
+    if run.steps:
+        v = run_values(run.steps)
+        row.update(gap_step0=v["gap_step0"][MAIN_GAP], gap_mean=v["gap_mean"][MAIN_GAP],
+                   reward_mean=v["means"].get("reward_mean"), reward_final=v["final"].get("reward_mean"),
+                   rollout_time=v["times"]["rollout_time"], train_time=v["times"]["train_time"],
+                   peak_memory_gb=v["memory"]["peak_memory_gb"])
+    return row
+
+
+def _baseline(groups: list[dict]) -> dict | None:
+    bf16 = [g for g in groups if g["precision"] == "bf16"]
+    return next((g for g in bf16 if g["correction"] == "none"), bf16[0] if bf16 else None)
+
+
+def _warnings(runs: list[RunData], groups: list[dict], base: dict | None) -> list[str]:
+    out = []
+    for r in runs:
+        if r.bad_lines:
+            out.append(f"{r.run_id}: unparsable metrics lines {list(r.bad_lines)} skipped")
+        if r.spec.get("status") == "done" and not r.steps:
+            out.append(f"{r.run_id}: status done but no metrics: left out")
+    running = [r.run_id for r in runs if r.spec.get("status") not in ("done", "failed")]
+    if running:
+        out.append(f"not finished, left out: {', '.join(running)}")
+    for g in groups:
+        if len(g["response_lens"]) > 1:
+            out.append(f"{g['id']}: runs differ in response length {g['response_lens']}: no break-even length")
+    if groups and base is None:
+        out.append("no bf16 baseline group: speedups, break-even and reward differences are not computed")
+    return out
+
+
+def summarize(runs: list[RunData]) -> dict:
+    """The summary.json content for these runs (pure; JSON-serializable, no NaN)."""
+    done = [r for r in runs if r.spec.get("status") == "done" and r.steps]
+    groups = build_groups([r for r in done if not r.spec.get("sweep")])
+    base = _baseline(groups)
+    for g in groups:
+        g["speed"] = break_even(g, base) if base and g is not base else None
+        g["reward_vs_bf16"] = difference(g["reward"]["mean"], base["reward"]["mean"]) if base and g is not base else None
+    rows = [run_row(r) for r in runs]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "gap_metrics": list(GAP_METRICS),
+        "main_gap": MAIN_GAP,
+        "notes": {"warmup": WARMUP_NOTE, "break_even": ASSUMPTION, "significance": SIGNIFICANCE},
+        "baseline": base["id"] if base else None,
+        "groups": groups,
+        "sweep": build_sweep([r for r in done if r.spec.get("sweep")]),
+        "runs": rows,
+        "failed": [{k: row[k] for k in ("run_id", "label", "correction", "seed", "error")}
+                   for row in rows if row["status"] == "failed"],
+        "recommendation": recommend(groups, base),
+        "warnings": _warnings(runs, groups, base),
+    }

@@ -1,0 +1,71 @@
+"""Which checkpoint the engine loads and which the trainer loads.
+
+Three ways in, one answer (engine_dir, trainer_dir):
+- nothing given: the built-in warm-started tiny Qwen3 (dense or MoE), BF16 on both sides;
+- ``--hf-checkpoint`` (+ ``--ref-load`` when it is quantized: mode 1), as in Miles;
+- ``--rollout-precision fp8|mxfp8|nvfp4`` with a BF16 ``--hf-checkpoint`` (or the
+  built-in): quantroll converts it with the same rules as ``quantroll convert``
+  (``--num-layers-at-start/end-in-bf16`` included) into ``--convert-dir`` or a
+  temporary directory, the engine loads the conversion and the trainer the BF16 source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from quantroll.builtin import builtin_checkpoint
+from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+from quantroll.errors import QuantrollError
+from quantroll.rl.config import TrainConfig
+
+
+def _quantization(checkpoint: Path) -> dict | None:
+    path = checkpoint / "config.json"
+    if not path.is_file():
+        raise QuantrollError(f"--hf-checkpoint {checkpoint}: config.json not found; point it at an HF checkpoint "
+                             "directory (or leave it out for the built-in model)")
+    qc = json.loads(path.read_text()).get("quantization_config")
+    return qc if isinstance(qc, dict) else None
+
+
+@contextlib.contextmanager
+def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path | None]]:
+    """Yield (engine checkpoint, trainer checkpoint or None = the engine's); a
+    temporary conversion is removed on exit."""
+    source = Path(cfg.hf_checkpoint) if cfg.hf_checkpoint else builtin_checkpoint(cfg.builtin_model)
+    ref = Path(cfg.ref_load) if cfg.ref_load else None
+    wants_layers = cfg.num_layers_at_start_in_bf16 or cfg.num_layers_at_end_in_bf16
+    if cfg.rollout_precision in (None, "bf16"):
+        if cfg.rollout_precision == "bf16" and _quantization(source):
+            raise QuantrollError(f"--rollout-precision bf16 but --hf-checkpoint {source} is quantized; give the BF16 "
+                                 "checkpoint")
+        if wants_layers and not _quantization(source):
+            raise QuantrollError("--num-layers-at-start/end-in-bf16 need a low-precision rollout: add "
+                                 "--rollout-precision fp8|mxfp8|nvfp4 (or convert the checkpoint with those flags)")
+        if wants_layers:
+            raise QuantrollError(f"--hf-checkpoint {source} is already quantized: its BF16 layers were chosen when it "
+                                 "was converted (quantroll convert --num-layers-at-start/end-in-bf16); drop the flags "
+                                 "here, or give the BF16 checkpoint with --rollout-precision")
+        yield source, ref
+        return
+    if _quantization(source):
+        raise QuantrollError(f"--rollout-precision {cfg.rollout_precision} converts a BF16 checkpoint, but "
+                             f"--hf-checkpoint {source} is already quantized; give its BF16 source instead")
+    if ref is not None and ref != source:
+        raise QuantrollError("--rollout-precision converts --hf-checkpoint and trains on it; --ref-load is not used "
+                             "then (leave it out)")
+    convert = ConvertConfig(format=cfg.rollout_precision, num_layers_at_start_in_bf16=cfg.num_layers_at_start_in_bf16,
+                            num_layers_at_end_in_bf16=cfg.num_layers_at_end_in_bf16, force=True, progress=False)
+    if cfg.convert_dir:  # kept after the run (replaced if present)
+        target = Path(cfg.convert_dir)
+        convert_checkpoint(source, target, convert)
+        yield target, source
+        return
+    with tempfile.TemporaryDirectory(prefix="quantroll-rollout-") as tmp:
+        target = Path(tmp) / f"{source.name}-{cfg.rollout_precision}"
+        convert_checkpoint(source, target, convert)
+        yield target, source

@@ -1,0 +1,98 @@
+"""`quantroll compare` end to end on the built-in model (CPU, a few steps per run):
+the runs are ordinary train runs, the report's numbers are the runs' JSONL numbers,
+a rerun continues instead of redoing, and a failing run is listed while others finish."""
+
+import json
+
+import pytest
+
+from quantroll.cli import main
+from quantroll.compare import runner
+
+SMALL = ["--num-rollout", "2", "--seeds", "1", "--train-args",
+         "--rollout-batch-size 4 --n-samples-per-prompt 2 --eval-size 8"]
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare") / "study"
+    assert main(["compare", "--output-dir", str(out), *SMALL]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_compare_writes_runs_summary_and_report(study):
+    runs = sorted(p.name for p in (study / "runs").iterdir())
+    assert runs == ["bf16-baseline-none-seed1", "fp8-rollout-none-seed1", "fp8-rollout-tis-seed1"]
+    for name in ("summary.json", "report.md", "report.html"):
+        assert (study / name).is_file()
+    summary = json.loads((study / "summary.json").read_text())
+    for run in runs:
+        spec = json.loads((study / "runs" / run / "run.json").read_text())
+        assert spec["status"] == "done" and spec["command"][:2] == ["quantroll", "train"]
+        lines = _lines(study / "runs" / run / "metrics.jsonl")
+        assert [r["step"] for r in lines] == [0, 1]
+        row = next(r for r in summary["runs"] if r["run_id"] == run)
+        assert row["gap_step0"] == pytest.approx(
+            lines[0]["train_rollout_logprob_abs_diff"], rel=1e-12)
+        assert "eval_engine_accuracy" in lines[-1] and "eval_trainer_accuracy" in lines[-1]
+    bf16 = _lines(study / "runs" / runs[0] / "metrics.jsonl")[0]
+    fp8 = _lines(study / "runs" / runs[1] / "metrics.jsonl")[0]
+    # same prompts (same seed): the same number of samples and the same rewards' basis; the gap is the precision's
+    assert bf16["mismatch_seqs"] == fp8["mismatch_seqs"]
+    assert bf16["train_rollout_logprob_abs_diff"] < 1e-5 < 1e-3 < fp8["train_rollout_logprob_abs_diff"]
+    assert "emulated" in fp8["rollout_precision"]
+    report = (study / "report.md").read_text()
+    assert "mode 1: fp8 rollout, BF16 train (emulated)" in report
+
+
+@pytest.mark.slow
+def test_rerun_keeps_finished_runs_and_redoes_an_interrupted_one(study, capsys):
+    interrupted = study / "runs" / "fp8-rollout-tis-seed1"
+    spec = json.loads((interrupted / "run.json").read_text())
+    (interrupted / "run.json").write_text(json.dumps({**spec, "status": "running"}))
+    kept = study / "runs" / "bf16-baseline-none-seed1" / "metrics.jsonl"
+    before = kept.stat().st_mtime_ns
+    assert main(["compare", "--output-dir", str(study), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert out.count("done earlier, kept") == 2
+    assert kept.stat().st_mtime_ns == before
+    assert json.loads((interrupted / "run.json").read_text())["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_failing_run_is_listed_with_its_error_and_the_others_complete(tmp_path, monkeypatch):
+    real = runner.command_for
+
+    def broken_for_tis(setup, spec, checkpoints, run_dir):
+        cmd = real(setup, spec, checkpoints, run_dir)
+        return cmd + ["--tis-clip", "not-a-number"] if spec.correction == "tis" else cmd
+
+    monkeypatch.setattr(runner, "command_for", broken_for_tis)
+    out = tmp_path / "study"
+    assert main(["compare", "--output-dir", str(out), *SMALL]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    status = {r["run_id"]: r["status"] for r in summary["runs"]}
+    assert status == {"bf16-baseline-none-seed1": "done", "fp8-rollout-none-seed1": "done",
+                      "fp8-rollout-tis-seed1": "failed"}
+    failed = next(r for r in summary["runs"] if r["status"] == "failed")
+    assert "--tis-clip" in failed["error"] and "not-a-number" in failed["error"]
+    assert "not-a-number" in (out / "report.md").read_text()
+
+
+def test_train_args_may_not_override_what_compare_sets(tmp_path, capsys):
+    assert main(["compare", "--output-dir", str(tmp_path), "--train-args", "--seed 3"]) == 2
+    assert "--seed" in capsys.readouterr().err
+
+
+def test_a_quantized_source_is_refused(tmp_path, capsys, tiny_checkpoint):
+    from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+
+    fp8 = tmp_path / "fp8"
+    convert_checkpoint(tiny_checkpoint(), fp8, ConvertConfig(format="fp8", progress=False))
+    assert main(["compare", "--output-dir", str(tmp_path / "o"), "--hf-checkpoint", str(fp8)]) == 2
+    assert "quantized" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from quantroll.compute import COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.trainer.policy import refuse_quantized
 
-DEFAULT_NUM_ROLLOUT = 25
+DEFAULT_NUM_ROLLOUT = 30
 
 
 def register(subparsers) -> None:
@@ -43,7 +43,7 @@ def register(subparsers) -> None:
                    "(r3 is added for MoE models)")
     p.add_argument("--modes", default="1", help="1 = low-precision rollout, BF16 training; 2/3/4 = unified "
                    "fp8/mxfp8/nvfp4 (the trainer's forward quantized too), each for its precision")
-    p.add_argument("--seeds", default="1", help="seeds; with several, differences are judged against the spread")
+    p.add_argument("--seeds", default="1,2", help="seeds; with several, differences are judged against the spread")
     p.add_argument("--num-rollout", type=int, default=DEFAULT_NUM_ROLLOUT, help="RL steps per run")
     p.add_argument("--rollout-max-response-len", type=int, default=8, help="response length of the main runs")
     p.add_argument("--sweep-response-len", default=None, help="also measure the gap at these response lengths "

@@ -38,8 +38,10 @@ class WeightSync:
         self.format = engine.format
         # modules the engine stores quantized, by checkpoint name (fused parents excluded)
         self.quantized = set(engine.quantized_layers())
-        # on a GPU with triton, quantize every weight of an update in one batched call
+        # on a GPU with triton, quantize every weight of an update by one CUDA-graph replay
         self._gpu_path = self.format is not None and engine.device.type == "cuda" and engine.gpu_kernels
+        self._plan = None  # QuantizePlan over the trainer's tensors, rebuilt if their storage changes
+        self._plan_key: tuple = ()
 
     def _shared_amaxes(self, named: Mapping[str, torch.Tensor]) -> dict[str, float]:
         if self.format is None or self.format.name != "nvfp4":
@@ -72,11 +74,24 @@ class WeightSync:
             else:
                 out[name] = tensor.detach()
         if gpu:
-            from quantroll.kernels import quantize_weights_gpu
-
-            for name, q in zip(gpu, quantize_weights_gpu([out[n] for n in gpu], self.format, gpu)):
+            for name, q in zip(gpu, self._quantize_gpu([out[n] for n in gpu], gpu)):
                 out[name] = q
         return out
+
+    def _quantize_gpu(self, weights: list[torch.Tensor], names: list[str]) -> list[QuantizedTensor]:
+        """One graph replay when the trainer's tensors are the ones seen before (an
+        optimizer updates them in place, so from the second update on); the plan is
+        built, and its first run made eagerly, otherwise. Outputs are the plan's own
+        buffers, overwritten by the next update (load_weights copies them first)."""
+        from quantroll.kernels import QuantizePlan
+
+        key = tuple((n, w.data_ptr(), tuple(w.shape), w.dtype) for n, w in zip(names, weights))
+        if self._plan is None or key != self._plan_key:
+            self._plan = None  # free the old buffers first
+            self._plan = QuantizePlan(weights, self.format, names)
+            self._plan_key = key
+            return list(self._plan.outputs)
+        return self._plan.run(check_finite=True)
 
     @torch.no_grad()
     def push(self, named: Mapping[str, torch.Tensor]) -> SyncTiming:

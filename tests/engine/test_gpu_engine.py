@@ -260,8 +260,17 @@ def test_weight_sync_gpu_path_equals_the_reference():
     sync = WeightSync(engine)
     assert sync._gpu_path
     named = {n: p.detach() for n, p in base.named_parameters()}
-    fast = sync.quantize(named)
+    for update in range(3):  # build the plan, then replay its graph on weights changed in place
+        if update:
+            with torch.no_grad():
+                for p in base.parameters():
+                    p.mul_(1.5 if update == 1 else -0.25)
+        fast = sync.quantize(named)
+        for name in (f"{m}.weight" for m in sync.quantized):
+            ref = FP8.quantize_weight(named[name], name)
+            assert torch.equal(fast[name].data.view(torch.uint8), ref.data.view(torch.uint8)), (update, name)
+            assert torch.equal(fast[name].scale, ref.scale), (update, name)
+    sync.push(named)  # the plan's outputs load into the engine
     for name in (f"{m}.weight" for m in sync.quantized):
-        ref = FP8.quantize_weight(named[name], name)
-        assert torch.equal(fast[name].data.view(torch.uint8), ref.data.view(torch.uint8)), name
-        assert torch.equal(fast[name].scale, ref.scale), name
+        layer = engine.quantized_layers()[name.removesuffix(".weight")]
+        assert torch.equal(layer.weight.view(torch.uint8), FP8.quantize_weight(named[name], name).data.view(torch.uint8))

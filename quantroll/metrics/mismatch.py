@@ -92,7 +92,7 @@ def mismatch_metrics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
         dp = (pt - pr).abs()
         return {
             "train_rollout_logprob_abs_diff": float(r.abs().mean()),
-            "train_rollout_kl": float((_exp(r) - 1.0 - r).mean()),
+            "train_rollout_kl": float((torch.expm1(r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - r).mean()),
             "log_ppl_diff": float(log_ppl_diff.mean()),
             "ppl_ratio": float(_exp(log_ppl_diff).mean()),
             "chi2_token": float(_exp(r).square().mean() - 1.0),

@@ -76,7 +76,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     - ``k1`` = d: unbiased, but negative about half the time;
     - ``k2`` = d^2 / 2: never negative, low variance, biased;
     - ``k3`` = exp(-d) + d - 1: never negative and unbiased (no clamp at all here,
-      as slime's ``compute_approx_kl`` computes it);
+      as slime's ``compute_approx_kl`` computes it), evaluated as ``expm1(-d) + d``:
+      ``exp(-d) - 1`` in float32 rounds to 0 for |d| < 6e-8 and leaves ``d``, so the
+      literal formula goes negative exactly where the policies agree;
     - ``low_var_kl`` = k3 as verl computes it (``verl/trainer/ppo/core_algos.py``,
       ``kl_penalty``): ``kl = clamp(ref - logp, -20, 20)``, ``clamp(exp(kl) - kl - 1,
       -10, 10)``. The inner clamp keeps exp finite, so the gradient of a token past
@@ -92,10 +94,10 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     if kind == "k2":
         return 0.5 * d.square()
     if kind == "k3":
-        return torch.exp(-d) + d - 1.0
+        return torch.expm1(-d) + d
     if kind == "low_var_kl":
         kl = (-d).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return (torch.exp(kl) - kl - 1.0).clamp(-10.0, 10.0)
+        return (torch.expm1(kl) - kl).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL kind {kind!r}; choose one of {KL_KINDS}")
 
 

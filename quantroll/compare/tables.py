@@ -32,8 +32,9 @@ LEGEND = {
     "speedup": "bf16 rollout time / this rollout time (tokens/s ratio: this / bf16)",
     "saved / extra sync / net": "rollout seconds saved vs bf16, extra sync seconds vs bf16 per update, saved - extra",
     "break-even len": "response-length limit at which saved = extra sync (linear extrapolation, see the assumption)",
-    "routing agreement": "share of tokens whose top-k expert set is the same in trainer and engine (1 = identical)",
-    "peak memory": "peak accelerator memory in GB (max over steps)",
+    "routing agreement": "share of tokens whose top-k expert set is the same in trainer and engine (1 = identical), "
+                         "from the trainer's own router: what R3 replays away",
+    "peak memory": "peak memory in GB, max over steps: GPU memory allocated on CUDA, the process's resident set on CPU",
     "KV capacity": "tokens the engine's KV cache can hold",
     "engine weights": "GB of the engine's weights",
 }

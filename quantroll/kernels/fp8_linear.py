@@ -7,7 +7,10 @@ activation and 128x128 weight scales, and differ only in accumulation order:
   CUDA >= 12.9; K and N multiples of 128). cuBLAS refuses M = 1 and is barely faster
   than BF16 for small M.
 - ``triton``: quantroll's Triton kernel, any shape, with split-K for small M so that a
-  decode step reads the FP8 weights at full bandwidth.
+  decode step reads the FP8 weights at full bandwidth. The activation is quantized by
+  its own small kernel once per call; the kernel can also quantize it per tile
+  (``a_s=None``), which is one launch fewer but redoes the work for every column tile
+  and measured 2-7x slower at M = 64.
 
 ``Fp8LinearConfig`` picks per call; ``fp8_linear_forward`` is the QLinear backend
 ("fp8") registered when a CUDA device with FP8 tensor cores (sm_89+) is present.
@@ -60,16 +63,21 @@ def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def small_m_config(n: int, k: int, m: int = 16) -> TritonGemmConfig:
-    """One row block for all of M (each weight tile read once), and enough programs to
-    keep every multiprocessor streaming weights: split K when the output has few column
-    tiles (the partial sums are reduced deterministically)."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    tiles = (n + 63) // 64
+    """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
+    (bench/gemm_small_m.py, docs/PERFORMANCE.md): one row block for all of M, so each
+    weight tile is read once; narrow column tiles, and split-K until there are >= 384
+    programs (~3 per multiprocessor) to stream the weights. Up to M = 16 the FP8 products
+    are promoted to float32 every 32 (as fast as 128 there); above, every 128, the
+    DeepSeek-V3 interval, which the wider M tiles need to keep up with the weight stream."""
+    small = m <= 16
+    block_n = 32 if small else 64
+    tiles = (n + block_n - 1) // block_n
     k_blocks = (k + 127) // 128
     split = 1
-    while tiles * split < 264 and split < 8 and k_blocks // (split * 2) >= 4:
+    while tiles * split < 384 and split < 4 and k_blocks // (split * 2) >= 2:
         split *= 2
-    return TritonGemmConfig(block_m=block_m, block_n=64, split_k=split, num_warps=4, num_stages=4 if block_m < 64 else 3)
+    return TritonGemmConfig(block_m=16 if small else 64, block_n=block_n, split_k=split, num_warps=4, num_stages=4,
+                            imprecise_acc=32 if small else 128)
 
 
 def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmConfig | None = None) -> torch.Tensor:
@@ -117,10 +125,10 @@ def fp8_linear_forward(layer, x: torch.Tensor) -> torch.Tensor:
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
     m, n, k = x2d.shape[0], layer.out_features, layer.in_features
-    if m <= 64:  # decode: activation quantized inside the GEMM, one launch
-        y = fp8_gemm_triton(x2d, None, layer.weight, layer.weight_scale, x.dtype)
+    aq, a_s = quantize_activation_fp8(x2d)  # once per call: quantizing inside the GEMM redid it per tile
+    if m <= 64:  # decode
+        y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype, small_m_config(n, k, m))
     else:
-        aq, a_s = quantize_activation_fp8(x2d)
         if m >= CONFIG.scaled_mm_min_m and scaled_mm_supports(m, n, k):
             y = fp8_gemm_scaled_mm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
         else:

@@ -96,3 +96,21 @@ def test_a_quantized_source_is_refused(tmp_path, capsys, tiny_checkpoint):
     convert_checkpoint(tiny_checkpoint(), fp8, ConvertConfig(format="fp8", progress=False))
     assert main(["compare", "--output-dir", str(tmp_path / "o"), "--hf-checkpoint", str(fp8)]) == 2
     assert "quantized" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_response_length_sweep_runs_sample_to_full_length_and_are_reported(tmp_path):
+    out = tmp_path / "study"
+    argv = ["compare", "--output-dir", str(out), "--num-rollout", "1", "--seeds", "1", "--corrections", "none",
+            "--sweep-response-len", "12,20", "--train-args", "--rollout-batch-size 2 --n-samples-per-prompt 2 --eval-size 4"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {(r["precision"], r["response_len"]): r for r in summary["sweep"]}
+    assert set(rows) == {("bf16", 12), ("bf16", 20), ("fp8", 12), ("fp8", 20)}
+    for (precision, length), row in rows.items():
+        mode = "baseline" if precision == "bf16" else "rollout"
+        lines = _lines(out / "runs" / f"{precision}-{mode}-none-seed1-len{length}" / "metrics.jsonl")
+        assert lines[0]["response_len_mean"] == length  # EOS ignored: every response is full length
+        assert row["gap_step0"]["train_rollout_logprob_abs_diff"]["mean"] == pytest.approx(
+            lines[0]["train_rollout_logprob_abs_diff"], rel=1e-12)
+    assert (out / "plots" / "gap_vs_response_len.png").is_file()

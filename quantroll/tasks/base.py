@@ -26,6 +26,20 @@ def answer_text(response: str, stop: str = "<|endoftext|>") -> str:
     return response.split(stop, 1)[0].strip()
 
 
+def distinct_problems(task: Task, rng: random.Random, n: int, exclude: frozenset[str] = frozenset(),
+                      tries_per_problem: int = 1000) -> list[Problem]:
+    """Up to ``n`` problems with distinct prompts, none in ``exclude``, in draw order
+    (fewer only when the task runs out of new prompts)."""
+    out: dict[str, Problem] = {}
+    for _ in range(tries_per_problem * n):
+        if len(out) == n:
+            break
+        p = task.sample(rng)
+        if p.prompt not in exclude:
+            out.setdefault(p.prompt, p)
+    return list(out.values())
+
+
 @dataclass(frozen=True)
 class PoolTask:
     """A built-in task restricted to a fixed training set of problems.
@@ -41,17 +55,10 @@ class PoolTask:
 
     @classmethod
     def draw(cls, base: Task, size: int, seed: int, exclude: frozenset[str] = frozenset()) -> "PoolTask":
-        rng = random.Random(f"quantroll-train-pool-{seed}")
-        pool: dict[str, Problem] = {}
-        for _ in range(1000 * size):
-            if len(pool) == size:
-                break
-            p = base.sample(rng)
-            if p.prompt not in exclude:
-                pool.setdefault(p.prompt, p)
+        pool = distinct_problems(base, random.Random(f"quantroll-train-pool-{seed}"), size, exclude)
         if len(pool) < size:
             raise ValueError(f"the task has fewer than {size} distinct problems outside the held-out set")
-        return cls(base, tuple(pool.values()), f"{base.name} ({size} training problems)")
+        return cls(base, tuple(pool), f"{base.name} ({size} training problems)")
 
     def sample(self, rng: random.Random) -> Problem:
         return rng.choice(self.problems)

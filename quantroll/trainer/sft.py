@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from quantroll.builtin import TinyQwen3, write_tiny_qwen3
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask
-from quantroll.tasks.base import Problem, Task
+from quantroll.tasks.base import Problem, Task, distinct_problems
 from quantroll.tasks.tokenizer import EOS, PAD, char_vocab
 from quantroll.trainer.export import save_hf_checkpoint
 from quantroll.trainer.optimizer import MasterWeightAdamW
@@ -107,14 +107,7 @@ def sft_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) ->
 # -- problems ---------------------------------------------------------------------------
 def held_out_problems(task: Task, n: int, seed: int) -> list[Problem]:
     """``n`` distinct evaluation problems, from a stream separate from training's."""
-    rng = random.Random(f"quantroll-sft-eval-{seed}")
-    out: dict[str, Problem] = {}
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
-        p = task.sample(rng)
-        out.setdefault(p.prompt, p)
-    return list(out.values())
+    return distinct_problems(task, random.Random(f"quantroll-sft-eval-{seed}"), n, tries_per_problem=100)
 
 
 def training_problems(task: Task, rng: random.Random, n: int, exclude: set[str]) -> list[Problem]:

@@ -165,7 +165,7 @@ def recommendation_table(summary: dict) -> Table:
             for m in rec["modes"] for c in m["candidates"]]
     notes = [m["text"] for m in rec["modes"]] + [v["text"] for v in rec["verdicts"]] + [summary["notes"]["significance"]]
     return Table("recommendation", "Recommendation",
-                 ["mode", "correction", "gap over steps", "gap - bf16", "reward over steps", "reward - bf16", ""],
+                 ["mode", "correction", "gap over steps", "gap - bf16", "reward over steps", "reward - bf16", "choice"],
                  rows, _legend(MAIN_GAP, "reward"), notes)
 
 

@@ -82,7 +82,7 @@ def small_m_config(n: int, k: int, m: int = 16) -> TritonGemmConfig:
 
 def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmConfig | None = None) -> torch.Tensor:
     """FP8 GEMM; with ``a_s`` None, ``aq`` is the BF16 activation, quantized inside the kernel."""
-    from quantroll.kernels.fp8_gemm_triton import fp8_block_gemm_kernel
+    from quantroll.kernels.fp8_gemm_triton import fp8_block_gemm_kernel, splitk_reduce_kernel
 
     m, k = aq.shape
     n = wq.shape[0]
@@ -104,7 +104,12 @@ def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmC
         IMPRECISE_ACC=cfg.imprecise_acc, QUANT_A=quant_a,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else out.sum(0).to(out_dtype)
+    if split == 1:
+        return out[0]
+    y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
+    block = 1024
+    splitk_reduce_kernel[((m * n + block - 1) // block,)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4)
+    return y
 
 
 def scaled_mm_supports(m: int, n: int, k: int) -> bool:

@@ -274,3 +274,20 @@ def test_weight_sync_gpu_path_equals_the_reference():
     for name in (f"{m}.weight" for m in sync.quantized):
         layer = engine.quantized_layers()[name.removesuffix(".weight")]
         assert torch.equal(layer.weight.view(torch.uint8), FP8.quantize_weight(named[name], name).data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_split_k_reduction_equals_the_one_pass_gemm(m):
+    x = torch.randn(m, 4096, device=DEV).to(torch.bfloat16)
+    wq = FP8.quantize_weight(torch.randn(1024, 4096, device=DEV) * 0.02)
+    aq, a_s = quantize_activation_fp8(x)
+    block_m = 16 if m <= 16 else 64
+
+    def run(split, dtype):
+        return fp8_gemm_triton(aq, a_s, wq.data, wq.scale, dtype, TritonGemmConfig(block_m=block_m, block_n=32,
+                                                                                   split_k=split))
+    one = run(1, torch.float32)
+    for split in (2, 4):
+        y = run(split, torch.float32)
+        assert ((y - one).norm() / one.norm()).item() < 1e-6, split  # only the summation order differs
+        assert torch.equal(run(split, torch.bfloat16), y.to(torch.bfloat16))  # the epilogue's cast is RNE

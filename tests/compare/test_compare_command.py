@@ -74,7 +74,7 @@ def test_a_failing_run_is_listed_with_its_error_and_the_others_complete(tmp_path
 
     monkeypatch.setattr(runner, "command_for", broken_for_tis)
     out = tmp_path / "study"
-    assert main(["compare", "--output-dir", str(out), *SMALL]) == 0
+    assert main(["compare", "--output-dir", str(out), *SMALL]) == 1  # report written, failure signalled
     summary = json.loads((out / "summary.json").read_text())
     status = {r["run_id"]: r["status"] for r in summary["runs"]}
     assert status == {"bf16-baseline-none-seed1": "done", "fp8-rollout-none-seed1": "done",

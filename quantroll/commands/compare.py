@@ -108,11 +108,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"compare: {len(specs)} runs on {label} ({args.device}), {args.num_rollout} steps each -> {out}")
     checkpoints = prepare_checkpoints(setup, specs)
     start = time.perf_counter()
-    for i, spec in enumerate(specs, 1):
-        print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
-        record = run_one(setup, spec, checkpoints, log=print)
-        if record["status"] == "failed":
-            print(f"  failed: {record['error']}")
+    try:
+        for i, spec in enumerate(specs, 1):
+            print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
+            record = run_one(setup, spec, checkpoints, log=print)
+            if record["status"] == "failed":
+                print(f"  failed: {record['error']}")
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished runs are kept in {out}; run the same command again to continue",
+              file=sys.stderr)
+        return 130
     summary = summarize(load_runs(out))
     paths = write_report(out, summary)
     print()

@@ -114,3 +114,21 @@ def test_response_length_sweep_runs_sample_to_full_length_and_are_reported(tmp_p
         assert row["gap_step0"]["train_rollout_logprob_abs_diff"]["mean"] == pytest.approx(
             lines[0]["train_rollout_logprob_abs_diff"], rel=1e-12)
     assert (out / "plots" / "gap_vs_response_len.png").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_runs_and_exits_130(tmp_path, monkeypatch, capsys):
+    real, calls = runner.run_one, []
+
+    def interrupt_the_second(setup, spec, checkpoints, log=print):
+        calls.append(spec.run_id)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(setup, spec, checkpoints, log)
+
+    monkeypatch.setattr(runner, "run_one", interrupt_the_second)
+    out = tmp_path / "study"
+    assert main(["compare", "--output-dir", str(out), *SMALL]) == 130
+    assert "run the same command again" in capsys.readouterr().err
+    assert json.loads((out / "runs" / calls[0] / "run.json").read_text())["status"] == "done"
+    assert not (out / "summary.json").exists()

@@ -107,24 +107,74 @@ def test_cuda_graph_decode_equals_eager_decode():
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
 
 
-@pytest.mark.xfail(strict=False, reason="open (issue 3): measured 2026-11-29 on the H200, real-vs-emulated "
-                   "8.49e-2 against fp8-vs-bf16 1.49e-1 (57%, the criterion is <= 25%) on this 2-layer random model, "
-                   "while each FP8 GEMM (cuBLAS and Triton alike) lands 2.5e-3..3.5e-3 from its float64 emulation")
-def test_real_fp8_engine_vs_emulation_only_accumulation_differs():
-    """Same model, same BF16 activations and outputs: real FP8 GEMMs vs exact emulation.
-    Their logits differ by accumulation only: far less than FP8 differs from BF16."""
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_real_fp8_gemms_differ_from_emulation_by_bf16_output_rounding_only():
+    """Per linear of a 2-layer random Qwen3-8B-shaped model, on the same BF16 input: the real
+    FP8 GEMM and the emulation both land within BF16 output rounding of the float64 result,
+    and differ from each other by far less than FP8 differs from BF16 (<= 25%).
+
+    (The logits of this random model are no place to measure that: bench/diag_real_vs_emu.py
+    found that a 1e-3 relative nudge of layer 0's q_proj output moves them by 7.3e-2, so
+    the 7e-4 rounding flips of the real GEMMs show up as 7.5e-2 there; see the test below
+    for logits, on the warm-started model.)"""
+    from quantroll.kernels.fp8_linear import fp8_linear_forward
+    from quantroll.model.linear import QLinear, emulated_forward
+
     cfg = _small()
     base = random_model(cfg, DEV)
     fp8 = random_model(cfg, DEV, fmt=FP8, source=base)
     ids = torch.randint(0, cfg.vocab_size, (4, 64), device=DEV)
+    inputs = {}
+
+    def keep_input(mod, args, out):
+        inputs.setdefault(mod.name, args[0].detach().reshape(-1, args[0].shape[-1]).clone())
+
+    hooks = [m.register_forward_hook(keep_input) for m in fp8.modules() if isinstance(m, QLinear) and m.quantized]
+    weights = {n.removesuffix(".weight"): p for n, p in base.named_parameters()}
+    with torch.no_grad():
+        fp8(ids)
+        for h in hooks:
+            h.remove()
+        for m in (m for m in fp8.modules() if isinstance(m, QLinear) and m.quantized):
+            x = inputs[m.name]
+            emu = emulated_forward(m, x)
+            real = fp8_linear_forward(m, x)
+            bf16 = torch.nn.functional.linear(x, weights[m.name])
+            f64 = FP8.dequantize(FP8.quantize_activation(x.float())).double() @ m.dequantized_weight().double().t()
+            rounding = _rel(f64.to(torch.bfloat16), f64)
+            assert _rel(real, f64) <= 1.02 * rounding and _rel(emu, f64) <= 1.02 * rounding, m.name
+            assert _rel(real, emu) <= 0.25 * _rel(emu, bf16), (m.name, _rel(real, emu), _rel(emu, bf16))
+
+
+@pytest.mark.xfail(strict=False, reason="open (issue 3): measured 2026-11-29 on the H200 with 16 prompts, real-vs-"
+                   "emulated logits 6.53e-3 against fp8-vs-bf16 1.11e-2 (59%; criterion <= 25%), while every GEMM alone "
+                   "is within BF16 output rounding of float64 (test above): the BF16 rounding flips between layers "
+                   "(~7e-4 per linear) add up to more than 25% of the FP8 effect on this model's logits")
+@pytest.mark.parametrize("batch", [4, 16])  # 36 rows: the decode GEMM path; 144 rows: the prefill path
+def test_real_fp8_logits_vs_emulation_on_the_warm_started_model(batch, tmp_path):
+    """Issue 3's criterion on a trained model: same checkpoint, same BF16 activations between
+    layers; real FP8 GEMMs vs exact emulation differ by <= 25% of what FP8 differs from BF16."""
+    from quantroll.builtin import builtin_checkpoint
+    from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+    from quantroll.model.linear import QLinear
+    from quantroll.model.loader import load_model
+    from quantroll.trainer.sft import encode
+
+    convert_checkpoint(builtin_checkpoint(), tmp_path / "fp8", ConvertConfig(format="fp8", progress=False))
+    base, _ = load_model(builtin_checkpoint(), DEV, torch.bfloat16)
+    fp8, _ = load_model(tmp_path / "fp8", DEV, torch.bfloat16)
+    ids = torch.tensor([encode(f"{10 + 5 * i}+{31 + 4 * i}={41 + 9 * i:03d}") for i in range(batch)], device=DEV)
     with torch.no_grad():
         bf16_logits = base(ids).float()
-        emu_logits = fp8(ids).float()  # QLinear backend "emulated"
-        engine = Engine.from_model(fp8, FP8, DEV, fused_kernels=False)  # real FP8 GEMMs, nothing else changed
-        assert engine.precision == "fp8"
+        emu_logits = fp8(ids).float()
+        for m in fp8.modules():
+            if isinstance(m, QLinear) and m.quantized:
+                m.backend = "fp8"
         real_logits = fp8(ids).float()
-    real_vs_emu = ((real_logits - emu_logits).norm() / emu_logits.norm()).item()
-    fp8_vs_bf16 = ((emu_logits - bf16_logits).norm() / bf16_logits.norm()).item()
+    real_vs_emu, fp8_vs_bf16 = _rel(real_logits, emu_logits), _rel(emu_logits, bf16_logits)
     print(f"real-vs-emulated {real_vs_emu:.3e}, fp8-vs-bf16 {fp8_vs_bf16:.3e}")
     assert real_vs_emu <= 0.25 * fp8_vs_bf16
 

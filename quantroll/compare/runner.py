@@ -42,11 +42,12 @@ def prepare_checkpoints(setup: CompareSetup, specs: list[RunSpec], log=print) ->
     for precision in sorted({s.precision for s in specs} - {"bf16"}):
         target = setup.out_dir / "checkpoints" / precision
         marker = target / ".quantroll-compare-done"
-        if not marker.is_file():
+        made_from = json.dumps({"source": str(Path(setup.source).resolve()), **setup.convert_args}, sort_keys=True)
+        if not marker.is_file() or marker.read_text() != made_from:  # absent, interrupted, or another source
             log(f"converting {setup.source} -> {precision}")
             convert_checkpoint(setup.source, target, ConvertConfig(format=precision, force=True, progress=False,
                                                                    **setup.convert_args))
-            marker.write_text("ok\n")
+            marker.write_text(made_from)
         out[precision] = target
     return out
 
@@ -109,14 +110,17 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
     shown = ["quantroll"] + cmd[3:]
     metrics = run_dir / "metrics.jsonl"
     steps = setup.sweep_num_rollout if spec.sweep else setup.num_rollout
+    marker = checkpoints[spec.precision] / ".quantroll-compare-done"
+    made_from = marker.read_text() if marker.is_file() else str(Path(setup.source).resolve())
     previous = _read_json(run_dir / "run.json")
     if previous and previous.get("status") == "done" and previous.get("command") == shown \
-            and _steps_written(metrics) >= steps:
+            and previous.get("engine_checkpoint_made_from") == made_from and _steps_written(metrics) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
     metrics.unlink(missing_ok=True)
     record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
+              "engine_checkpoint_made_from": made_from,
               "emulated": None}
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     start = time.perf_counter()

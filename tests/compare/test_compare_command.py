@@ -132,3 +132,15 @@ def test_ctrl_c_keeps_finished_runs_and_exits_130(tmp_path, monkeypatch, capsys)
     assert "run the same command again" in capsys.readouterr().err
     assert json.loads((out / "runs" / calls[0] / "run.json").read_text())["status"] == "done"
     assert not (out / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_changing_the_conversion_redoes_the_low_precision_runs_only(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["compare", "--output-dir", str(out), *SMALL]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--output-dir", str(out), "--num-layers-at-start-in-bf16", "1", *SMALL]) == 0
+    printed = capsys.readouterr().out
+    assert "converting" in printed and printed.count("done earlier, kept") == 1  # the bf16 run only
+    kept = json.loads((out / "checkpoints" / "fp8" / "config.json").read_text())["quantization_config"]
+    assert any(m.startswith("model.layers.0.") for m in kept["modules_to_not_convert"])

@@ -33,26 +33,33 @@ def _quantization(checkpoint: Path) -> dict | None:
 
 
 @contextlib.contextmanager
-def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path | None]]:
-    """Yield (engine checkpoint, trainer checkpoint or None = the engine's); a
-    temporary conversion is removed on exit."""
+def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path]]:
+    """Yield (engine checkpoint, trainer checkpoint); a temporary conversion is removed
+    on exit. The trainer's is never quantized (mode 1 needs --ref-load)."""
     source = Path(cfg.hf_checkpoint) if cfg.hf_checkpoint else builtin_checkpoint(cfg.builtin_model)
     ref = Path(cfg.ref_load) if cfg.ref_load else None
+    quantization = _quantization(source)
     wants_layers = cfg.num_layers_at_start_in_bf16 or cfg.num_layers_at_end_in_bf16
     if cfg.rollout_precision in (None, "bf16"):
-        if cfg.rollout_precision == "bf16" and _quantization(source):
+        if cfg.rollout_precision == "bf16" and quantization:
             raise QuantrollError(f"--rollout-precision bf16 but --hf-checkpoint {source} is quantized; give the BF16 "
                                  "checkpoint")
-        if wants_layers and not _quantization(source):
+        if wants_layers and not quantization:
             raise QuantrollError("--num-layers-at-start/end-in-bf16 need a low-precision rollout: add "
                                  "--rollout-precision fp8|mxfp8|nvfp4 (or convert the checkpoint with those flags)")
         if wants_layers:
             raise QuantrollError(f"--hf-checkpoint {source} is already quantized: its BF16 layers were chosen when it "
                                  "was converted (quantroll convert --num-layers-at-start/end-in-bf16); drop the flags "
                                  "here, or give the BF16 checkpoint with --rollout-precision")
-        yield source, ref
+        if quantization and ref is None:
+            method = quantization.get("quant_algo") or quantization.get("quant_method")
+            raise QuantrollError(
+                f"--hf-checkpoint {source} is quantized ({method}) and no --ref-load was given: the trainer must not "
+                "train on quantized weights. Mode 1 (quantized rollout, BF16 training) needs the BF16 checkpoint as "
+                "--ref-load (or give the BF16 checkpoint with --rollout-precision)")
+        yield source, ref or source
         return
-    if _quantization(source):
+    if quantization:
         raise QuantrollError(f"--rollout-precision {cfg.rollout_precision} converts a BF16 checkpoint, but "
                              f"--hf-checkpoint {source} is already quantized; give its BF16 source instead")
     if ref is not None and ref != source:

@@ -35,18 +35,6 @@ from quantroll.trainer.optimizer import MasterWeightAdamW
 from quantroll.trainer.policy import load_policy
 
 
-def _trainer_source(engine_dir: Path, trainer_dir: Path | None, engine: Engine) -> Path:
-    if trainer_dir is not None:
-        return trainer_dir
-    if engine.format is not None:
-        raise QuantrollError(
-            f"--hf-checkpoint {engine_dir} is quantized ({engine.format.name}) and no --ref-load was given: "
-            "the trainer must not train on quantized weights. Mode 1 (quantized rollout, BF16 training) needs "
-            "the BF16 checkpoint as --ref-load (or give the BF16 checkpoint with --rollout-precision "
-            f"{engine.format.name})")
-    return engine_dir
-
-
 def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
     """Modes 2-4: the trainer's forward uses the engine's quantization on the layers the
     engine holds quantized (so first/last BF16 layers match on both sides)."""
@@ -78,14 +66,13 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
         return _train(cfg, engine_dir, trainer_dir, progress)
 
 
-def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path | None, progress: bool) -> list[dict]:
+def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool) -> list[dict]:
     torch.manual_seed(cfg.seed)
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
     if torch.device(cfg.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(cfg.device)
     engine = Engine(engine_dir, device=cfg.device, dtype=dtype, max_kv_cache_gb=cfg.kv_cache_memory_gb)
-    trainer_source = _trainer_source(engine_dir, trainer_dir, engine)
-    policy = load_policy(trainer_source, device=cfg.device, dtype=dtype)
+    policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype)
     _apply_train_recipe(cfg, policy, engine)
     ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None
     optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)
@@ -147,7 +134,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path | None, progres
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
                 bar.update(1)
         if cfg.save_hf:
-            save_hf_checkpoint(policy, trainer_source, cfg.save_hf)
+            save_hf_checkpoint(policy, trainer_dir, cfg.save_hf)
     finally:
         sink.close()
         board.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.compare.matrix import RunSpec
+from quantroll.compare.rundata import read_metrics
 
 
 @dataclass(frozen=True)
@@ -72,34 +73,12 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _steps_written(metrics: Path) -> int:
-    if not metrics.is_file():
-        return 0
-    steps = set()
-    for line in metrics.read_text().splitlines():
-        try:
-            steps.add(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    return len(steps)
-
-
 def _error_line(log: Path) -> str:
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
     for line in reversed(lines):
         if "error:" in line.lower() or line.startswith(("Traceback", "RuntimeError", "MemoryError")):
             return line
     return lines[-1] if lines else "no output"
-
-
-def _emulated(metrics: Path, precision: str) -> bool:
-    if metrics.is_file():
-        for line in metrics.read_text().splitlines()[:1]:
-            try:
-                return "emulated" in json.loads(line).get("rollout_precision", "")
-            except ValueError:
-                break
-    return precision in ("mxfp8", "nvfp4")
 
 
 def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], log=print) -> dict:
@@ -114,7 +93,7 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
     made_from = marker.read_text() if marker.is_file() else str(Path(setup.source).resolve())
     previous = _read_json(run_dir / "run.json")
     if previous and previous.get("status") == "done" and previous.get("command") == shown \
-            and previous.get("engine_checkpoint_made_from") == made_from and _steps_written(metrics) >= steps:
+            and previous.get("engine_checkpoint_made_from") == made_from and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
     metrics.unlink(missing_ok=True)
@@ -133,12 +112,15 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
             proc.wait()
             raise
     record["wall_time_s"] = round(time.perf_counter() - start, 2)
-    record["emulated"] = _emulated(metrics, spec.precision)
-    if code == 0 and _steps_written(metrics) >= steps:
+    written = read_metrics(metrics)[0]
+    # the engine labels its precision ("fp8 (emulated)"); a run that wrote nothing falls back on the format
+    record["emulated"] = any("emulated" in str(r.get("rollout_precision", "")) for r in written) if written \
+        else spec.precision in ("mxfp8", "nvfp4")
+    if code == 0 and len(written) >= steps:
         record["status"] = "done"
     else:
         record["status"] = "failed"
         record["error"] = _error_line(run_dir / "train.log") if code != 0 else \
-            f"exited 0 but wrote {_steps_written(metrics)} of {steps} steps"
+            f"exited 0 but wrote {len(written)} of {steps} steps"
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     return record

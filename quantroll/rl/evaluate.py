@@ -18,6 +18,7 @@ def greedy_trainer(model, prompts: list[list[int]], max_new: int, stop: set[int]
     Prompts of equal length decode together, one forward per new token for the group;
     a row's tokens after its stop token are dropped."""
     device = next(model.parameters()).device
+    stop_ids = torch.tensor(sorted(stop), device=device, dtype=torch.long)
     out: list[list[int] | None] = [None] * len(prompts)
     by_length: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
@@ -28,7 +29,7 @@ def greedy_trainer(model, prompts: list[list[int]], max_new: int, stop: set[int]
         for _ in range(max_new):
             token = model(seqs)[:, -1].argmax(-1)
             seqs = torch.cat([seqs, token[:, None]], 1)
-            done |= torch.isin(token, torch.tensor(sorted(stop), device=device, dtype=token.dtype))
+            done |= torch.isin(token, stop_ids)
             if bool(done.all()):
                 break
         for j, i in enumerate(rows):

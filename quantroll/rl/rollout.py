@@ -37,19 +37,19 @@ def build_task(cfg) -> tuple[object, list | None]:
     out of training, never in the pool."""
     from quantroll.tasks.base import PoolTask
     from quantroll.tasks.data import read_problems
-    from quantroll.trainer.sft import held_out_problems
+    from quantroll.trainer.sft import DEFAULT_EVAL_SIZE, held_out_problems
 
     task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
                      cfg.custom_rm_path)
-    if cfg.eval_data:
-        evaluation = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key)
-    elif cfg.eval_interval and not cfg.prompt_data:
-        evaluation = held_out_problems(task, cfg.eval_size, seed=0)
-    else:
-        evaluation = None
-    if cfg.prompt_data or not cfg.train_problems:
+    evaluation = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key) if cfg.eval_data else None
+    if cfg.prompt_data:
         return task, evaluation
-    held_out = held_out_problems(task, max(cfg.eval_size, 256), seed=0)
+    # one draw of the held-out stream: its head is the evaluation set, all of it stays out of the pool
+    held_out = held_out_problems(task, max(cfg.eval_size, DEFAULT_EVAL_SIZE), seed=0)
+    if evaluation is None and cfg.eval_interval:
+        evaluation = held_out[: cfg.eval_size]
+    if not cfg.train_problems:
+        return task, evaluation
     try:
         pool = PoolTask.draw(task, cfg.train_problems, cfg.seed, frozenset(p.prompt for p in held_out))
     except ValueError as err:

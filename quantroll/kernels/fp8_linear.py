@@ -49,6 +49,19 @@ class Fp8LinearConfig:
 CONFIG = Fp8LinearConfig()
 
 
+@dataclass(frozen=True)
+class Fp8Activation:
+    """A BF16 activation that the kernel producing it (RMSNorm, silu*up) already quantized
+    per 1x128 group, bit-identical to ``quantize_activation_fp8`` on the BF16 values: the
+    FP8 linear that consumes it skips its own quantization launch. ``shape`` and ``dtype``
+    are those of the BF16 tensor it stands for."""
+
+    codes: torch.Tensor  # [M, K] float8_e4m3fn
+    scales: torch.Tensor  # [M, ceil(K/128)] float32, outer-dim-major (stride (1, M))
+    shape: torch.Size
+    dtype: torch.dtype
+
+
 def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [M, K] e4m3, scales [M, ceil(K/128)] float32, outer-dim-major)."""
     from quantroll.kernels.fp8_gemm_triton import act_quant_fp8_kernel
@@ -126,11 +139,14 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
 def fp8_linear_forward(layer, x: torch.Tensor) -> torch.Tensor:
     """QLinear backend: real FP8 GEMMs on the layer's block-FP8 buffers."""
     shape = x.shape
-    x2d = x.reshape(-1, shape[-1])
-    if not x2d.is_contiguous():
-        x2d = x2d.contiguous()
-    m, n, k = x2d.shape[0], layer.out_features, layer.in_features
-    aq, a_s = quantize_activation_fp8(x2d)  # once per call: quantizing inside the GEMM redid it per tile
+    if isinstance(x, Fp8Activation):
+        aq, a_s = x.codes, x.scales
+    else:
+        x2d = x.reshape(-1, shape[-1])
+        if not x2d.is_contiguous():
+            x2d = x2d.contiguous()
+        aq, a_s = quantize_activation_fp8(x2d)  # once per call: quantizing inside the GEMM redid it per tile
+    m, n, k = aq.shape[0], layer.out_features, layer.in_features
     if m <= 64:  # decode
         y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype, small_m_config(n, k, m))
     else:

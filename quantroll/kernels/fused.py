@@ -1,24 +1,52 @@
-"""Wrappers for the fused decode kernels (fused_triton.py)."""
+"""Wrappers for the fused decode kernels (fused_triton.py).
+
+``add_rmsnorm`` and ``silu_mul`` can hand their output to a block-FP8 linear already
+quantized (``quantize=True`` -> an ``Fp8Activation``), which saves the linear its own
+activation-quantization launch; the codes and scales are bit-identical to what that
+launch would make of the BF16 output.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from quantroll.kernels.decode_attention import next_pow2
+from quantroll.kernels.fp8_linear import Fp8Activation
+
+# The model asks for producer-quantized activations only while this is True; tests turn it
+# off to check that both paths give the same bits.
+FUSE_ACTIVATION_QUANT = True
+FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 
 
-def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + delta, rmsnorm(x + delta)); with delta None: (x, rmsnorm(x)). Rows of the last dim."""
+def _fp8_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes [M, K] e4m3 and scales [M, K/128] float32 laid out outer-dim-major (stride
+    (1, M)), exactly as ``quantize_activation_fp8`` allocates them, so the GEMMs (and
+    torch._scaled_mm) read either the same way."""
+    if k % FP8_GROUP:
+        raise ValueError(f"fused FP8 quantization needs a row length that is a multiple of {FP8_GROUP}, got {k}")
+    codes = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty(k // FP8_GROUP, m, dtype=torch.float32, device=device).t()
+    return codes, scales
+
+
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, quantize: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | Fp8Activation]:
+    """(x + delta, rmsnorm(x + delta)); with delta None: (x, rmsnorm(x)). Rows of the last dim.
+    With ``quantize`` the norm comes back as an Fp8Activation (last dim a multiple of 128)."""
     from quantroll.kernels.fused_triton import add_rmsnorm_kernel
 
     h = x.shape[-1]
     x2 = x.reshape(-1, h)
     d2 = delta.reshape(-1, h) if delta is not None else x2
     res = torch.empty_like(x2) if delta is not None else x2
-    y = torch.empty_like(x2)
-    add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
-                                       y.stride(0), HAS_DELTA=delta is not None, BLOCK=next_pow2(h, 1), num_warps=8)
+    y = x2 if quantize else torch.empty_like(x2)  # with quantize: a placeholder the kernel never touches
+    q, s = _fp8_buffers(x2.shape[0], h, x.device) if quantize else (y, y)  # placeholders without
+    add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
+                                       y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
+                                       QUANT=quantize, BLOCK=next_pow2(h, 1), num_warps=8)
+    if quantize:
+        return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype)
     return res.view(x.shape), y.view(x.shape)
 
 
@@ -40,14 +68,20 @@ def qk_norm_rope_cache(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos: t
     return q
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [..., 2I] -> bf16(silu(gate)) * up [..., I]."""
+def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Activation:
+    """gate_up [..., 2I] -> bf16(silu(gate)) * up [..., I]; with ``quantize`` as an
+    Fp8Activation (I a multiple of 128)."""
     from quantroll.kernels.fused_triton import silu_mul_kernel
 
     two_i = gate_up.shape[-1]
     g2 = gate_up.reshape(-1, two_i)
     inter = two_i // 2
-    y = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = 1024
-    silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](g2, y, inter, g2.stride(0), y.stride(0), BLOCK=block)
-    return y.view(*gate_up.shape[:-1], inter)
+    shape = torch.Size([*gate_up.shape[:-1], inter])
+    y = g2 if quantize else torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)  # see add_rmsnorm
+    q, s = _fp8_buffers(g2.shape[0], inter, gate_up.device) if quantize else (y, y)
+    block = 1024  # a multiple of 128: each program quantizes whole groups
+    silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](
+        g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block)
+    if quantize:
+        return Fp8Activation(q, s, shape, gate_up.dtype)
+    return y.view(shape)

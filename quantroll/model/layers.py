@@ -52,6 +52,23 @@ def linear(prefix: str, fmt_for: FormatFor, n_in: int, n_out: int, bias: bool, d
     return QLinear(n_in, n_out, bias=bias, fmt=fmt_for(prefix), name=prefix, dtype=dtype, device=device)
 
 
+def takes_fp8_activation(layer: QLinear | None) -> bool:
+    """Whether the fused kernel producing ``layer``'s input should hand it over already
+    quantized (an Fp8Activation): only a block-FP8 linear on the real FP8 GEMMs reads
+    codes + scales, and the kernels quantize whole 1x128 groups only. Decided per call:
+    the engine picks backends after fusing."""
+    if layer is None or layer.format is None or layer.format.name != "fp8" or layer.backend != "fp8":
+        return False
+    from quantroll.kernels import fused
+
+    return layer.in_features % fused.FP8_GROUP == 0 and fused.FUSE_ACTIVATION_QUANT
+
+
+def _on_gpu(x) -> bool:
+    """x.is_cuda for a tensor or for an Fp8Activation (which only the GPU kernels make)."""
+    return x.is_cuda if isinstance(x, torch.Tensor) else x.codes.is_cuda
+
+
 class Attention(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
@@ -74,6 +91,7 @@ class Attention(torch.nn.Module):
             self.qkv_proj = fuse_linears(parts, self.q_proj.name.replace("q_proj", "qkv_proj"))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """x: BF16, or an Fp8Activation when qkv_proj takes one (fused GPU path; only its shape is read here)."""
         b, t, _ = x.shape
         attend_qkv = getattr(attend, "attend_qkv", None)
         if attend_qkv is not None and self.qkv_proj is not None and t == 1:
@@ -108,10 +126,11 @@ class MLP(torch.nn.Module):
             self.gate_up_proj = fuse_linears(parts, self.gate_proj.name.replace("gate_proj", "gate_up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj is not None and self.fused and x.is_cuda:
+        """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
+        if self.gate_up_proj is not None and self.fused and _on_gpu(x):
             from quantroll.kernels.fused import silu_mul
 
-            return self.down_proj(silu_mul(self.gate_up_proj(x)))
+            return self.down_proj(silu_mul(self.gate_up_proj(x), quantize=takes_fp8_activation(self.down_proj)))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from quantroll.model.config import ModelConfig
-from quantroll.model.layers import MLP, Attend, Attention, FormatFor, RMSNorm, causal_attend
+from quantroll.model.layers import MLP, Attend, Attention, FormatFor, RMSNorm, causal_attend, takes_fp8_activation
 from quantroll.model.linear import QLinear
 from quantroll.model.moe import Routing, SparseMoE
 from quantroll.model.rope import Rotary
@@ -30,6 +30,11 @@ class DecoderLayer(torch.nn.Module):
             self.mlp = MLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.intermediate_size, fmt_for, dtype, device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+    def mlp_takes_fp8_activation(self) -> bool:
+        """The post-attention norm may quantize for a dense MLP's gate_up_proj; a MoE block's
+        router and experts read BF16."""
+        return isinstance(self.mlp, MLP) and takes_fp8_activation(self.mlp.gate_up_proj)
 
     def forward(self, x, cos, sin, attend: Attend, routing: Routing | None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
@@ -57,14 +62,17 @@ class Qwen3Model(torch.nn.Module):
         return self.norm(x)
 
     def _forward_fused(self, x, cos, sin, attend, routing):
-        """The same computation with each residual add done inside the next norm's kernel."""
+        """The same computation with each residual add done inside the next norm's kernel;
+        a norm feeding a real-FP8 linear also quantizes its output (one launch fewer)."""
         from quantroll.kernels.fused import add_rmsnorm
 
         delta = None
         for layer in self.layers:
-            x, h = add_rmsnorm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            x, h = add_rmsnorm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps,
+                               quantize=takes_fp8_activation(layer.self_attn.qkv_proj))
             a = layer.self_attn(h, cos, sin, attend)
-            x, h = add_rmsnorm(x, a, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+            x, h = add_rmsnorm(x, a, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
+                               quantize=layer.mlp_takes_fp8_activation())
             delta = layer.mlp(h, routing) if isinstance(layer.mlp, SparseMoE) else layer.mlp(h)
         return add_rmsnorm(x, delta, self.norm.weight, self.norm.eps)[1]
 

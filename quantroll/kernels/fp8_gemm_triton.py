@@ -1,16 +1,15 @@
 """Triton kernels for the block-FP8 linear layer on Hopper: W8A8 with block scales.
 
-Two kernels, compiled on first use (triton is imported lazily by callers):
+Three kernels, compiled on first use (triton is imported lazily by callers):
 
 - ``act_quant_fp8``: dynamic 1x128 activation quantization, bit-identical to
   ``formats.BlockFP8.quantize_activation`` (correctly rounded divisions, explicit
   saturation, round-to-nearest-even cast). Scales are written outer-dim-major
   ([M, K/128] with stride (1, M)), the layout torch._scaled_mm wants for 1x128.
-- ``fp8_block_gemm``: y = (a_codes * a_scale) @ (w_codes * w_scale)^T with FP8
-  tensor-core dots over K blocks of 128, each block's partial product scaled in
-  float32 and accumulated in float32 (the promotion DeepSeek-V3 prescribes). Split-K
-  writes float32 partials that a deterministic sum reduces, so small-M decode can
-  spread one weight read over all multiprocessors without atomics.
+- ``fp8_decode_gemm`` (M <= 64) and ``fp8_block_gemm`` (prefill): y = (a_codes *
+  a_scale) @ (w_codes * w_scale)^T as tensor-core dots over K blocks of 128, each
+  block's partial product scaled and accumulated in float32 (the promotion DeepSeek-V3
+  prescribes). The decode kernel splits K for small M and sums the splits in-kernel.
 """
 
 from __future__ import annotations
@@ -41,9 +40,56 @@ def act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm
 
 @triton.jit
 def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
-                          s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cs, s_cm, s_cn,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          K_BLOCKS_PER_SPLIT: tl.constexpr, IMPRECISE_ACC: tl.constexpr, QUANT_A: tl.constexpr):
+                          s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F16: tl.constexpr):
+    """Prefill GEMM (M > 64) for shapes cuBLAS does not take: y = (a * a_s) @ (w * w_s)^T."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    a_ptrs = a_ptr + offs_m[:, None] * s_am + offs_k[None, :] * s_ak
+    w_ptrs = w_ptr + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk
+    as_ptrs = as_ptr + offs_m * s_asm
+    ws_ptrs = ws_ptr + (offs_n // 128) * s_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok, other=0.0)
+        w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok, other=0.0)
+        if DOT_F16:  # float32 accumulation on the float16 tensor cores (see fp8_decode_gemm_kernel)
+            part = tl.dot(a.to(tl.float16), w.to(tl.float16))
+        else:  # FP8 warpgroup MMA, promoted to float32 after every instruction
+            part = tl.dot(a, w, max_num_imprecise_acc=32)
+        acc += part * a_s[:, None] * w_s[None, :]
+        a_ptrs += BLOCK_K * s_ak
+        w_ptrs += BLOCK_K * s_wk
+    c_ptrs = c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K,
+                           s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
+                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+    """The decode GEMM (M <= 64), computed transposed: y^T[N, M] = W[N, K] . a^T[K, M], so
+    the weight rows fill the MMA's 64-row side and the few tokens its narrow side.
+
+    DOT_F16: FP8 codes widened to float16 (exact: every e4m3 value is a float16) and
+    multiplied on the float16 tensor cores, which accumulate in float32; the FP8 MMA sums
+    each chunk of products in a narrower accumulator (DeepSeek-V3 measured ~14 bits), and
+    those differences flip BF16 output roundings. Decode reads weights, it does not wait
+    on the tensor cores, so the wider MMA costs no time there.
+
+    SPLIT > 1: each split writes its float32 partial tile, and the program that finishes
+    last for that tile (a counter per tile, reset by it) sums the partials in split order
+    and stores the output: one launch, and the same sum whoever arrives last."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -53,41 +99,39 @@ def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
     m_ok = offs_m < M
     n_ok = offs_n < N
     kb0 = split * K_BLOCKS_PER_SPLIT
-    a_ptrs = a_ptr + offs_m[:, None] * s_am + (kb0 * BLOCK_K + offs_k[None, :]) * s_ak
-    w_ptrs = w_ptr + offs_n[None, :] * s_wn + (kb0 * BLOCK_K + offs_k[:, None]) * s_wk
+    w_ptrs = w_ptr + offs_n[:, None] * s_wn + (kb0 * BLOCK_K + offs_k[None, :]) * s_wk
+    a_ptrs = a_ptr + offs_m[None, :] * s_am + (kb0 * BLOCK_K + offs_k[:, None]) * s_ak
     as_ptrs = as_ptr + offs_m * s_asm
     ws_ptrs = ws_ptr + (offs_n // 128) * s_wsn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for i in range(0, K_BLOCKS_PER_SPLIT):
         kb = kb0 + i
         k_ok = offs_k < K - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if QUANT_A:
-            # the activation's 1x128 group quantized in registers, exactly as act_quant_fp8_kernel does
-            x = a.to(tl.float32)
-            amax = tl.max(tl.abs(x), axis=1)
-            a_s = tl.maximum(tl.math.div_rn(amax, 448.0), FP32_TINY)
-            a_s = tl.where(amax > 0, a_s, 0.0)
-            divisor = tl.where(a_s > 0, a_s, 1.0)
-            a = tl.minimum(tl.maximum(tl.math.div_rn(x, divisor[:, None]), -448.0), 448.0).to(tl.float8e4nv)
-        else:
-            a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+        a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
         w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
-        acc += tl.dot(a, w, max_num_imprecise_acc=IMPRECISE_ACC) * a_s[:, None] * w_s[None, :]
-        a_ptrs += BLOCK_K * s_ak
+        if DOT_F16:
+            part = tl.dot(w.to(tl.float16), a.to(tl.float16))
+        else:
+            part = tl.dot(w, a, max_num_imprecise_acc=IMPRECISE_ACC)
+        acc += part * w_s[:, None] * a_s[None, :]
         w_ptrs += BLOCK_K * s_wk
-    c_ptrs = c_ptr + split * s_cs + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def splitk_reduce_kernel(p_ptr, c_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """c = sum over s of partials[s] (float32, in order s = 0, 1, ...), cast to c's dtype:
-    the split-K epilogue in one launch (a torch sum and a cast were two)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT):
-        acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        a_ptrs += BLOCK_K * s_ak
+    c_ptrs = c_ptr + offs_m[None, :] * s_cm + offs_n[:, None] * s_cn
+    ok = n_ok[:, None] & m_ok[None, :]
+    if SPLIT == 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        p_ptrs = part_ptr + tile * (SPLIT * BLOCK_N * BLOCK_M) + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M \
+            + tl.arange(0, BLOCK_M)[None, :]
+        tl.store(p_ptrs + split * (BLOCK_N * BLOCK_M), acc)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            total = tl.load(p_ptrs, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):
+                total += tl.load(p_ptrs + s * (BLOCK_N * BLOCK_M), cache_modifier=".cg")
+            tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=ok)
+            tl.atomic_xchg(lock_ptr + tile, 0)  # ready for the next call (and the next graph replay)

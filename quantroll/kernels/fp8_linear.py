@@ -1,19 +1,23 @@
 """The block-FP8 linear layer on Hopper: activation quantization + FP8 GEMM.
 
-Two GEMM paths compute the same function, (a_q * a_s) @ (w_q * w_s)^T with 1x128
-activation and 128x128 weight scales, and differ only in accumulation order:
+Every path computes (a_q * a_s) @ (w_q * w_s)^T with 1x128 activation and 128x128 weight
+scales in float32, and they differ only in accumulation order; ``fp8_gemm`` picks one:
 
-- ``scaled_mm``: torch._scaled_mm with blockwise scales (cuBLAS; torch >= 2.9 and
-  CUDA >= 12.9; K and N multiples of 128). cuBLAS refuses M = 1 and is barely faster
-  than BF16 for small M.
-- ``triton``: quantroll's Triton kernel, any shape, with split-K for small M so that a
-  decode step reads the FP8 weights at full bandwidth. The activation is quantized by
-  its own small kernel once per call; the kernel can also quantize it per tile
-  (``a_s=None``), which is one launch fewer but redoes the work for every column tile
-  and measured 2-7x slower at M = 64.
+- decode (M <= 64): ``fp8_decode_gemm_kernel``, transposed tiles of 32 weight rows,
+  split-K summed in the same launch, FP8 products on the mma.sync path, float32-accurate.
+  It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
+  faster than BF16 at M = 16-64.
+- prefill on shapes cuBLAS verified (``scaled_mm_supports``): torch._scaled_mm with
+  blockwise scales (cuBLAS; torch >= 2.9, CUDA >= 12.9); Hopper's FP8 warpgroup MMA
+  accumulates each chunk of products in a narrower accumulator, so these outputs sit
+  ~1e-4 (relative) from float64 where the Triton paths sit ~1e-7.
+- prefill on other shapes (small models): ``fp8_block_gemm_kernel`` with the codes
+  widened to float16 (exact) on the float16 tensor cores, float32-accurate.
 
-``Fp8LinearConfig`` picks per call; ``fp8_linear_forward`` is the QLinear backend
-("fp8") registered when a CUDA device with FP8 tensor cores (sm_89+) is present.
+The activation is quantized once per call by its own kernel, or arrives quantized
+(``Fp8Activation``) from the kernel that produced it. ``fp8_linear_forward`` is the
+QLinear backend ("fp8") registered when a CUDA device with FP8 tensor cores (sm_89+) is
+present.
 """
 
 from __future__ import annotations
@@ -26,27 +30,14 @@ from quantroll.model.linear import BACKENDS
 
 
 @dataclass(frozen=True)
-class TritonGemmConfig:
-    block_m: int = 16
-    block_n: int = 64
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    # FP8 products accumulated in the tensor core's reduced-precision accumulator before
-    # promotion to float32 (Triton's Hopper default never promotes; 32 = every instruction)
-    imprecise_acc: int = 32
+class PrefillGemmConfig:
+    """Tiles of ``fp8_block_gemm_kernel`` (prefill on shapes cuBLAS does not take)."""
 
-
-@dataclass(frozen=True)
-class Fp8LinearConfig:
-    """Which GEMM serves which M: Triton below ``scaled_mm_min_m`` rows, cuBLAS above."""
-
-    scaled_mm_min_m: int = 65
-    small_m: TritonGemmConfig = TritonGemmConfig()
-    large_m: TritonGemmConfig = TritonGemmConfig(block_m=64, block_n=128, split_k=1, num_warps=8, num_stages=3)
-
-
-CONFIG = Fp8LinearConfig()
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+    dot_f16: bool = True  # float16 MMA: float32-accurate; False: FP8 warpgroup MMA (narrower accumulation)
 
 
 @dataclass(frozen=True)
@@ -75,54 +66,92 @@ def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, s
 
 
-def small_m_config(n: int, k: int, m: int = 16) -> TritonGemmConfig:
-    """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
-    (bench/gemm_small_m.py, docs/PERFORMANCE.md): one row block for all of M, so each
-    weight tile is read once; narrow column tiles, and split-K until there are >= 384
-    programs (~3 per multiprocessor) to stream the weights. Up to M = 16 the FP8 products
-    are promoted to float32 every 32 (as fast as 128 there); above, every 128, the
-    DeepSeek-V3 interval, which the wider M tiles need to keep up with the weight stream."""
-    small = m <= 16
-    block_n = 32 if small else 64
-    tiles = (n + block_n - 1) // block_n
-    k_blocks = (k + 127) // 128
-    split = 1
-    while tiles * split < 384 and split < 4 and k_blocks // (split * 2) >= 2:
-        split *= 2
-    return TritonGemmConfig(block_m=16 if small else 64, block_n=block_n, split_k=split, num_warps=4, num_stages=4,
-                            imprecise_acc=32 if small else 128)
-
-
-def fp8_gemm_triton(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: TritonGemmConfig | None = None) -> torch.Tensor:
-    """FP8 GEMM; with ``a_s`` None, ``aq`` is the BF16 activation, quantized inside the kernel."""
-    from quantroll.kernels.fp8_gemm_triton import fp8_block_gemm_kernel, splitk_reduce_kernel
+def fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: PrefillGemmConfig = PrefillGemmConfig()
+                     ) -> torch.Tensor:
+    from quantroll.kernels.fp8_gemm_triton import fp8_block_gemm_kernel
 
     m, k = aq.shape
     n = wq.shape[0]
-    cfg = cfg or (small_m_config(n, k, m) if m <= 64 else CONFIG.large_m)
-    quant_a = a_s is None
-    if quant_a:
-        a_s = aq  # unused by the kernel
+    y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
+    grid = ((n + cfg.block_n - 1) // cfg.block_n, (m + cfg.block_m - 1) // cfg.block_m)
+    fp8_block_gemm_kernel[grid](
+        aq, a_s, wq, w_s, y, m, n, k,
+        aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
+        w_s.stride(0), w_s.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, DOT_F16=cfg.dot_f16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y
+
+
+@dataclass(frozen=True)
+class DecodeGemmConfig:
+    """Tiles of ``fp8_decode_gemm_kernel`` (weight rows per program, K splits, MMA type)."""
+
+    block_n: int = 32
+    split_k: int = 1
+    dot_f16: bool = False  # widen the codes to float16 (float32-accurate on any MMA; slower)
+    imprecise_acc: int = 32  # FP8 warpgroup MMA only (block_n >= 64)
+    num_warps: int = 2
+    num_stages: int = 3
+
+
+_TILE_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MAX_TILES = 1 << 16
+
+
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    """Per-device arrival counters of the in-kernel split-K reduction (all zero between calls)."""
+    if device not in _TILE_COUNTERS:
+        _TILE_COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return _TILE_COUNTERS[device]
+
+
+def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmConfig | None = None) -> torch.Tensor:
+    """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel)."""
+    from quantroll.kernels.fp8_gemm_triton import fp8_decode_gemm_kernel
+
+    m, k = aq.shape
+    n = wq.shape[0]
+    cfg = cfg or decode_config(n, k, m)
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     k_blocks = (k + 127) // 128
     split = max(1, min(cfg.split_k, k_blocks))
     per_split = (k_blocks + split - 1) // split
     split = (k_blocks + per_split - 1) // per_split
-    out = torch.empty(split, m, n, dtype=torch.float32 if split > 1 else out_dtype, device=aq.device)
-    grid = ((n + cfg.block_n - 1) // cfg.block_n, (m + cfg.block_m - 1) // cfg.block_m, split)
-    fp8_block_gemm_kernel[grid](
-        aq, a_s, wq, w_s, out, m, n, k,
-        aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
-        w_s.stride(0), w_s.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split,
-        IMPRECISE_ACC=cfg.imprecise_acc, QUANT_A=quant_a,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if split == 1:
-        return out[0]
+    grid = ((n + cfg.block_n - 1) // cfg.block_n, (m + block_m - 1) // block_m, split)
+    tiles = grid[0] * grid[1]
     y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
-    block = 1024
-    splitk_reduce_kernel[((m * n + block - 1) // block,)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4)
+    if split > 1:
+        if tiles > _MAX_TILES:
+            raise ValueError(f"fp8_gemm_decode: {tiles} output tiles exceed the {_MAX_TILES} split-K counters")
+        partials = torch.empty(tiles * split * cfg.block_n * block_m, dtype=torch.float32, device=aq.device)
+        counters = _tile_counters(aq.device)
+    else:
+        partials = counters = y  # unused by the kernel
+    fp8_decode_gemm_kernel[grid](
+        aq, a_s, wq, w_s, partials, y, counters, m, n, k,
+        aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
+        w_s.stride(0), w_s.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=split,
+        DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
     return y
+
+
+def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
+    """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
+    (bench/gemm_decode.py, docs/PERFORMANCE.md): 32 weight rows per program and two warps,
+    which keeps Triton on the mma.sync FP8 path (float32-accurate: 1e-7 from float64, where
+    the 64-row warpgroup MMA lands 4.5e-5 away), and split-K until >= 512 programs stream
+    the weights (at most 8 splits)."""
+    block_n = 32
+    tiles = (n + block_n - 1) // block_n
+    k_blocks = (k + 127) // 128
+    split = 1
+    while tiles * split < 512 and split < 8 and k_blocks // (split * 2) >= 2:
+        split *= 2
+    return DecodeGemmConfig(block_n=block_n, split_k=split, dot_f16=False, num_warps=2, num_stages=5 if m == 1 else 3)
 
 
 def scaled_mm_supports(m: int, n: int, k: int) -> bool:
@@ -136,7 +165,18 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
     return torch._scaled_mm(aq, wq.t(), scale_a=a_s, scale_b=w_s.t(), out_dtype=out_dtype)
 
 
-def fp8_linear_forward(layer, x: torch.Tensor) -> torch.Tensor:
+def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """The FP8 GEMM for an activation of M rows: decode kernel, cuBLAS or prefill kernel."""
+    m, k = aq.shape
+    n = wq.shape[0]
+    if m <= 64:
+        return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
+    if scaled_mm_supports(m, n, k):
+        return fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype)
+    return fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype)
+
+
+def fp8_linear_forward(layer, x) -> torch.Tensor:
     """QLinear backend: real FP8 GEMMs on the layer's block-FP8 buffers."""
     shape = x.shape
     if isinstance(x, Fp8Activation):
@@ -145,18 +185,11 @@ def fp8_linear_forward(layer, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, shape[-1])
         if not x2d.is_contiguous():
             x2d = x2d.contiguous()
-        aq, a_s = quantize_activation_fp8(x2d)  # once per call: quantizing inside the GEMM redid it per tile
-    m, n, k = aq.shape[0], layer.out_features, layer.in_features
-    if m <= 64:  # decode
-        y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype, small_m_config(n, k, m))
-    else:
-        if m >= CONFIG.scaled_mm_min_m and scaled_mm_supports(m, n, k):
-            y = fp8_gemm_scaled_mm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
-        else:
-            y = fp8_gemm_triton(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+        aq, a_s = quantize_activation_fp8(x2d)
+    y = fp8_gemm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
     if layer.bias is not None:
         y = y + layer.bias
-    return y.reshape(*shape[:-1], n)
+    return y.reshape(*shape[:-1], layer.out_features)
 
 
 def fp8_hardware_available(device: torch.device | str | None = None) -> bool:

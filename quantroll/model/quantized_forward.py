@@ -22,17 +22,12 @@ def _forward_emulated(x: torch.Tensor, w: torch.Tensor, fmt: Format) -> torch.Te
 
 def _forward_fp8_gpu(x: torch.Tensor, w: torch.Tensor, fmt: Format) -> torch.Tensor:
     from quantroll.kernels import quantize_weight_gpu
-    from quantroll.kernels.fp8_linear import fp8_gemm_scaled_mm, fp8_gemm_triton, quantize_activation_fp8, scaled_mm_supports
+    from quantroll.kernels.fp8_linear import fp8_gemm, quantize_activation_fp8
 
     x2d = x.detach().reshape(-1, x.shape[-1]).contiguous()
     wq = quantize_weight_gpu(w.detach(), fmt, name="trainer weight", check_finite=False)
     aq, a_s = quantize_activation_fp8(x2d)
-    m, n, k = x2d.shape[0], w.shape[0], w.shape[1]
-    if scaled_mm_supports(m, n, k):
-        y = fp8_gemm_scaled_mm(aq, a_s, wq.data, wq.scale, x.dtype)
-    else:
-        y = fp8_gemm_triton(aq, a_s, wq.data, wq.scale, x.dtype)
-    return y.reshape(*x.shape[:-1], n)
+    return fp8_gemm(aq, a_s, wq.data, wq.scale, x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
 class QuantizedForward(torch.autograd.Function):

@@ -60,7 +60,11 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     row = _hash32(_hash32(seeds.to(torch.int64)) ^ positions.to(torch.int64))
     ids = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     bits = _hash32(row[:, None] * 0x9E3779B1 + ids[None, :])
-    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
+    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # k + 0.5 is not a float32 for k >= 2^23 and rounds to even: k = 2^24 - 1 gives u = 1
+    # and infinite noise (about 1 row in 100 at V = 151936, a uniformly drawn token).
+    # Capped below 1, u is in (0, 1) and every other draw is unchanged.
+    u = torch.clamp(u, max=1.0 - 1.0 / (1 << 24))
     return -torch.log(-torch.log(u))
 
 

@@ -4,7 +4,7 @@ Pairs are sorted by expert and each expert's run is padded to BLOCK_M rows
 (``moe_align``), so a program owns BLOCK_M pairs of a single expert and reads that
 expert's weight tile once for all of them. Weights are BF16 or block FP8 (1x128
 activation and 128x128 weight scales, float32 accumulation per K block, as in
-fp8_gemm_triton). No host synchronization: the grid is sized for the worst case and
+fp8_gemm_triton.py). No host synchronization: the grid is sized for the worst case and
 programs past the last padded block return at once, so decode steps stay capturable
 in a CUDA graph.
 """

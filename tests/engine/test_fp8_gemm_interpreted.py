@@ -1,0 +1,81 @@
+"""The FP8 GEMM kernels' logic on a CPU: decode (transposed tiles, in-kernel split-K with
+arrival counters) and prefill, run by Triton's interpreter on CPU tensors in a subprocess
+(this file run as a script), against float64 on the same FP8 operands.
+
+The operands come from the reference quantizer (formats), not from act_quant_fp8_kernel:
+the interpreter's own float32 -> e4m3 cast is inexact (tests/kernels/interpret_check.py),
+while its dots on given codes are float32-accurate. What this covers: tiling and masks on
+shapes that are not multiples of the tiles, M over several row tiles, split-K sums equal
+whatever the split, the counters back at zero after every call (a CUDA-graph replay
+relies on it), BF16 output within one BF16 step of the float32 result. The GPU tests
+(test_gpu_engine.py) check the same kernels on the hardware's MMA paths."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def check_gemms() -> None:
+    from quantroll.formats import get_format
+    from quantroll.kernels import fp8_linear
+    from quantroll.kernels.fp8_linear import DecodeGemmConfig, fp8_gemm, fp8_gemm_decode, fp8_gemm_prefill
+
+    fmt = get_format("fp8")
+    gen = torch.Generator().manual_seed(0)
+    # (M, N, K): one row, ragged N and K, M over two 32-row tiles, a prefill-sized M
+    for m, n, k in [(1, 256, 512), (5, 200, 300), (20, 384, 640), (40, 160, 256), (70, 200, 384)]:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        xq = fmt.quantize_activation(x.float())
+        wq = fmt.quantize_weight(torch.randn(n, k, generator=gen) * 0.02)
+        a_s = xq.scale.t().contiguous().t()  # the outer-dim-major layout the kernels read
+        ref = fmt.dequantize(xq).double() @ fmt.dequantize(wq).double().t()
+        if m > 64:
+            y = fp8_gemm_prefill(xq.data, a_s, wq.data, wq.scale, torch.float32)
+            assert _rel(y, ref) < 1e-6, (m, n, k, _rel(y, ref))
+            assert torch.equal(fp8_gemm(xq.data, a_s, wq.data, wq.scale, torch.float32), y)  # the dispatcher's pick
+            continue
+        one = fp8_gemm_decode(xq.data, a_s, wq.data, wq.scale, torch.float32, DecodeGemmConfig(split_k=1))
+        assert _rel(one, ref) < 1e-6, (m, n, k, _rel(one, ref))
+        for cfg in (DecodeGemmConfig(split_k=2), DecodeGemmConfig(block_n=16, split_k=4), None):
+            y = fp8_gemm_decode(xq.data, a_s, wq.data, wq.scale, torch.float32, cfg)
+            assert _rel(y, one.double()) < 1e-6, (m, n, k, cfg)
+            # BF16 output within one BF16 step of the float32 result (the interpreter's own cast
+            # need not round to nearest even; test_gpu_engine.py checks RNE on the device)
+            low = fp8_gemm_decode(xq.data, a_s, wq.data, wq.scale, torch.bfloat16, cfg)
+            assert torch.allclose(low.float(), y, rtol=2**-7, atol=0), (m, n, k, cfg)
+            counters = fp8_linear._TILE_COUNTERS.get(x.device)
+            assert counters is None or int(counters.abs().sum()) == 0, "split-K counters not reset"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_fp8_gemm_kernels_under_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "fp8 gemm kernels ok" in out.stdout
+
+
+def main() -> int:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    check_gemms()
+    print("fp8 gemm kernels ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

@@ -18,7 +18,7 @@ from quantroll.engine import Engine, SamplingParams  # noqa: E402
 from quantroll.formats import get_format  # noqa: E402
 from quantroll.kernels.decode_attention import decode_attention  # noqa: E402
 from quantroll.kernels.fp8_linear import (  # noqa: E402
-    DecodeGemmConfig, PrefillGemmConfig, decode_config, fp8_gemm, fp8_gemm_decode, fp8_gemm_prefill,
+    DecodeGemmConfig, PrefillGemmConfig, fp8_gemm, fp8_gemm_decode, fp8_gemm_prefill,
     fp8_gemm_scaled_mm, quantize_activation_fp8, scaled_mm_supports)
 
 FP8 = get_format("fp8")

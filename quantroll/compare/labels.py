@@ -7,9 +7,13 @@ here once so that tables, plots and the recommendation can never disagree on a n
 
 from __future__ import annotations
 
-PRECISION_ORDER = ("bf16", "fp8", "mxfp8", "nvfp4")
-CORRECTION_ORDER = ("none", "tis", "mask", "r3")
-_UNIFIED = {"fp8": "mode 2: block FP8", "mxfp8": "mode 3: MXFP8", "nvfp4": "mode 4: NVFP4"}
+from quantroll.compare.matrix import CORRECTIONS, PRECISIONS, UNIFIED_MODES
+
+PRECISION_ORDER = PRECISIONS
+CORRECTION_ORDER = CORRECTIONS
+_FORMAT_NAMES = {"fp8": "block FP8", "mxfp8": "MXFP8", "nvfp4": "NVFP4"}
+# the mode numbers are the CLI's (matrix.UNIFIED_MODES); only the display names live here
+_UNIFIED = {precision: f"mode {number}: {_FORMAT_NAMES[precision]}" for number, precision in UNIFIED_MODES.items()}
 BASELINE_MODE = "bf16"
 
 

@@ -15,6 +15,7 @@ import json
 
 import torch
 
+from quantroll.bench.graph_time import graph_time_us
 from quantroll.formats import get_format
 from quantroll.kernels.fp8_linear import DecodeGemmConfig, decode_config, fp8_gemm_decode, quantize_activation_fp8
 
@@ -23,29 +24,8 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 COPIES = 8
 
 
-def bench(fn, reps=20):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for j in range(COPIES):
-            fn(j)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for j in range(COPIES):
-            fn(j)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / COPIES)
-    return sorted(times)[len(times) // 2]
+def bench(fn):
+    return graph_time_us(fn, COPIES)
 
 
 def tag(r):

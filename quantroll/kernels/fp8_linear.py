@@ -101,7 +101,11 @@ _MAX_TILES = 1 << 16
 
 
 def _tile_counters(device: torch.device) -> torch.Tensor:
-    """Per-device arrival counters of the in-kernel split-K reduction (all zero between calls)."""
+    """Per-device arrival counters of the in-kernel split-K reduction (all zero between calls).
+
+    One set per device: decode GEMMs on one device run one at a time (one stream, as the
+    engine's decode step and its CUDA graph do); two split-K GEMMs running concurrently
+    on two streams of the same device would share counters and must not be issued."""
     if device not in _TILE_COUNTERS:
         _TILE_COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
     return _TILE_COUNTERS[device]

@@ -23,11 +23,11 @@ truncation and for CPU tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 from quantroll.errors import QuantrollError
+from quantroll.kernels.quantize import triton_available
 
 _MASK32 = 0xFFFFFFFF
 
@@ -100,19 +100,10 @@ def truncation_mask(logprobs: torch.Tensor, top_p: float, top_k: int) -> torch.T
     return keep
 
 
-@lru_cache(maxsize=1)
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _fused_applies(logits: torch.Tensor, params: SamplingParams) -> bool:
     """The fused kernel covers CUDA logits [B, V] without truncation, when triton imports."""
     untruncated = params.top_p == 1.0 and (params.top_k == 0 or params.top_k >= logits.shape[-1])
-    return logits.is_cuda and logits.dim() == 2 and untruncated and _triton_imports()
+    return logits.is_cuda and logits.dim() == 2 and untruncated and triton_available()
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, positions: torch.Tensor

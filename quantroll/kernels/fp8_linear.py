@@ -197,13 +197,9 @@ def fp8_linear_forward(layer, x) -> torch.Tensor:
 
 
 def fp8_hardware_available(device: torch.device | str | None = None) -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    from quantroll.kernels.quantize import triton_available
+
+    return torch.cuda.is_available() and triton_available() and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 BACKENDS["fp8"] = fp8_linear_forward

@@ -39,16 +39,22 @@ class KVCache:
         """The fused decode path (GPU, power-of-two head_dim), or None."""
         return self._attend_qkv if self.decode_kernel and self.head_dim & (self.head_dim - 1) == 0 else None
 
-    def _attend_qkv(self, layer, qkv, q_norm_w, k_norm_w, eps, cos, sin, heads, kv_heads, head_dim):
+    def _attend_qkv(self, layer, qkv, q_norm_w, k_norm_w, eps, cos, sin, heads, kv_heads, head_dim, quantize=False):
         """Decode from the fused q/k/v projection [B, (H + 2 Hkv) D]: one kernel normalizes,
-        rotates and caches k/v, another attends."""
-        from quantroll.kernels.decode_attention import decode_attention
-        from quantroll.kernels.fused import qk_norm_rope_cache
+        rotates and caches k/v, another attends; with FUSE_QKV_ATTENTION one kernel does both,
+        and ``quantize`` (the caller's o_proj takes an Fp8Activation) then also has it
+        quantize its output. Either way the same bits."""
+        from quantroll.kernels import decode_attention as attention
+        from quantroll.kernels.fused import FP8_GROUP, qk_norm_rope_cache
 
         pos = self.positions[:, 0]
+        if attention.FUSE_QKV_ATTENTION and attention.fuses_qkv(head_dim):
+            return attention.decode_attention_qkv(qkv, q_norm_w, k_norm_w, eps, cos, sin, self.k[layer], self.v[layer],
+                                                  self.rows[:, 0], pos, heads, kv_heads, head_dim,
+                                                  quantize=quantize and head_dim == FP8_GROUP)
         q = qk_norm_rope_cache(qkv, q_norm_w, k_norm_w, eps, cos, sin, self.k[layer], self.v[layer], self.rows[:, 0],
                                pos, heads, kv_heads, head_dim)
-        return decode_attention(q, self.k[layer], self.v[layer], pos + 1)
+        return attention.decode_attention(q, self.k[layer], self.v[layer], pos + 1)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pos = self.positions

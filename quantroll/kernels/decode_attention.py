@@ -1,8 +1,13 @@
-"""Wrapper for the Triton decode-attention kernel (see decode_attention_triton.py)."""
+"""Wrappers for the Triton decode-attention kernels (see decode_attention_triton.py)."""
 
 from __future__ import annotations
 
 import torch
+
+# Decode from the fused q/k/v projection in one launch (decode_attention_qkv) instead of
+# two (qk_norm_rope_cache + decode_attention), and hand a block-FP8 o_proj its input
+# already quantized. Off until measured on a GPU; bit-identical either way.
+FUSE_QKV_ATTENTION = False
 
 
 def next_pow2(n: int, floor: int) -> int:
@@ -29,4 +34,51 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HEAD_DIM=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s,
         num_warps=4, num_stages=2,
     )
+    return out
+
+
+def fuses_qkv(head_dim: int) -> bool:
+    """Head sizes the one-launch kernel reproduces bit for bit: powers of two from 16 (the
+    dot's smallest K) to 128 (beyond it, the RMS sums of the q/k norm kernel add more than
+    two elements per lane, an order _sum_squares does not spell out)."""
+    return 16 <= head_dim <= 128 and head_dim & (head_dim - 1) == 0
+
+
+def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: torch.Tensor, eps: float,
+                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         rows: torch.Tensor, positions: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+                         quantize: bool = False, block_s: int = 64):
+    """One decode token per sequence, in one launch: qkv [B, (H + 2 Hkv) D] -> the
+    attention output [B, H, D], as ``decode_attention(qk_norm_rope_cache(...), ...,
+    positions + 1)`` computes it (same bits, same cache writes at (rows[b], positions[b]);
+    rows[b] must be b, the row the attention reads). With ``quantize`` (head_dim 128) the
+    output comes as the Fp8Activation [B, H*D] that quantize_activation_fp8 would make of
+    it, for a block-FP8 o_proj."""
+    from quantroll.kernels.decode_attention_triton import decode_attention_qkv_kernel
+    from quantroll.kernels.fp8_linear import Fp8Activation
+    from quantroll.kernels.fused import FP8_GROUP, _fp8_buffers
+
+    if not fuses_qkv(head_dim):
+        raise ValueError(f"decode_attention_qkv: head_dim {head_dim} is not a power of two in [16, 128]")
+    if quantize and head_dim != FP8_GROUP:
+        raise ValueError(f"decode_attention_qkv quantizes one {FP8_GROUP}-group per head, head_dim is {head_dim}")
+    b = qkv.shape[0]
+    group = heads // kv_heads
+    cos2, sin2 = cos.reshape(b, -1), sin.reshape(b, -1)
+    if quantize:
+        codes, scales = _fp8_buffers(b, heads * head_dim, qkv.device)
+        out = codes  # placeholder: the kernel stores no BF16 output
+    else:
+        out = torch.empty(b, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        codes, scales = out, out.view(b, heads * head_dim)  # placeholders (strides read, never stored to)
+    decode_attention_qkv_kernel[(b, kv_heads)](
+        qkv, q_norm_w, k_norm_w, cos2, sin2, k_cache, v_cache, rows, positions, out, codes, scales, eps, head_dim**-0.5,
+        qkv.stride(0), cos2.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        codes.stride(0), scales.stride(0), scales.stride(1),
+        HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s, QUANT=quantize,
+        num_warps=4, num_stages=2,
+    )
+    if quantize:
+        return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)
     return out

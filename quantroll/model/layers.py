@@ -7,6 +7,7 @@ same layer serves the trainer (whole sequences, causal) and the engine (a KV cac
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -69,6 +70,15 @@ def _on_gpu(x) -> bool:
     return x.is_cuda if isinstance(x, torch.Tensor) else x.codes.is_cuda
 
 
+def _as_rows(out, b: int, t: int):
+    """The decode attention's output as o_proj's input [B, T, H*D]: a BF16 tensor
+    reshaped, or an Fp8Activation (codes already [B*T, H*D]) relabelled with that shape,
+    which the FP8 linear gives its output."""
+    if isinstance(out, torch.Tensor):
+        return out.reshape(b, t, -1)
+    return dataclasses.replace(out, shape=torch.Size([b, t, out.codes.shape[-1]]))
+
+
 class Attention(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
@@ -95,10 +105,12 @@ class Attention(torch.nn.Module):
         b, t, _ = x.shape
         attend_qkv = getattr(attend, "attend_qkv", None)
         if attend_qkv is not None and self.qkv_proj is not None and t == 1:
-            # decode on GPU: norms, rotary and the cache write in one kernel, then attention
+            # decode on GPU: norms, rotary and the cache write in one kernel, then attention (or all in one,
+            # which may hand o_proj its input already quantized)
             out = attend_qkv(self.layer_idx, self.qkv_proj(x).view(b, -1), self.q_norm.weight, self.k_norm.weight,
-                             self.eps, cos, sin, self.heads, self.kv_heads, self.head_dim)
-            return self.o_proj(out.reshape(b, t, -1))
+                             self.eps, cos, sin, self.heads, self.kv_heads, self.head_dim,
+                             quantize=takes_fp8_activation(self.o_proj))
+            return self.o_proj(_as_rows(out, b, t))
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split(
                 [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)

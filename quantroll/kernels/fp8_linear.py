@@ -173,6 +173,8 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     """The FP8 GEMM for an activation of M rows: decode kernel, cuBLAS or prefill kernel."""
     m, k = aq.shape
     n = wq.shape[0]
+    if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
+        return torch.empty(0, n, dtype=out_dtype, device=aq.device)
     if m <= 64:
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
     if scaled_mm_supports(m, n, k):

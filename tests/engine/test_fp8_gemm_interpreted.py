@@ -58,6 +58,9 @@ def check_gemms() -> None:
             assert torch.allclose(low.float(), y, rtol=2**-7, atol=0), (m, n, k, cfg)
             counters = fp8_linear._TILE_COUNTERS.get(x.device)
             assert counters is None or int(counters.abs().sum()) == 0, "split-K counters not reset"
+    empty = fp8_gemm(torch.empty(0, 256, dtype=torch.float8_e4m3fn), torch.empty(2, 0).t(), wq.data[:, :256],
+                     wq.scale[:, :2], torch.bfloat16)
+    assert empty.shape == (0, wq.shape[0])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")

@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# One device session for the engine: GPU tests first (correctness), then the rollout
-# benchmark on the Qwen3-8B shape and the Qwen3-30B-A3B shape. Logs go to $OUT.
+# One device session for the engine: GPU tests first (correctness), then the GEMM studies and
+# the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
+#   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION on (batches 16,64)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-python3 -m pytest -q tests/formats/test_gpu_reference.py tests/engine/test_gpu_engine.py -p no:cacheprovider 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
-python3 bench/profile_decode.py 8 1,16,64 2>&1 | tee "$OUT/profile.log" | grep -v Warn
-python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --json "$OUT/rollout_8b.json" 2>&1 \
-  | tee "$OUT/rollout_8b.log" | grep -v '^{'
-python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --json "$OUT/rollout_moe.json" 2>&1 \
-  | tee "$OUT/rollout_moe.log" | grep -v '^{'
+python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
+  tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py \
+  tests/engine/test_decode_attention_fused.py -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
+python3 bench/gemm_decode.py --quick --json "$OUT/gemm_decode.json" 2>&1 | grep -v Warn | tail -14
+python3 bench/gemm_batch.py --json "$OUT/gemm_batch.json" 2>&1 | grep -v Warn | tail -10
+python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \
+  2>&1 | tee "$OUT/rollout_8b.log" | grep -v '^{'
+if [ "${FUSED_ATTENTION_AB:-0}" = 1 ]; then
+  python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_fused_attention.log" | grep -v '^{'
+from quantroll.kernels import decode_attention
+decode_attention.FUSE_QKV_ATTENTION = True
+from quantroll.bench.rollout import format_table, run_rollout_bench
+bandwidth, results = run_rollout_bench("qwen3-8b", None, [16, 64], ["bf16", "fp8"], 128, 256, 2)
+print("FUSE_QKV_ATTENTION on"); print(format_table(bandwidth, results))
+PY
+fi
+python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --repeats 2 \
+  --json "$OUT/rollout_moe.json" 2>&1 | tee "$OUT/rollout_moe.log" | grep -v '^{'

@@ -56,7 +56,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
     it, for a block-FP8 o_proj."""
     from quantroll.kernels.decode_attention_triton import decode_attention_qkv_kernel
     from quantroll.kernels.fp8_linear import Fp8Activation
-    from quantroll.kernels.fused import FP8_GROUP, _fp8_buffers
+    from quantroll.kernels.fused import FP8_GROUP, fp8_output_buffers
 
     if not fuses_qkv(head_dim):
         raise ValueError(f"decode_attention_qkv: head_dim {head_dim} is not a power of two in [16, 128]")
@@ -66,7 +66,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
     group = heads // kv_heads
     cos2, sin2 = cos.reshape(b, -1), sin.reshape(b, -1)
     if quantize:
-        codes, scales = _fp8_buffers(b, heads * head_dim, qkv.device)
+        codes, scales = fp8_output_buffers(b, heads * head_dim, qkv.device)
         out = codes  # placeholder: the kernel stores no BF16 output
     else:
         out = torch.empty(b, heads, head_dim, dtype=qkv.dtype, device=qkv.device)

@@ -53,14 +53,22 @@ class Fp8Activation:
     dtype: torch.dtype
 
 
+def fp8_activation_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty codes [M, K] e4m3 and scales [M, ceil(K/128)] float32 laid out outer-dim-major
+    (stride (1, M)), the layout torch._scaled_mm and the Triton GEMMs read; every producer
+    of an FP8 activation allocates through here."""
+    codes = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty((k + 127) // 128, m, dtype=torch.float32, device=device).t()
+    return codes, scales
+
+
 def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [M, K] e4m3, scales [M, ceil(K/128)] float32, outer-dim-major)."""
     from quantroll.kernels.fp8_gemm_triton import act_quant_fp8_kernel
 
     m, k = x2d.shape
     groups = (k + 127) // 128
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2d.device)
-    s = torch.empty(groups, m, dtype=torch.float32, device=x2d.device).t()
+    q, s = fp8_activation_buffers(m, k, x2d.device)
     if m:
         act_quant_fp8_kernel[(m, groups)](x2d, q, s, k, x2d.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK=128)
     return q, s

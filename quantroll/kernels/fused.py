@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from quantroll.kernels.decode_attention import next_pow2
-from quantroll.kernels.fp8_linear import Fp8Activation
+from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
 # The model asks for producer-quantized activations only while this is True; tests turn it
 # off to check that both paths give the same bits.
@@ -19,15 +19,12 @@ FUSE_ACTIVATION_QUANT = True
 FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 
 
-def _fp8_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes [M, K] e4m3 and scales [M, K/128] float32 laid out outer-dim-major (stride
-    (1, M)), exactly as ``quantize_activation_fp8`` allocates them, so the GEMMs (and
-    torch._scaled_mm) read either the same way."""
+def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fp8_activation_buffers`` for a fused kernel's output, whose programs quantize whole
+    1x128 groups only (so the row length must be a multiple of 128)."""
     if k % FP8_GROUP:
         raise ValueError(f"fused FP8 quantization needs a row length that is a multiple of {FP8_GROUP}, got {k}")
-    codes = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
-    scales = torch.empty(k // FP8_GROUP, m, dtype=torch.float32, device=device).t()
-    return codes, scales
+    return fp8_activation_buffers(m, k, device)
 
 
 def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, quantize: bool = False
@@ -41,7 +38,7 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     d2 = delta.reshape(-1, h) if delta is not None else x2
     res = torch.empty_like(x2) if delta is not None else x2
     y = x2 if quantize else torch.empty_like(x2)  # with quantize: a placeholder the kernel never touches
-    q, s = _fp8_buffers(x2.shape[0], h, x.device) if quantize else (y, y)  # placeholders without
+    q, s = fp8_output_buffers(x2.shape[0], h, x.device) if quantize else (y, y)  # placeholders without
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
                                        y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
                                        QUANT=quantize, BLOCK=next_pow2(h, 1), num_warps=8)
@@ -78,7 +75,7 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
     inter = two_i // 2
     shape = torch.Size([*gate_up.shape[:-1], inter])
     y = g2 if quantize else torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)  # see add_rmsnorm
-    q, s = _fp8_buffers(g2.shape[0], inter, gate_up.device) if quantize else (y, y)
+    q, s = fp8_output_buffers(g2.shape[0], inter, gate_up.device) if quantize else (y, y)
     block = 1024  # a multiple of 128: each program quantizes whole groups
     silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](
         g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block)

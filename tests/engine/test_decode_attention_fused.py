@@ -194,6 +194,29 @@ def tiny_model(device: str):
     return model
 
 
+def count_calls(patch, require_quantize: bool = False):
+    """Wrap o_proj's own activation quantization and the fused kernel's wrapper with call
+    counters, installed by ``patch`` (setattr, or monkeypatch.setattr); returns the
+    counters and the two originals (for restoring by hand)."""
+    from quantroll.kernels import decode_attention, fp8_linear
+
+    calls = {"quant": 0, "fused": 0}
+    quant, fused = fp8_linear.quantize_activation_fp8, decode_attention.decode_attention_qkv
+
+    def counted_quant(x2d):
+        calls["quant"] += 1
+        return quant(x2d)
+
+    def counted_fused(*args, **kwargs):
+        calls["fused"] += 1
+        assert kwargs["quantize"] or not require_quantize
+        return fused(*args, **kwargs)
+
+    patch(fp8_linear, "quantize_activation_fp8", counted_quant)
+    patch(decode_attention, "decode_attention_qkv", counted_fused)
+    return calls, (quant, fused)
+
+
 def check_decode_step_interpreted() -> None:
     """The model's decode branch on CPU tensors through KVCache.attend_qkv: with the switch
     on, the fused kernel runs, o_proj gets its input quantized (one own quantization fewer
@@ -205,20 +228,7 @@ def check_decode_step_interpreted() -> None:
     model = tiny_model("cpu")
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
-    calls = {"quant": 0, "fused": 0}
-    quant, fused = fp8_linear.quantize_activation_fp8, decode_attention.decode_attention_qkv
-
-    def counted_quant(x2d):
-        calls["quant"] += 1
-        return quant(x2d)
-
-    def counted_fused(*args, **kwargs):
-        calls["fused"] += 1
-        assert kwargs["quantize"]
-        return fused(*args, **kwargs)
-
-    fp8_linear.quantize_activation_fp8 = counted_quant
-    decode_attention.decode_attention_qkv = counted_fused
+    calls, (quant, fused) = count_calls(setattr, require_quantize=True)
     results = {}
     for on in (False, True):
         cache = KVCache(cfg, 2, 8, torch.bfloat16, "cpu", decode_kernel=True)
@@ -285,7 +295,7 @@ def test_fp8_engine_same_bits_with_and_without_fused_attention(graphs, monkeypat
     from quantroll.bench.shapes import random_model, shape_config
     from quantroll.engine import Engine, SamplingParams
     from quantroll.formats import get_format
-    from quantroll.kernels import decode_attention, fp8_linear
+    from quantroll.kernels import decode_attention
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
@@ -293,19 +303,7 @@ def test_fp8_engine_same_bits_with_and_without_fused_attention(graphs, monkeypat
     engine = Engine.from_model(model, fp8, "cuda", fp8_kernels=True, cuda_graphs=graphs)
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
-    calls = {"quant": 0, "fused": 0}
-    quant, fused = fp8_linear.quantize_activation_fp8, decode_attention.decode_attention_qkv
-
-    def counted_quant(x2d):
-        calls["quant"] += 1
-        return quant(x2d)
-
-    def counted_fused(*args, **kwargs):
-        calls["fused"] += 1
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(fp8_linear, "quantize_activation_fp8", counted_quant)
-    monkeypatch.setattr(decode_attention, "decode_attention_qkv", counted_fused)
+    calls, _ = count_calls(monkeypatch.setattr)
     results, counts = {}, {}
     for on in (False, True):
         monkeypatch.setattr(decode_attention, "FUSE_QKV_ATTENTION", on)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels.pdl import launch_args
-
 # Decode from the fused q/k/v projection in one launch (decode_attention_qkv) instead of
 # two (qk_norm_rope_cache + decode_attention), and hand a block-FP8 o_proj its input
 # already quantized. Off until measured on a GPU; bit-identical either way.
@@ -34,7 +32,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         HEAD_DIM=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s,
-        num_warps=4, num_stages=2, **launch_args(q.device),
+        num_warps=4, num_stages=2,
     )
     return out
 
@@ -79,7 +77,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         codes.stride(0), scales.stride(0), scales.stride(1),
         HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s, QUANT=quantize,
-        num_warps=4, num_stages=2, **launch_args(qkv.device),
+        num_warps=4, num_stages=2,
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

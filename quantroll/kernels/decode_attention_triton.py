@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from quantroll.kernels.fused_triton import _quant_fp8_groups
-from quantroll.kernels.pdl_triton import pdl_enter
 
 
 @triton.jit
@@ -50,8 +49,7 @@ def _attend_group(q, k_base, v_base, length, sm_scale, s_ks, s_vs, offs_d, d_ok,
 def decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, sm_scale,
                             s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh,
                             HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
-                            BLOCK_S: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                            BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     length = tl.load(len_ptr + b).to(tl.int32)
@@ -153,15 +151,13 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
                                 o_ptr, oq_ptr, os_ptr, eps, sm_scale,
                                 s_t, s_ct, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh, s_oqb, s_osb, s_osg,
                                 HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
-                                G_PAD: tl.constexpr, BLOCK_S: tl.constexpr, QUANT: tl.constexpr,
-                                PDL: tl.constexpr = 0):
+                                G_PAD: tl.constexpr, BLOCK_S: tl.constexpr, QUANT: tl.constexpr):
     """Program (sequence b, KV head kvh) for the token of b at positions[b]: what
     qk_norm_rope_cache_kernel does for its GROUP q heads and its k/v head, then what
     decode_attention_kernel does for them, over positions 0..positions[b]. QUANT: the
     output goes out as FP8 codes (oq) and 1x128 scales (os) of its BF16 values, one group
     per head (D == 128), instead of BF16 (o)."""
     tl.static_assert(not QUANT or D == 128, "QUANT needs one 1x128 group per head")
-    pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     HALF: tl.constexpr = D // 2

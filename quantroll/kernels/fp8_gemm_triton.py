@@ -17,15 +17,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.pdl_triton import pdl_enter, pdl_wait_then_release, prefetch_rows_l2
-
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
 def act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, stride_sg,
-                         BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                         BLOCK: tl.constexpr):
     row = tl.program_id(0)
     g = tl.program_id(1)
     offs = g * BLOCK + tl.arange(0, BLOCK)
@@ -80,8 +77,7 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
                            s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-                           PREFETCH_BYTES: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
     """The decode GEMM (M <= 64), computed transposed: y^T[N, M] = W[N, K] . a^T[K, M], so
     the weight rows fill the MMA's 64-row side and the few tokens its narrow side.
 
@@ -93,11 +89,7 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
 
     SPLIT > 1: each split writes its float32 partial tile, and the program that finishes
     last for that tile (a counter per tile, reset by it) sums the partials in split order
-    and stores the output: one launch, and the same sum whoever arrives last.
-
-    PREFETCH_BYTES > 0 (weights contiguous along K): before waiting for the previous
-    kernel (PDL), each program asks L2 for the first PREFETCH_BYTES of each of its weight
-    rows, so the weight stream starts while the kernels before it still run."""
+    and stores the output: one launch, and the same sum whoever arrives last."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -107,9 +99,6 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
     m_ok = offs_m < M
     n_ok = offs_n < N
     kb0 = split * K_BLOCKS_PER_SPLIT
-    if PREFETCH_BYTES > 0:
-        prefetch_rows_l2(w_ptr + tl.where(n_ok, offs_n, 0) * s_wn + kb0 * BLOCK_K, BLOCK_N, PREFETCH_BYTES)
-    pdl_wait_then_release(PDL)
     w_ptrs = w_ptr + offs_n[:, None] * s_wn + (kb0 * BLOCK_K + offs_k[None, :]) * s_wk
     a_ptrs = a_ptr + offs_m[None, :] * s_am + (kb0 * BLOCK_K + offs_k[:, None]) * s_ak
     as_ptrs = as_ptr + offs_m * s_asm

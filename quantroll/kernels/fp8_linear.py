@@ -26,13 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.kernels.pdl import launch_args, use_pdl
 from quantroll.model.linear import BACKENDS
-
-# Bytes of weights a decode GEMM prefetches into L2 before the kernel before it finishes (PDL
-# only): about what streams in during the few microseconds of the small kernels in between,
-# and well under the 50 MB L2, so prefetched lines are still there when the loop reads them.
-PREFETCH_BUDGET_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -76,8 +70,7 @@ def quantize_activation_fp8(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     groups = (k + 127) // 128
     q, s = fp8_activation_buffers(m, k, x2d.device)
     if m:
-        act_quant_fp8_kernel[(m, groups)](x2d, q, s, k, x2d.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK=128,
-                                          **launch_args(x2d.device))
+        act_quant_fp8_kernel[(m, groups)](x2d, q, s, k, x2d.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK=128)
     return q, s
 
 
@@ -154,23 +147,8 @@ def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmC
         w_s.stride(0), w_s.stride(1), y.stride(0), y.stride(1),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=split,
         DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        PREFETCH_BYTES=prefetch_row_bytes(wq, split, per_split), **launch_args(aq.device),
     )
     return y
-
-
-def prefetch_row_bytes(wq: torch.Tensor, split: int, per_split: int, budget: int | None = None) -> int:
-    """Bytes of each weight row that a decode-GEMM program prefetches before its PDL wait:
-    the budget spread over all N x split row pieces, in whole 128-byte lines, never past the
-    shortest split (no prefetch beyond the tensor); 0 without PDL or for weights that are not
-    row-contiguous with 16-byte-aligned rows (what the bulk prefetch needs)."""
-    budget = PREFETCH_BUDGET_BYTES if budget is None else budget
-    n, k = wq.shape
-    if budget <= 0 or not use_pdl(wq.device) or wq.stride(1) != 1 or (wq.stride(0) * wq.element_size()) % 16 \
-            or wq.data_ptr() % 16:
-        return 0
-    shortest = min(per_split * 128, k - (split - 1) * per_split * 128) * wq.element_size()
-    return min(budget // (n * split) // 128 * 128, shortest // 16 * 16)
 
 
 def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:

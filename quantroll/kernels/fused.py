@@ -12,7 +12,6 @@ import torch
 
 from quantroll.kernels.decode_attention import next_pow2
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
-from quantroll.kernels.pdl import launch_args
 
 # The model asks for producer-quantized activations only while this is True; tests turn it
 # off to check that both paths give the same bits.
@@ -42,7 +41,7 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     q, s = fp8_output_buffers(x2.shape[0], h, x.device) if quantize else (y, y)  # placeholders without
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
                                        y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
-                                       QUANT=quantize, BLOCK=next_pow2(h, 1), num_warps=8, **launch_args(x.device))
+                                       QUANT=quantize, BLOCK=next_pow2(h, 1), num_warps=8)
     if quantize:
         return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype)
     return res.view(x.shape), y.view(x.shape)
@@ -62,7 +61,7 @@ def qk_norm_rope_cache(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos: t
         qkv, q_norm_w, k_norm_w, cos2, sin2, q, k_cache, v_cache, rows, positions, eps,
         qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HQ=heads, HKV=kv_heads, D=head_dim, num_warps=1, **launch_args(qkv.device))
+        HQ=heads, HKV=kv_heads, D=head_dim, num_warps=1)
     return q
 
 
@@ -79,8 +78,7 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
     q, s = fp8_output_buffers(g2.shape[0], inter, gate_up.device) if quantize else (y, y)
     block = 1024  # a multiple of 128: each program quantizes whole groups
     silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](
-        g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block,
-        **launch_args(gate_up.device))
+        g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block)
     if quantize:
         return Fp8Activation(q, s, shape, gate_up.dtype)
     return y.view(shape)

@@ -22,8 +22,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.pdl_triton import pdl_enter
-
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal float32, as in fp8_gemm_triton.py
 
 
@@ -62,9 +60,8 @@ def _store_fp8_groups(y, ok, q_row_ptr, s_row_ptr, s_sg, g0, n_groups, BLOCK: tl
 
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps, s_x, s_d, s_r, s_y, s_q, s_sm, s_sg,
-                       HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+                       HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
     """One row per program. QUANT: y goes out as FP8 codes (q) and scales (s) instead of BF16."""
-    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
@@ -101,8 +98,7 @@ def _norm_rope(x1, x2, w1, w2, c, s, eps, D: tl.constexpr, OUT: tl.constexpr):
 @triton.jit
 def qk_norm_rope_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, row_ptr, pos_ptr, eps,
                               s_t, s_ct, s_qt, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
-                              HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0):
-    pdl_enter(PDL)
+                              HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
     t = tl.program_id(0)
     head = tl.program_id(1)  # 0..HQ-1: q heads; HQ..HQ+HKV-1: kv heads
     HALF: tl.constexpr = D // 2
@@ -133,11 +129,9 @@ def qk_norm_rope_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, 
 
 
 @triton.jit
-def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, QUANT: tl.constexpr, BLOCK: tl.constexpr,
-                    PDL: tl.constexpr = 0):
+def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, QUANT: tl.constexpr, BLOCK: tl.constexpr):
     """Program (row, block of BLOCK outputs). QUANT: y goes out as FP8 codes (q) and scales
     (s) instead of BF16; BLOCK is then a multiple of 128 so that blocks hold whole groups."""
-    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < I

@@ -2,7 +2,7 @@
 # One device session for the engine: GPU tests first (correctness), then the GEMM studies and
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
-#   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION on (batches 16,64)
+#   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,10 +18,10 @@ python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}
 if [ "${FUSED_ATTENTION_AB:-0}" = 1 ]; then
   python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_fused_attention.log" | grep -v '^{'
 from quantroll.kernels import decode_attention
-decode_attention.FUSE_QKV_ATTENTION = True
+decode_attention.FUSE_QKV_ATTENTION = False
 from quantroll.bench.rollout import format_table, run_rollout_bench
 bandwidth, results = run_rollout_bench("qwen3-8b", None, [16, 64], ["bf16", "fp8"], 128, 256, 2)
-print("FUSE_QKV_ATTENTION on"); print(format_table(bandwidth, results))
+print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
 PY
 fi
 python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --repeats 2 \

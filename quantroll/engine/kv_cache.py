@@ -43,7 +43,8 @@ class KVCache:
         """Decode from the fused q/k/v projection [B, (H + 2 Hkv) D]: one kernel normalizes,
         rotates and caches k/v, another attends; with FUSE_QKV_ATTENTION one kernel does both,
         and ``quantize`` (the caller's o_proj takes an Fp8Activation) then also has it
-        quantize its output. Either way the same bits."""
+        quantize its output (the same function; on the GPU the two orders differ in last
+        bits of q and k, see decode_attention.FUSE_QKV_ATTENTION)."""
         from quantroll.kernels import decode_attention as attention
         from quantroll.kernels.fused import FP8_GROUP, qk_norm_rope_cache
 

@@ -9,8 +9,11 @@ sequences grow.
 ``decode_attention_kernel`` attends with a q that ``qk_norm_rope_cache_kernel``
 (fused_triton.py) prepared in a launch of its own; ``decode_attention_qkv_kernel`` does
 both for the step's token in one launch (q/k norms, rotary, the k/v cache write, the
-attention, and optionally the FP8 quantization of the output for a block-FP8 o_proj),
-bit-identical to the two launches (and to ``act_quant_fp8_kernel`` on their output).
+attention, and optionally the FP8 quantization of the output for a block-FP8 o_proj, the
+codes ``act_quant_fp8_kernel`` makes of its BF16 output). It spells out the two launches'
+reduction order (``_sum_squares``), which makes the two bit-identical under Triton 3.8's
+interpreter; compiled, Triton's ordering and FMA contraction of the norm and rotary
+arithmetic vary by version, so on the H200 (Triton 3.6) they differ in last bits.
 """
 
 from __future__ import annotations

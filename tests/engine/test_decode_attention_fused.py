@@ -1,14 +1,14 @@
 """The one-launch decode attention (decode_attention_qkv) against the two launches it
-replaces (qk_norm_rope_cache, then decode_attention): the same output bits, the same KV
-cache bits, and with ``quantize`` the codes and scales act_quant_fp8_kernel makes of the
-two launches' output.
+replaces (qk_norm_rope_cache, then decode_attention) and against a float64 decode step.
 
 CPU: the checks run under Triton's interpreter in a subprocess (this file run as a
-script), on CPU tensors. There the q/k values are multiples of 1/16 up to 4, whose sums of
-squares are exact in float32: the interpreter adds a vector with numpy's order, not the
-GPU's butterfly that the fused kernel spells out (_sum_squares), so only exact sums can
-agree under both; that order itself is checked on its own (check_sum_order). GPU: the
-same comparisons on any values, and an FP8 engine with the fusion on and off."""
+script). There the two paths give the same bits on q/k values that are multiples of 1/16
+up to 4 (sums of squares exact in float32: the interpreter adds a vector in numpy's
+order, not the GPU butterfly that the fused kernel spells out, _sum_squares, which is
+checked on its own). The interpreter's BF16 dots return garbage (Triton 3.8), so the
+attention arithmetic is checked in float32 against float64. GPU: both paths against
+float64 on any values (their bits differ in last places there: see
+decode_attention.FUSE_QKV_ATTENTION), and FP8 engines with the fusion on and off."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _rotary(positions: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def make_case(device: str, positions: list[int], heads: int, kv_heads: int, dim: int, slots: int, exact_sums: bool,
-              seed: int = 0) -> dict:
+              seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Inputs of one decode step; every cache slot holds random values beforehand (stale
     entries past a sequence's position must not be read)."""
     gen = torch.Generator().manual_seed(seed)
@@ -91,7 +91,7 @@ def make_case(device: str, positions: list[int], heads: int, kv_heads: int, dim:
                 k_cache=torch.randn(batch, slots, kv_heads, dim, generator=gen).to(torch.bfloat16),
                 v_cache=torch.randn(batch, slots, kv_heads, dim, generator=gen).to(torch.bfloat16),
                 rows=torch.arange(batch), positions=pos)
-    case = {k: v.to(device) for k, v in case.items()}
+    case = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in case.items()}
     case.update(heads=heads, kv_heads=kv_heads, head_dim=dim)
     return case
 
@@ -253,7 +253,13 @@ def check_decode_step_interpreted() -> None:
 # -- tests -----------------------------------------------------------------------------
 
 
+def _old_interpreter() -> bool:
+    """Triton 3.6's interpreter fails on _attend_group (a 0-d array conversion); 3.8's runs it."""
+    return HAS_TRITON and tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 8)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.skipif(_old_interpreter(), reason="Triton < 3.8: the interpreter cannot run the attention loop")
 def test_fused_decode_attention_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=ROOT, env=env, capture_output=True,
@@ -262,34 +268,100 @@ def test_fused_decode_attention_under_interpreter():
     assert "fused decode attention ok" in out.stdout
 
 
-def test_switch_is_off_by_default():
+def test_switch_is_on_by_default():
     from quantroll.kernels import decode_attention
 
-    assert decode_attention.FUSE_QKV_ATTENTION is False
+    assert decode_attention.FUSE_QKV_ATTENTION is True
     assert [d for d in (8, 16, 64, 96, 128, 256) if decode_attention.fuses_qkv(d)] == [16, 64, 128]
 
 
 gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and triton")
 
 
+def reference_fp64(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention output [B, H, D], new keys [B, Hkv, D]) of one decode step in float64 from
+    the case's BF16 inputs: q/k RMSNorm, rotary (rotate-half), the new key and value at
+    positions[b], attention over 0..positions[b]. No intermediate rounding: both kernel
+    paths round q and k to BF16, so each sits a few BF16 ulps from this."""
+    qkv = case["qkv"].double().cpu()
+    heads, kv_heads, dim = case["heads"], case["kv_heads"], case["head_dim"]
+    b = qkv.shape[0]
+    q = qkv[:, : heads * dim].view(b, heads, dim)
+    k = qkv[:, heads * dim: (heads + kv_heads) * dim].view(b, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim:].view(b, kv_heads, dim)
+    cos, sin = case["cos"].double().cpu(), case["sin"].double().cpu()  # [B, 1, D]
+
+    def norm_rope(x, w):
+        x = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w.double().cpu()
+        rotated = torch.cat((-x[..., dim // 2:], x[..., : dim // 2]), dim=-1)
+        return x * cos + rotated * sin
+
+    qn, kn = norm_rope(q, case["q_norm_w"]), norm_rope(k, case["k_norm_w"])
+    kc, vc = case["k_cache"].double().cpu().clone(), case["v_cache"].double().cpu().clone()
+    out = torch.empty(b, heads, dim, dtype=torch.float64)
+    for i, p in enumerate(case["positions"].tolist()):
+        kc[i, p], vc[i, p] = kn[i], v[i]
+        keys = kc[i, : p + 1].repeat_interleave(heads // kv_heads, dim=1)  # [S, H, D]
+        vals = vc[i, : p + 1].repeat_interleave(heads // kv_heads, dim=1)
+        w = torch.softmax(torch.einsum("hd,shd->hs", qn[i], keys) * dim**-0.5, dim=-1)
+        out[i] = torch.einsum("hs,shd->hd", w, vals)
+    return out, kn
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double().cpu() - ref).norm() / ref.norm()).item()
+
+
+def check_case_against_fp64(case: dict) -> tuple[float, float]:
+    """The fused kernel as close to the float64 step as the two launches are (within 25%
+    of their error, plus 1e-4 of the norm): the output, the new keys written to the cache;
+    the values are a copy (same bits). Returns the two output errors."""
+    ref, kn = reference_fp64(case)
+    two, k2, v2 = two_launches(case)
+    one, k1, v1 = one_launch(case)
+    assert _same_bits(v1, v2), "v cache"
+    rows = torch.arange(ref.shape[0])
+    pos = case["positions"].cpu()
+    keys = {name: k.cpu()[rows, pos] for name, k in (("two", k2), ("one", k1))}  # the new keys [B, Hkv, D]
+    assert _rel(keys["one"], kn) <= 1.25 * _rel(keys["two"], kn) + 1e-4, "k cache"
+    e_two, e_one = _rel(two, ref), _rel(one, ref)
+    assert e_two < 1e-2, f"the two launches are {e_two:.1e} from the float64 step: the reference is off"
+    assert e_one <= 1.25 * e_two + 1e-4, (e_one, e_two)
+    return e_one, e_two
+
+
 @gpu
 @pytest.mark.gpu
 def test_kernels_on_gpu():
-    """Any values (the butterfly order is the GPU's own), plus Qwen3-8B's heads at longer
-    and uneven lengths."""
-    check_sum_order("cuda")
-    check_kernels("cuda", exact_sums=False)
-    for seed in range(3):
-        positions = [0, 1, 63, 64, 200, 511, 1000, 17][: 8 - seed]
-        check_case(make_case("cuda", positions, 32, 8, 128, 1024, exact_sums=False, seed=seed))
+    """On the GPU the one launch does not give the two launches' bits (Triton orders and
+    contracts the q/k norm and rotary arithmetic differently from version to version: on
+    the H200 with Triton 3.6 they differ in last bits): both are held to a float64
+    reference instead, on Qwen3-8B's heads at long and uneven lengths and on GQA 1 and 4
+    with head_dim 64; the FP8 output must still equal act_quant of its own BF16 output."""
+    from quantroll.kernels.fp8_linear import quantize_activation_fp8
+
+    cases = [make_case("cuda", [5, 0, 70], 8, kv, d, 80, exact_sums=False, seed=kv + d) for kv in (2, 8) for d in (128, 64)]
+    cases += [make_case("cuda", [0, 1, 63, 64, 200, 511, 1000, 17][: 8 - seed], 32, 8, 128, 1024, exact_sums=False,
+                        seed=seed) for seed in range(3)]
+    for case in cases:
+        e_one, e_two = check_case_against_fp64(case)
+        print(f"heads {case['heads']}/{case['kv_heads']} dim {case['head_dim']}: rel. error vs float64 "
+              f"one launch {e_one:.2e}, two launches {e_two:.2e}")
+        if case["head_dim"] == 128:
+            out, _, _ = one_launch(case)
+            act, _, _ = one_launch(case, quantize=True)
+            codes, scales = quantize_activation_fp8(out.reshape(out.shape[0], -1))
+            assert _same_bits(act.codes, codes) and torch.equal(act.scales, scales), "FP8 output"
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-def test_fp8_engine_same_bits_with_and_without_fused_attention(graphs, monkeypatch):
+def test_fp8_engine_with_and_without_fused_attention(graphs, monkeypatch):
     """The one-launch path (quantizing for o_proj) gives the engine the same tokens and
-    logprobs; eager, each decode step's o_proj no longer quantizes its own input."""
+    logprobs to within last-bit effects (a random model's FP8 activations flip codes on
+    them: up to ~0.02 in a logprob); eager, each decode step's o_proj no longer quantizes
+    its own input."""
     import dataclasses
 
     from quantroll.bench.shapes import random_model, shape_config
@@ -310,9 +382,13 @@ def test_fp8_engine_same_bits_with_and_without_fused_attention(graphs, monkeypat
         calls.update(quant=0, fused=0)
         results[on] = engine.generate(prompts, params)
         counts[on] = dict(calls)
+    diffs = []
     for a, b in zip(results[False], results[True]):
         assert a.tokens == b.tokens
-        assert a.logprobs == b.logprobs
+        diffs += [abs(x - y) for x, y in zip(a.logprobs, b.logprobs)]
+    mean = sum(diffs) / len(diffs)
+    print(f"mean |logprob fused - two launches| {mean:.2e}, max {max(diffs):.2e}")
+    assert mean < 1e-2 and max(diffs) < 0.1
     assert counts[False]["fused"] == 0 and counts[True]["fused"] > 0, counts
     if not graphs:  # o_proj quantizes in every forward (prefill + 11 decode steps, 2 layers), fused: prefill only
         assert (counts[False]["quant"], counts[True]["quant"]) == (12 * 2, 2), counts
@@ -323,6 +399,12 @@ def main() -> int:
     check_sum_order("cpu")
     check_kernels("cpu", exact_sums=True)
     check_decode_step_interpreted()
+    # The interpreter's BF16 dots return garbage (Triton 3.8: ~1e8 for unit inputs), so the
+    # BF16 comparisons above hold only for the norms, rotary and cache writes; the attention
+    # arithmetic of both paths is checked here in float32 against float64.
+    for seed, (kv, d) in enumerate(((2, 128), (8, 64))):
+        check_case_against_fp64(make_case("cpu", [5, 0, 70], 8, kv, d, 80, exact_sums=False, seed=seed,
+                                          dtype=torch.float32))
     print("fused decode attention ok")
     return 0
 

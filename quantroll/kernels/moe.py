@@ -13,13 +13,50 @@ import torch.nn.functional as F
 BLOCK_M = 16
 
 
+MAX_ALIGN_KERNEL_PAIRS = 4096  # one program sorts them all (decode: batch 256 x top-8 = 2048)
+
+
+def max_align_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """Blocks of block_m rows that ``pairs`` routed pairs can need at most (each expert's run padded)."""
+    return (pairs + num_experts * (block_m - 1) + block_m - 1) // block_m
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted pair ids padded per expert [max_rows], expert of each block [max_rows / block_m], -1 past the end).
 
-    Padding slots hold ``num_pairs`` (an invalid pair id)."""
+    Padding slots hold ``num_pairs`` (an invalid pair id). On the GPU, up to
+    MAX_ALIGN_KERNEL_PAIRS pairs go through one Triton launch (``moe_align_fused``, the
+    same result); more (prefill) through tensor ops."""
+    if topk_ids.is_cuda and topk_ids.numel() <= MAX_ALIGN_KERNEL_PAIRS:
+        return moe_align_fused(topk_ids, num_experts, block_m)
+    return moe_align_torch(topk_ids, num_experts, block_m)
+
+
+def moe_align_fused(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_align`` in one launch (moe_align_kernel); at most MAX_ALIGN_KERNEL_PAIRS pairs."""
+    from quantroll.kernels.decode_attention import next_pow2
+    from quantroll.kernels.moe_triton import moe_align_kernel
+
+    flat = topk_ids.reshape(-1).contiguous()
+    pairs = flat.numel()
+    if pairs > MAX_ALIGN_KERNEL_PAIRS:
+        raise ValueError(f"moe_align_fused: {pairs} routed pairs exceed its {MAX_ALIGN_KERNEL_PAIRS}")
+    max_blocks = max_align_blocks(pairs, num_experts, block_m)
+    sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int64, device=flat.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int64, device=flat.device)
+    moe_align_kernel[(1,)](flat, sorted_ids, block_expert, pairs, num_experts, max_blocks * block_m, max_blocks,
+                           P_PAD=next_pow2(pairs, 16), E_PAD=next_pow2(num_experts + 1, 16), BLOCK_M=block_m,
+                           ROWS=1024, BLOCKS=32, num_warps=4)
+    return sorted_ids, block_expert
+
+
+def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_align`` with tensor ops (any size; ~25 launches)."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     pairs = flat.numel()
-    max_blocks = (pairs + num_experts * (block_m - 1) + block_m - 1) // block_m
+    max_blocks = max_align_blocks(pairs, num_experts, block_m)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
@@ -58,25 +95,33 @@ def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, to
 
 
 def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stacks: dict) -> torch.Tensor:
-    """x [T, H]; stacks: gate/up/down weights [E, out, in] (+ "*_scale" for FP8) -> [T, H]."""
+    """x [T, H]; stacks: gate_up (or gate and up) and down weights [E, out, in] (+ "*_scale"
+    for FP8), see SparseMoE.stack_experts_ -> [T, H]."""
     t, top_k = topk_ids.shape
-    num_experts = stacks["gate"].shape[0]
+    num_experts = stacks["down"].shape[0]
     pairs = t * top_k
     sorted_ids, block_expert = moe_align(topk_ids, num_experts)
-    fp8 = "gate_scale" in stacks
+    fp8 = "down_scale" in stacks
     if fp8:
         from quantroll.kernels.fp8_linear import quantize_activation_fp8
 
         xq, xs = quantize_activation_fp8(x.contiguous())
     else:
         xq, xs = x.contiguous(), None
-    gate = grouped_gemm(xq, xs, stacks["gate"], stacks.get("gate_scale"), sorted_ids, block_expert, pairs, top_k, True, x.dtype)
-    up = grouped_gemm(xq, xs, stacks["up"], stacks.get("up_scale"), sorted_ids, block_expert, pairs, top_k, True, x.dtype)
-    inter = F.silu(gate) * up
-    if fp8:
-        iq, i_s = quantize_activation_fp8(inter)
+    if "gate_up" in stacks:  # one GEMM, then silu * up (quantized for the FP8 down GEMM) in one kernel
+        from quantroll.kernels.fused import silu_mul
+
+        gate_up = grouped_gemm(xq, xs, stacks["gate_up"], stacks.get("gate_up_scale"), sorted_ids, block_expert, pairs,
+                               top_k, True, x.dtype)
+        inter = silu_mul(gate_up, quantize=fp8)
+        iq, i_s = (inter.codes, inter.scales) if fp8 else (inter, None)
     else:
-        iq, i_s = inter, None
+        gate = grouped_gemm(xq, xs, stacks["gate"], stacks.get("gate_scale"), sorted_ids, block_expert, pairs, top_k,
+                            True, x.dtype)
+        up = grouped_gemm(xq, xs, stacks["up"], stacks.get("up_scale"), sorted_ids, block_expert, pairs, top_k, True,
+                          x.dtype)
+        inter = F.silu(gate) * up
+        iq, i_s = quantize_activation_fp8(inter) if fp8 else (inter, None)
     down = grouped_gemm(iq, i_s, stacks["down"], stacks.get("down_scale"), sorted_ids, block_expert, pairs, top_k, False,
                         x.dtype)
     return (down.view(t, top_k, -1) * topk_weights[..., None].to(down.dtype)).sum(1)

@@ -50,3 +50,44 @@ def grouped_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ptr, block_e
         w_ptrs += BLOCK_K * s_wk
     tl.store(c_ptr + pair[:, None] * s_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, P, E, MAX_ROWS, MAX_BLOCKS,
+                     P_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCKS: tl.constexpr):
+    """``moe_align`` (moe.py) in one program, for decode-sized pair counts: the tensor-op
+    version is ~25 launches per MoE layer. P pairs with expert ids in [0, E); P_PAD >= P
+    and E_PAD > E are powers of two (bin E collects the padding lanes).
+
+    Pairs sorted by (expert, pair id) give each pair its stable rank within its expert;
+    each expert's run starts at the padded cumulative count; every other slot of the
+    sorted list holds P (no pair), and block b's expert is the number of experts whose
+    padded run ends at or before b * BLOCK_M (-1 past the last run)."""
+    offs = tl.arange(0, P_PAD)
+    ok = offs < P
+    expert = tl.where(ok, tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32), E)
+    counts = tl.histogram(expert, E_PAD)
+    bins = tl.arange(0, E_PAD)
+    counts = tl.where(bins < E, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    start_in_sorted = tl.cumsum(counts, 0) - counts
+    keys = tl.sort(expert * P_PAD + offs)  # padding lanes (expert E) sort last
+    s_expert = keys // P_PAD
+    s_pair = keys % P_PAD
+    s_ok = s_expert < E
+    s_bin = tl.where(s_ok, s_expert, 0)
+    rank = offs - tl.gather(start_in_sorted, s_bin, 0)
+    dest = tl.gather(padded_start, s_bin, 0) + rank
+    for r0 in range(0, MAX_ROWS, ROWS):
+        r = r0 + tl.arange(0, ROWS)
+        tl.store(sorted_ptr + r, tl.zeros([ROWS], tl.int64) + P, mask=r < MAX_ROWS)
+    tl.debug_barrier()  # the padding fill lands before the pairs overwrite their slots
+    tl.store(sorted_ptr + dest, s_pair.to(tl.int64), mask=s_ok)
+    ends = tl.where(bins < E, padded_end, 2147483647)
+    for b0 in range(0, MAX_BLOCKS, BLOCKS):
+        blk = b0 + tl.arange(0, BLOCKS)
+        n_done = tl.sum((ends[None, :] <= blk[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + blk, tl.where(n_done < E, n_done, -1).to(tl.int64), mask=blk < MAX_BLOCKS)

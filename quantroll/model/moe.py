@@ -72,25 +72,41 @@ class SparseMoE(torch.nn.Module):
         return idx, weights.to(logits.dtype)
 
     @torch.no_grad()
-    def stack_experts_(self) -> None:
+    def stack_experts_(self, combine_gate_up: bool = True) -> None:
         """Move every expert's weights into stacked [E, out, in] tensors (the experts'
         modules become views into them, so in-place weight loads still reach them) and
-        route forward through the grouped GPU kernel. Inference only: no autograd."""
+        route forward through the grouped GPU kernel. Inference only: no autograd.
+
+        gate and up share one stack, each expert's gate rows then its up rows ("gate_up",
+        [E, 2I, H]), so one grouped GEMM computes both and one kernel applies silu * up;
+        for block FP8 only when I is a multiple of 128 (so no scale block straddles the
+        two), else (or with ``combine_gate_up`` False) they stay apart ("gate", "up")."""
+        layers = {proj: [getattr(expert, f"{proj}_proj") for expert in self.experts] for proj in ("gate", "up", "down")}
+        first = layers["gate"][0]
+        if first.quantized and first.format.name != "fp8":
+            return  # the grouped kernel serves BF16 and block FP8; other formats stay emulated
+        fields = ["weight", "weight_scale"] if first.quantized else ["weight"]
+        groups = [("down", ["down"])]
+        if combine_gate_up and (not first.quantized or first.out_features % 128 == 0):
+            groups.append(("gate_up", ["gate", "up"]))
+        else:
+            groups += [("gate", ["gate"]), ("up", ["up"])]
         stacks = {}
-        for proj in ("gate", "up", "down"):
-            layers = [getattr(expert, f"{proj}_proj") for expert in self.experts]
-            fields = ["weight", "weight_scale"] if layers[0].quantized else ["weight"]
-            if layers[0].quantized and layers[0].format.name != "fp8":
-                return  # the grouped kernel serves BF16 and block FP8; other formats stay emulated
+        for name, projs in groups:
             for field in fields:
-                stack = torch.stack([getattr(layer, field).detach() for layer in layers])
-                for e, layer in enumerate(layers):
-                    if isinstance(getattr(layer, field), torch.nn.Parameter):
-                        setattr(layer, field, torch.nn.Parameter(stack[e], requires_grad=False))
-                    else:
-                        setattr(layer, field, stack[e])
-                    layer.invalidate()
-                stacks[proj if field == "weight" else f"{proj}_scale"] = stack
+                parts = [[getattr(layer, field).detach() for layer in layers[proj]] for proj in projs]
+                stack = torch.stack([torch.cat(per_expert) for per_expert in zip(*parts)])
+                row = 0
+                for proj in projs:
+                    rows = getattr(layers[proj][0], field).shape[0]
+                    for e, layer in enumerate(layers[proj]):
+                        view = stack[e, row:row + rows]
+                        if isinstance(getattr(layer, field), torch.nn.Parameter):
+                            view = torch.nn.Parameter(view, requires_grad=False)
+                        setattr(layer, field, view)
+                        layer.invalidate()
+                    row += rows
+                stacks[name if field == "weight" else f"{name}_scale"] = stack
         self.stacks = stacks
 
     def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:

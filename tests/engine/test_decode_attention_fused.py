@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interpreted import needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -258,14 +259,10 @@ def _old_interpreter() -> bool:
     return HAS_TRITON and tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 8)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@needs_triton
 @pytest.mark.skipif(_old_interpreter(), reason="Triton < 3.8: the interpreter cannot run the attention loop")
 def test_fused_decode_attention_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "fused decode attention ok" in out.stdout
+    run_interpreted([__file__], "fused decode attention ok", timeout=300)
 
 
 def test_switch_is_on_by_default():

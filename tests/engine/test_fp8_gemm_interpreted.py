@@ -12,14 +12,13 @@ relies on it), BF16 output within one BF16 step of the float32 result. The GPU t
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
+
+from tests.interpreted import needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,13 +62,9 @@ def check_gemms() -> None:
     assert empty.shape == (0, wq.shape[0])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@needs_triton
 def test_fp8_gemm_kernels_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "fp8 gemm kernels ok" in out.stdout
+    run_interpreted([__file__], "fp8 gemm kernels ok", timeout=300)
 
 
 def main() -> int:

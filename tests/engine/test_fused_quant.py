@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interpreted import needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -191,13 +192,9 @@ def test_consumer_rule():
         fused.FUSE_ACTIVATION_QUANT = True
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@needs_triton
 def test_kernels_and_model_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "fused quantization ok" in out.stdout
+    run_interpreted([__file__], "fused quantization ok", timeout=300)
 
 
 gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and triton")

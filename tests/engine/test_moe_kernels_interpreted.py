@@ -8,14 +8,14 @@ compiled."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interpreted import needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,13 +115,9 @@ def check_grouped_forward() -> None:
     assert torch.equal(gemm("gate_up", together).view(torch.int16), both.view(torch.int16))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@needs_triton
 def test_moe_kernels_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve())], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "moe kernels ok" in out.stdout
+    run_interpreted([__file__], "moe kernels ok", timeout=600)
 
 
 def main() -> int:

@@ -11,14 +11,14 @@ near-ties may go either way); the data are fixed, so this never flakes.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interpreted import needs_triton, run_interpreted
 
 from quantroll.engine.sampling import SamplingParams, _sample_torch, gumbel_noise, reported_logprobs, sample
 
@@ -115,13 +115,10 @@ def interpreter_main() -> None:
     print(f"fused sampling ok ({runs} runs)")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_fused_kernels_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
     code = "from tests.engine.test_sampling_fused import interpreter_main; interpreter_main()"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "fused sampling ok" in out.stdout
+    run_interpreted(["-c", code], "fused sampling ok", timeout=300)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -22,8 +22,7 @@ class BufferRouting(Routing):
         self.routes, self.step = routes, step
         self.slot = {layer: i for i, layer in enumerate(moe_layers)}
 
-    def select(self, layer_idx, probs, top_k):
-        idx = super().select(layer_idx, probs, top_k)
+    def chose(self, layer_idx, idx):
         self.routes.select(2, self.slot[layer_idx]).index_copy_(0, self.step, idx.to(self.routes.dtype)[None])
         return idx
 

@@ -124,4 +124,35 @@ def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
         iq, i_s = quantize_activation_fp8(inter) if fp8 else (inter, None)
     down = grouped_gemm(iq, i_s, stacks["down"], stacks.get("down_scale"), sorted_ids, block_expert, pairs, top_k, False,
                         x.dtype)
-    return (down.view(t, top_k, -1) * topk_weights[..., None].to(down.dtype)).sum(1)
+    return combine_experts(down.view(t, top_k, -1), topk_weights.to(down.dtype).contiguous())
+
+
+def fused_route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> (expert ids [N, top_k] int64, weights [N, top_k] in the
+    logits' dtype) in one launch (moe_route_kernel), instead of softmax, topk, gather,
+    sum, division and cast."""
+    from quantroll.kernels.decode_attention import next_pow2
+    from quantroll.kernels.moe_triton import moe_route_kernel
+
+    n, e = logits.shape
+    idx = torch.empty(n, top_k, dtype=torch.int64, device=logits.device)
+    weights = torch.empty(n, top_k, dtype=logits.dtype, device=logits.device)
+    if n:
+        moe_route_kernel[(n,)](logits, idx, weights, e, logits.stride(0), idx.stride(0), weights.stride(0),
+                               TOP_K=top_k, K_PAD=next_pow2(top_k, 2), E_PAD=next_pow2(e, 16), NORM=norm_topk_prob,
+                               num_warps=1 if e <= 256 else 4)
+    return idx, weights
+
+
+def combine_experts(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """y [T, k, H] (each token's expert outputs), weights [T, k] -> [T, H]: what
+    ``(y * weights[..., None]).sum(1)`` gives, in one launch (moe_combine_kernel)."""
+    from quantroll.kernels.moe_triton import moe_combine_kernel
+
+    t, k, h = y.shape
+    out = torch.empty(t, h, dtype=y.dtype, device=y.device)
+    block = 1024
+    if t:
+        moe_combine_kernel[(t, (h + block - 1) // block)](y, weights, out, h, y.stride(0), y.stride(1),
+                                                         weights.stride(0), out.stride(0), TOP_K=k, BLOCK=block)
+    return out

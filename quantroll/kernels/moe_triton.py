@@ -91,3 +91,49 @@ def moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, P, E, MAX_ROWS, MAX_
         blk = b0 + tl.arange(0, BLOCKS)
         n_done = tl.sum((ends[None, :] <= blk[:, None] * BLOCK_M).to(tl.int32), axis=1)
         tl.store(block_expert_ptr + blk, tl.where(n_done < E, n_done, -1).to(tl.int64), mask=blk < MAX_BLOCKS)
+
+
+@triton.jit
+def moe_route_kernel(logits_ptr, idx_ptr, w_ptr, E, s_l, s_i, s_w,
+                     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, NORM: tl.constexpr):
+    """One token per program: float32 softmax over the E router logits, the TOP_K largest
+    probabilities in descending order (ties: the lower expert id first), their
+    probabilities as weights (divided by their sum with NORM), as SparseMoE.route
+    computes them with softmax, topk, gather and a division."""
+    t = tl.program_id(0)
+    offs = tl.arange(0, E_PAD)
+    ok = offs < E
+    x = tl.load(logits_ptr + t * s_l + offs, mask=ok, other=float("-inf")).to(tl.float32)
+    e = tl.where(ok, tl.exp(x - tl.max(x, axis=0)), 0.0)
+    p = e / tl.sum(e, axis=0)
+    left = tl.where(ok, p, -1.0)  # probabilities are >= 0: -1 marks taken and padding lanes
+    slots = tl.arange(0, K_PAD)
+    chosen = tl.zeros([K_PAD], tl.int32)
+    weight = tl.zeros([K_PAD], tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        i = tl.min(tl.where(left == best, offs, E_PAD), axis=0)
+        i = tl.where(i < E, i, 0)  # NaN logits match no lane: keep the id in range, the NaN weight shows
+        chosen = tl.where(slots == j, i, chosen)
+        weight = tl.where(slots == j, best, weight)
+        left = tl.where(offs == i, -1.0, left)
+    if NORM:
+        weight = weight / tl.sum(weight, axis=0)
+    k_ok = slots < TOP_K
+    tl.store(idx_ptr + t * s_i + slots, chosen.to(tl.int64), mask=k_ok)
+    tl.store(w_ptr + t * s_w + slots, weight.to(w_ptr.dtype.element_ty), mask=k_ok)
+
+
+@triton.jit
+def moe_combine_kernel(y_ptr, w_ptr, out_ptr, H, s_yt, s_yk, s_wt, s_ot, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = sum over slots k of bf16(y[t, k] * w[t, k]), the products rounded as
+    PyTorch rounds them, summed in slot order in float32 and rounded once."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < H
+    acc = tl.zeros([BLOCK], tl.float32)
+    for k in tl.static_range(TOP_K):
+        w = tl.load(w_ptr + t * s_wt + k)
+        y = tl.load(y_ptr + t * s_yt + k * s_yk + offs, mask=ok, other=0.0)
+        acc += (y.to(tl.float32) * w.to(tl.float32)).to(y.dtype).to(tl.float32)
+    tl.store(out_ptr + t * s_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)

@@ -17,10 +17,18 @@ from quantroll.model.layers import MLP, FormatFor, linear
 
 
 class Routing:
-    """Chooses (or records) top-k experts per token. Subclass to replay."""
+    """Chooses (or records) top-k experts per token. Subclass to record (override
+    ``chose``) or to replay (override ``select`` and set ``replays``)."""
+
+    replays = False  # True: select() forces given choices; the router's own top-k is not used
 
     def select(self, layer_idx: int, probs: torch.Tensor, top_k: int) -> torch.Tensor:
-        return torch.topk(probs, top_k, dim=-1).indices
+        return self.chose(layer_idx, torch.topk(probs, top_k, dim=-1).indices)
+
+    def chose(self, layer_idx: int, idx: torch.Tensor) -> torch.Tensor:
+        """The router's own top-k for this layer, [N, top_k] (also from the GPU engine's
+        fused router, which skips ``select``); returns it."""
+        return idx
 
 
 class RecordRouting(Routing):
@@ -29,14 +37,15 @@ class RecordRouting(Routing):
     def __init__(self):
         self.chosen: dict[int, torch.Tensor] = {}
 
-    def select(self, layer_idx, probs, top_k):
-        idx = super().select(layer_idx, probs, top_k)
+    def chose(self, layer_idx, idx):
         self.chosen[layer_idx] = idx
         return idx
 
 
 class ReplayRouting(Routing):
     """Forces given choices: {layer: [N, top_k]} in the flattened token order of the batch."""
+
+    replays = True
 
     def __init__(self, chosen: dict[int, torch.Tensor]):
         self.chosen = chosen
@@ -62,10 +71,19 @@ class SparseMoE(torch.nn.Module):
         )
 
     def route(self, x: torch.Tensor, routing: Routing | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert indices [N, k], routing weights [N, k]) for flattened tokens x [N, H]."""
+        """(expert indices [N, k], routing weights [N, k]) for flattened tokens x [N, H].
+
+        With stacked experts (the GPU engine) and no replay, one kernel does softmax, top-k
+        and the weights (``moe.fused_route``: ties go to the lower expert id)."""
         logits = self.gate(x)
+        routing = routing or Routing()
+        if self.stacks is not None and not routing.replays and logits.is_cuda:
+            from quantroll.kernels.moe import fused_route
+
+            idx, weights = fused_route(logits, self.top_k, self.norm_topk_prob)
+            return routing.chose(self.layer_idx, idx), weights
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        idx = (routing or Routing()).select(self.layer_idx, probs, self.top_k)
+        idx = routing.select(self.layer_idx, probs, self.top_k)
         weights = probs.gather(-1, idx)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)

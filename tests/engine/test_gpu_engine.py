@@ -259,13 +259,42 @@ def test_grouped_moe_matches_the_per_expert_loop(fp8, inter):
     model = random_model(cfg, DEV, fmt=FP8, source=base) if fp8 else base
     block = model.model.layers[0].mlp
     x = torch.randn(37, cfg.hidden_size, device=DEV, dtype=torch.bfloat16)
+    from quantroll.model.moe import RecordRouting, ReplayRouting
+
     with torch.no_grad():
-        loop = block(x).float()
+        record = RecordRouting()
+        loop = block(x, record).float()
         block.stack_experts_()
         assert ("gate_up" in block.stacks) == (not fp8 or inter % 128 == 0)
-        grouped = block(x).float()
+        grouped = block(x, ReplayRouting(record.chosen)).float()  # the same experts: the GEMM paths compared
     rel = ((grouped - loop).norm() / loop.norm()).item()
     assert rel < 1e-2, rel  # BF16 outputs, different summation order
+
+
+def test_fused_router_and_combine_match_the_tensor_ops():
+    """fused_route against softmax/topk/gather/normalize on BF16 router logits (ties are
+    common among 128 BF16 logits, and torch.topk breaks them its own way: the chosen
+    probabilities are compared as sorted values, the ids where the values differ); the
+    weighted combine against (y * w).sum(1) to one BF16 rounding."""
+    from quantroll.kernels.moe import combine_experts, fused_route
+
+    gen = torch.Generator().manual_seed(0)
+    for n, e, k, norm in ((64, 128, 8, True), (16, 128, 8, False), (9, 60, 4, True)):
+        logits = (torch.randn(n, e, generator=gen) * 1.5).to(torch.bfloat16).to(DEV)
+        idx, w = fused_route(logits, k, norm)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        ref_idx = torch.topk(probs, k, dim=-1).indices
+        got_p, ref_p = probs.gather(-1, idx), probs.gather(-1, ref_idx)
+        assert torch.equal(got_p, ref_p.sort(-1, descending=True).values) or torch.equal(got_p, ref_p)
+        assert (idx.sort(-1).values == ref_idx.sort(-1).values).all(-1).float().mean() > 0.8  # ties are rare per row
+        ref_w = ref_p / ref_p.sum(-1, keepdim=True) if norm else ref_p
+        assert torch.allclose(w.float(), ref_w.sort(-1, descending=True).values.to(torch.bfloat16).float(), rtol=2**-7)
+    y = torch.randn(37, 8, 2048, device=DEV, dtype=torch.bfloat16)
+    wts = torch.rand(37, 8, device=DEV).to(torch.bfloat16)
+    ref = (y * wts[..., None]).sum(1)
+    got = combine_experts(y, wts)
+    assert ((got.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-6).all()
+    assert (got == ref).float().mean() > 0.9
 
 
 def test_moe_engine_graphs_equal_eager_and_routes_cover_positions():

@@ -115,6 +115,44 @@ def check_grouped_forward() -> None:
     assert torch.equal(gemm("gate_up", together).view(torch.int16), both.view(torch.int16))
 
 
+def torch_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseMoE.route's tensor ops on given logits."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    idx = torch.topk(probs, top_k, dim=-1).indices
+    w = probs.gather(-1, idx)
+    if norm:
+        w = w / w.sum(-1, keepdim=True)
+    return idx, w.to(logits.dtype)
+
+
+def check_route() -> None:
+    """The one-launch router against softmax/topk/gather on float32 logits (no ties: the
+    same ids in the same order, weights to float32 rounding), 128 and 60 experts, top 8
+    and 2, normalized or not; and a hand-worked tie: logits [1, 3, 3, 2], top 2 -> ids
+    [1, 2] (the lower id first), weights e^3 / (e^1 + 2 e^3 + e^2) each."""
+    from quantroll.kernels.moe import fused_route
+
+    gen = torch.Generator().manual_seed(0)
+    for n, e, k, norm in ((5, 128, 8, True), (3, 128, 8, False), (4, 60, 2, True)):
+        logits = torch.randn(n, e, generator=gen) * 2
+        idx, w = fused_route(logits, k, norm)
+        ref_idx, ref_w = torch_route(logits, k, norm)
+        assert torch.equal(idx, ref_idx), (n, e, k)
+        assert torch.allclose(w, ref_w, rtol=1e-6, atol=0), (n, e, k)
+    idx, w = fused_route(torch.tensor([[1.0, 3.0, 3.0, 2.0]]), 2, False)
+    want = torch.tensor(3.0).exp() / torch.tensor([1.0, 3.0, 3.0, 2.0]).exp().sum()
+    assert idx.tolist() == [[1, 2]] and torch.allclose(w, want.expand(1, 2))
+
+
+def check_combine() -> None:
+    """The one-launch weighted sum against (y * w).sum(1) in float32 (to rounding)."""
+    from quantroll.kernels.moe import combine_experts
+
+    gen = torch.Generator().manual_seed(1)
+    y, w = torch.randn(3, 8, 2100, generator=gen), torch.rand(3, 8, generator=gen)
+    assert torch.allclose(combine_experts(y, w), (y * w[..., None]).sum(1), rtol=1e-5, atol=1e-6)
+
+
 @needs_triton
 def test_moe_kernels_under_interpreter():
     run_interpreted([__file__], "moe kernels ok", timeout=600)
@@ -123,6 +161,8 @@ def test_moe_kernels_under_interpreter():
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     check_align()
+    check_route()
+    check_combine()
     check_grouped_forward()
     print("moe kernels ok")
     return 0

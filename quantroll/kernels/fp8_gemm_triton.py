@@ -93,18 +93,26 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K, pid_n, pid_m, split,
+                     pid_m * tl.num_programs(0) + pid_n, s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
+                     BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC)
+
+
+@triton.jit
+def decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, kb0, K,
+                    s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr,
+                    DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+    """The float32 tile [BLOCK_N, BLOCK_M] of W[offs_n] . a[offs_m]^T over K blocks kb0 ..
+    kb0 + K_BLOCKS - 1, each block's dot scaled by its weight and activation scales and
+    added in block order (see fp8_decode_gemm_kernel)."""
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    kb0 = split * K_BLOCKS_PER_SPLIT
     w_ptrs = w_ptr + offs_n[:, None] * s_wn + (kb0 * BLOCK_K + offs_k[None, :]) * s_wk
     a_ptrs = a_ptr + offs_m[None, :] * s_am + (kb0 * BLOCK_K + offs_k[:, None]) * s_ak
     as_ptrs = as_ptr + offs_m * s_asm
     ws_ptrs = ws_ptr + (offs_n // 128) * s_wsn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for i in range(0, K_BLOCKS_PER_SPLIT):
+    for i in range(0, K_BLOCKS):
         kb = kb0 + i
         k_ok = offs_k < K - kb * BLOCK_K
         w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
@@ -118,12 +126,29 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
         acc += part * w_s[:, None] * a_s[None, :]
         w_ptrs += BLOCK_K * s_wk
         a_ptrs += BLOCK_K * s_ak
+    return acc
+
+
+@triton.jit
+def decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K, pid_n, pid_m, split, tile,
+                     s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
+                     DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+    """One program's share of the decode GEMM: output tile (pid_n, pid_m), K split
+    ``split``; ``tile`` numbers the output tile for the split-K partials and counters."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, split * K_BLOCKS_PER_SPLIT, K,
+                          s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
+                          BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, DOT_F16, IMPRECISE_ACC)
     c_ptrs = c_ptr + offs_m[None, :] * s_cm + offs_n[:, None] * s_cn
     ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT == 1:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
     else:
-        tile = pid_m * tl.num_programs(0) + pid_n
         p_ptrs = part_ptr + tile * (SPLIT * BLOCK_N * BLOCK_M) + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M \
             + tl.arange(0, BLOCK_M)[None, :]
         tl.store(p_ptrs + split * (BLOCK_N * BLOCK_M), acc)

@@ -3,14 +3,15 @@
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
+#   MLP_DECODE_AB=1       also time the 8B decode with the one-launch MLP on (batches 1,16; experimental)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
+timeout 420 python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py \
-  tests/engine/test_decode_attention_fused.py -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
+  tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
 python3 bench/gemm_decode.py --quick --json "$OUT/gemm_decode.json" 2>&1 | grep -v Warn | tail -14
 python3 bench/gemm_batch.py --json "$OUT/gemm_batch.json" 2>&1 | grep -v Warn | tail -10
 python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \
@@ -22,6 +23,15 @@ decode_attention.FUSE_QKV_ATTENTION = False
 from quantroll.bench.rollout import format_table, run_rollout_bench
 bandwidth, results = run_rollout_bench("qwen3-8b", None, [16, 64], ["bf16", "fp8"], 128, 256, 2)
 print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
+PY
+fi
+if [ "${MLP_DECODE_AB:-0}" = 1 ]; then
+  timeout 300 python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_mlp_decode.log" | grep -v '^{'
+from quantroll.kernels import mlp_decode
+mlp_decode.FUSE_MLP_DECODE = True
+from quantroll.bench.rollout import format_table, run_rollout_bench
+bandwidth, results = run_rollout_bench("qwen3-8b", None, [1, 16], ["bf16", "fp8"], 128, 256, 2)
+print("FUSE_MLP_DECODE on"); print(format_table(bandwidth, results))
 PY
 fi
 python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --repeats 2 \

@@ -1,0 +1,146 @@
+"""The one-launch FP8 MLP (kernels/mlp_decode.py, experimental, off by default) against the
+three launches it replaces (decode GEMM -> silu*up with FP8 quantization -> decode GEMM)
+and a float64 reference of the same rounding steps.
+
+CPU: its three phases as three launches under Triton's interpreter (a subprocess: this
+file run as a script), bit for bit against the three launches; the interpreter's float
+-> BF16/e4m3 casts are inexact, so both sit ~5e-2 from the float64 reference there. GPU: the one launch with its
+grid barriers, bit for bit against the three launches (the same per-element arithmetic
+on the same MMA path), repeated calls (the barrier resets itself), and an FP8 engine
+with the switch on and off."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.interpreted import needs_triton, run_interpreted
+
+GPU = torch.cuda.is_available()
+
+
+def make_case(device: str, m: int, hidden: int, inter: int, seed: int = 0):
+    from quantroll.formats import get_format
+    from quantroll.kernels.fp8_linear import Fp8Activation
+
+    fmt = get_format("fp8")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, hidden, generator=gen).to(torch.bfloat16)
+    xq = fmt.quantize_activation(x.float())  # the reference quantizer's codes (exact on any device)
+    wgu = fmt.quantize_weight(torch.randn(2 * inter, hidden, generator=gen) * 0.05)
+    wd = fmt.quantize_weight(torch.randn(hidden, inter, generator=gen) * 0.05)
+    act = Fp8Activation(xq.data.to(device), xq.scale.t().contiguous().t().to(device), x.shape, torch.bfloat16)
+    return act, [t.to(device) for t in (wgu.data, wgu.scale, wd.data, wd.scale)], (xq, wgu, wd)
+
+
+def three_launches(act, w) -> torch.Tensor:
+    from quantroll.kernels.fp8_linear import fp8_gemm_decode
+    from quantroll.kernels.fused import silu_mul
+
+    gu = fp8_gemm_decode(act.codes, act.scales, w[0], w[1])
+    h = silu_mul(gu, quantize=True)
+    return fp8_gemm_decode(h.codes, h.scales, w[2], w[3])
+
+
+def reference(quantized, inter: int) -> torch.Tensor:
+    """float64 GEMMs with the three launches' BF16 roundings and the reference quantizer."""
+    from quantroll.formats import get_format
+
+    fmt = get_format("fp8")
+    xq, wgu, wd = quantized
+    gu = (fmt.dequantize(xq).double() @ fmt.dequantize(wgu).double().t()).to(torch.bfloat16).float()
+    g, u = gu[:, :inter], gu[:, inter:]
+    h = ((g / (1 + torch.exp(-g))).to(torch.bfloat16).float() * u).to(torch.bfloat16)
+    hq = fmt.quantize_activation(h.float())
+    return fmt.dequantize(hq).double() @ fmt.dequantize(wd).double().t()
+
+
+def _rel(a, b) -> float:
+    return ((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm()).item()
+
+
+def check_phased() -> None:
+    from quantroll.kernels import fp8_linear
+    from quantroll.kernels.mlp_decode import mlp_decode
+
+    for m, hidden, inter, seed in ((1, 256, 1024, 0), (5, 384, 2048, 1), (16, 256, 1024, 2)):
+        act, w, quantized = make_case("cpu", m, hidden, inter, seed)
+        one = mlp_decode(act, *w, phased=True)
+        three = three_launches(act, w)
+        ref = reference(quantized, inter)
+        assert one.shape == (m, hidden) and one.dtype == torch.bfloat16
+        print(f"M={m}: three vs ref {_rel(three, ref):.2e}, one vs three {_rel(one, three):.2e}, one vs ref {_rel(one, ref):.2e}")
+        # the interpreter's casts flip codes (4.6e-2 here; a wrong row, scale or phase gives ~1)
+        assert _rel(three, ref) < 0.1, ("three launches off the reference", _rel(three, ref))
+        assert torch.equal(one.view(torch.int16), three.view(torch.int16)), (m, hidden, inter, _rel(one, three))
+        assert int(fp8_linear._tile_counters(torch.device("cpu")).abs().sum()) == 0, "split-K counters not reset"
+    import pytest
+
+    with pytest.raises(ValueError, match="multiple of 1024"):
+        mlp_decode(act, w[0][:1000], w[1], w[2], w[3], phased=True)
+
+
+@needs_triton
+def test_mlp_decode_phases_under_interpreter():
+    run_interpreted([__file__], "mlp decode ok", timeout=600)
+
+
+def test_switch_is_off_by_default():
+    from quantroll.kernels import mlp_decode
+
+    assert mlp_decode.FUSE_MLP_DECODE is False
+
+
+if GPU:
+    import pytest
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("m", [1, 4, 16])
+    def test_one_launch_equals_three_launches_on_gpu(m):
+        from quantroll.kernels.mlp_decode import mlp_decode
+
+        act, w, quantized = make_case("cuda", m, 4096, 12288, seed=m)
+        three = three_launches(act, w)
+        for _ in range(3):  # the barrier and the split-K counters reset themselves
+            one = mlp_decode(act, *w)
+            assert torch.equal(one.view(torch.int16), three.view(torch.int16))
+        phased = mlp_decode(act, *w, phased=True)
+        assert torch.equal(phased.view(torch.int16), three.view(torch.int16))
+        err = _rel(one, reference(quantized, 12288))
+        print(f"M={m}: relative error vs float64 {err:.2e}")
+        assert err < 1e-2
+
+    @pytest.mark.gpu
+    def test_fp8_engine_with_and_without_the_one_launch_mlp(monkeypatch):
+        import dataclasses
+
+        from quantroll.bench.shapes import random_model, shape_config
+        from quantroll.engine import Engine, SamplingParams
+        from quantroll.formats import get_format
+        from quantroll.kernels import mlp_decode
+
+        fp8 = get_format("fp8")
+        cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
+        model = random_model(cfg, "cuda", fmt=fp8)
+        params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
+        prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
+        results = {}
+        for on in (False, True):
+            monkeypatch.setattr(mlp_decode, "FUSE_MLP_DECODE", on)
+            results[on] = Engine.from_model(model, fp8, "cuda").generate(prompts, params)
+        for a, b in zip(results[False], results[True]):
+            assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
+def main() -> int:
+    import os
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    check_phased()
+    print("mlp decode ok")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -68,6 +68,15 @@ CASES = [
 ]
 
 
+# Arguments the engine's launches pass as 1 (contiguous rows, outer-dim-major scales):
+# Triton specializes them to constants, as it takes every pointer and every other integer
+# here to be a multiple of 16; without that the loads neither vectorize nor pipeline and
+# the compile would not be the one the device runs.
+UNIT_ARGS = {"fp8_decode_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
+             "fp8_block_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
+             "mlp_decode_kernel": ("s_asm", "s_hsm")}
+
+
 def _signature(fn, pointers: dict, constexprs: dict) -> dict:
     sig = {}
     for p in fn.params:
@@ -89,7 +98,12 @@ def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options)
 
     fn = getattr(importlib.import_module(f"quantroll.kernels.{module}"), kernel)
     names = [p.name for p in fn.params]
-    src = ASTSource(fn=fn, signature=_signature(fn, pointers, constexprs),
-                    constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    constexprs = {**constexprs, **{name: 1 for name in UNIT_ARGS.get(kernel, ())}}
+    signature = _signature(fn, pointers, constexprs)
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                           if signature[n] != "constexpr" and signature[n] != "fp32"})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     assert len(compiled.asm["cubin"]) > 0
+    if kernel in UNIT_ARGS and options.get("num_stages", 1) > 1:  # the weight stream is software-pipelined
+        assert "cp.async" in compiled.asm["ptx"], "no asynchronous copies: the K loop is not pipelined"

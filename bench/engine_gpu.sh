@@ -26,6 +26,7 @@ print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
 PY
 fi
 if [ "${MLP_DECODE_AB:-0}" = 1 ]; then
+  timeout 240 python3 bench/mlp_decode.py --json "$OUT/mlp_decode.json" 2>&1 | grep -v Warn | tail -22
   timeout 300 python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_mlp_decode.log" | grep -v '^{'
 from quantroll.kernels import mlp_decode
 mlp_decode.FUSE_MLP_DECODE = True

@@ -45,10 +45,13 @@ def _barrier(device: torch.device) -> torch.Tensor:
 
 
 def mlp_decode(x: Fp8Activation, wgu: torch.Tensor, wgu_s: torch.Tensor, wd: torch.Tensor, wd_s: torch.Tensor,
-               out_dtype=torch.bfloat16, phased: bool | None = None) -> torch.Tensor:
+               out_dtype=torch.bfloat16, phased: bool | None = None, split: int | None = None,
+               ctas_per_sm: int = CTAS_PER_SM) -> torch.Tensor:
     """down(quantize(silu(gate) * up)) of the FP8 activation x [M, H], with gate_up [2I, H]
     (gate rows first) and down [H, I] block-FP8 weights -> [M, H]. ``phased`` runs the
-    three phases as three launches (default: under Triton's interpreter only)."""
+    three phases as three launches (default: under Triton's interpreter only). ``split``
+    (K splits of the down GEMM; default: the three-launch path's, whose bits it then
+    gives) and ``ctas_per_sm`` are for bench/mlp_decode.py's sweep."""
     from quantroll.kernels.mlp_decode_triton import mlp_decode_kernel
 
     m, hdim = x.codes.shape
@@ -61,7 +64,7 @@ def mlp_decode(x: Fp8Activation, wgu: torch.Tensor, wgu_s: torch.Tensor, wd: tor
         phased = os.environ.get("TRITON_INTERPRET") == "1"
     h = torch.empty(m, inter, dtype=out_dtype, device=dev)
     hq, hs = fp8_activation_buffers(m, inter, dev)
-    split = decode_config(hdim, inter, m).split_k  # the split the three-launch down GEMM uses
+    split = split or decode_config(hdim, inter, m).split_k  # default: the three-launch down GEMM's
     kb_down = (inter // 128 + split - 1) // split
     split = (inter // 128 + kb_down - 1) // kb_down
     y = torch.empty(m, hdim, dtype=out_dtype, device=dev)
@@ -77,6 +80,6 @@ def mlp_decode(x: Fp8Activation, wgu: torch.Tensor, wgu_s: torch.Tensor, wd: tor
         for phase in (1, 2, 3):
             mlp_decode_kernel[(min(64, inter // BLOCK_G),)](*args, PHASE=phase, **consts)
     else:
-        programs = torch.cuda.get_device_properties(dev).multi_processor_count * CTAS_PER_SM
+        programs = torch.cuda.get_device_properties(dev).multi_processor_count * ctas_per_sm
         mlp_decode_kernel[(programs,)](*args, PHASE=0, **consts)
     return y

@@ -73,6 +73,13 @@ def check_phased() -> None:
         assert _rel(three, ref) < 0.1, ("three launches off the reference", _rel(three, ref))
         assert torch.equal(one.view(torch.int16), three.view(torch.int16)), (m, hidden, inter, _rel(one, three))
         assert int(fp8_linear._tile_counters(torch.device("cpu")).abs().sum()) == 0, "split-K counters not reset"
+    from quantroll.kernels.fp8_linear import DecodeGemmConfig, fp8_gemm_decode
+    from quantroll.kernels.fused import silu_mul
+
+    # another K split of the down GEMM (the bench's sweep): the three launches' bits at that split
+    h = silu_mul(fp8_gemm_decode(act.codes, act.scales, w[0], w[1]), quantize=True)
+    want = fp8_gemm_decode(h.codes, h.scales, w[2], w[3], cfg=DecodeGemmConfig(split_k=4))
+    assert torch.equal(mlp_decode(act, *w, phased=True, split=4).view(torch.int16), want.view(torch.int16))
     import pytest
 
     with pytest.raises(ValueError, match="multiple of 1024"):

@@ -39,12 +39,15 @@ def main():
     args = p.parse_args()
     torch.manual_seed(0)
     results, bad = [], 0
-    # 16/32 weight rows per program: Triton's mma.sync path (float32-accurate FP8 products);
-    # 64: the warpgroup MMA, whose FP8 accumulation is narrower (float16 widening restores it)
+    # 2 warps: Triton's mma.sync on float16-widened codes (float32-accurate); 64 rows on 4
+    # warps: the warpgroup MMA, whose FP8 accumulation is narrower (float16 widening restores it)
     variants = [DecodeGemmConfig(block_n=bn, split_k=sk, dot_f16=False, num_stages=st, num_warps=nw)
                 for bn, sk, st, nw in itertools.product((16, 32), (1, 2, 4, 8), (3, 5), (2, 4))]
     variants += [DecodeGemmConfig(block_n=64, split_k=sk, dot_f16=f16, num_stages=3)
                  for sk, f16 in itertools.product((1, 2, 4, 8), (True, False))]
+    # 4 warps, float16-widened codes: the float16 warpgroup MMA (float32-accurate; wgmma_f16_config)
+    variants += [DecodeGemmConfig(block_n=bn, split_k=sk, dot_f16=True, num_stages=st, num_warps=4)
+                 for bn, sk, st in itertools.product((64, 128), (1, 2, 4, 8), (3, 4))]
     for (name, (n, k)), m in itertools.product(SHAPES.items(), (1, 16, 64)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         wbs = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(COPIES)]

@@ -4,7 +4,8 @@ Every path computes (a_q * a_s) @ (w_q * w_s)^T with 1x128 activation and 128x12
 scales in float32, and they differ only in accumulation order; ``fp8_gemm`` picks one:
 
 - decode (M <= 64): ``fp8_decode_gemm_kernel``, transposed tiles of 32 weight rows,
-  split-K summed in the same launch, FP8 products on the mma.sync path, float32-accurate.
+  split-K summed in the same launch, products on mma.sync (Triton widens the FP8 codes
+  to float16), float32-accurate.
   It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
   faster than BF16 at M = 16-64.
 - prefill on shapes cuBLAS verified (``scaled_mm_supports``): torch._scaled_mm with
@@ -151,12 +152,19 @@ def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmC
     return y
 
 
+# Experimental (2026-12-01, not yet timed on a GPU): decode batches of at least this many
+# rows take the float16 warpgroup MMA (wgmma_f16_config). None: off.
+WGMMA_F16_FROM_M: int | None = None
+
+
 def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
     (bench/gemm_decode.py, docs/PERFORMANCE.md): 32 weight rows per program and two warps,
-    which keeps Triton on the mma.sync FP8 path (float32-accurate: 1e-7 from float64, where
-    the 64-row warpgroup MMA lands 4.5e-5 away), and split-K until >= 512 programs stream
-    the weights (at most 8 splits)."""
+    which Triton compiles to mma.sync on the FP8 codes widened to float16 (Triton 3.8's sm_90
+    PTX; float32-accurate, 1e-7 from float64, where the FP8 warpgroup MMA lands 4.5e-5
+    away), and split-K until >= 512 programs stream the weights (at most 8 splits)."""
+    if WGMMA_F16_FROM_M is not None and m >= WGMMA_F16_FROM_M:
+        return wgmma_f16_config(n, k)
     block_n = 32
     tiles = (n + block_n - 1) // block_n
     k_blocks = (k + 127) // 128
@@ -164,6 +172,21 @@ def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     while tiles * split < 512 and split < 8 and k_blocks // (split * 2) >= 2:
         split *= 2
     return DecodeGemmConfig(block_n=block_n, split_k=split, dot_f16=False, num_warps=2, num_stages=5 if m == 1 else 3)
+
+
+def wgmma_f16_config(n: int, k: int, target: int = 256, stages: int = 3, block_n: int = 64) -> DecodeGemmConfig:
+    """The decode GEMM on the float16 warpgroup MMA: 64 (or 128) weight rows per program on
+    4 warps, the FP8 weight codes widened to float16 in registers and fed to wgmma as its
+    register operand (the tokens' codes, widened, from shared memory); float16 products of
+    e4m3 codes are exact and wgmma accumulates them in float32, so this is as accurate as
+    the mma.sync path (device test: <= 1e-6 from float64), unlike the FP8 wgmma whose
+    narrower accumulation failed issue 3's logits criterion (PERFORMANCE.md). Split-K
+    until ``target`` programs (at most 8 splits). For batches of 17-64, where the mma.sync
+    path is compute-bound (~290 TFLOP/s on gate_up at M = 64)."""
+    tiles, k_blocks, split = (n + block_n - 1) // block_n, (k + 127) // 128, 1
+    while tiles * split < target and split < 8 and k_blocks // (split * 2) >= 2:
+        split *= 2
+    return DecodeGemmConfig(block_n=block_n, split_k=split, dot_f16=True, num_warps=4, num_stages=stages)
 
 
 def scaled_mm_supports(m: int, n: int, k: int) -> bool:

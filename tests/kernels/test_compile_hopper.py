@@ -18,6 +18,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 FLOAT_ARGS = {"eps", "sm_scale", "temperature", "inv_temperature"}
 
+DECODE_GEMM_POINTERS = {"a_ptr": "fp8e4nv", "as_ptr": "fp32", "w_ptr": "fp8e4nv", "ws_ptr": "fp32",
+                        "part_ptr": "fp32", "c_ptr": "bf16", "lock_ptr": "i32"}
+
 # (module, kernel, pointer dtypes by argument, constexprs, launch options): the engine's
 # configurations (Qwen3-8B and 30B-A3B shapes: head_dim 128, 128 experts top-8).
 CASES = [
@@ -26,9 +29,7 @@ CASES = [
     ("fp8_gemm_triton", "fp8_block_gemm_kernel", {"a_ptr": "fp8e4nv", "as_ptr": "fp32", "w_ptr": "fp8e4nv",
                                                    "ws_ptr": "fp32", "c_ptr": "bf16"},
      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, DOT_F16=True), dict(num_warps=8, num_stages=3)),
-    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", {"a_ptr": "fp8e4nv", "as_ptr": "fp32", "w_ptr": "fp8e4nv",
-                                                     "ws_ptr": "fp32", "part_ptr": "fp32", "c_ptr": "bf16",
-                                                     "lock_ptr": "i32"},
+    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", DECODE_GEMM_POINTERS,
        dict(BLOCK_M=bm, BLOCK_N=32, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
             IMPRECISE_ACC=32), dict(num_warps=2, num_stages=stages))
       for bm, split, stages in ((16, 1, 5), (16, 4, 3), (64, 4, 3))],
@@ -89,9 +90,7 @@ def _signature(fn, pointers: dict, constexprs: dict) -> dict:
     return sig
 
 
-@pytest.mark.parametrize("module,kernel,pointers,constexprs,options", CASES,
-                         ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
-def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options):
+def _compile(module, kernel, pointers, constexprs, options):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -103,7 +102,37 @@ def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options)
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                            if signature[n] != "constexpr" and signature[n] != "fp32"})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.parametrize("module,kernel,pointers,constexprs,options", CASES,
+                         ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
+def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options):
+    compiled = _compile(module, kernel, pointers, constexprs, options)
     assert len(compiled.asm["cubin"]) > 0
     if kernel in UNIT_ARGS and options.get("num_stages", 1) > 1:  # the weight stream is software-pipelined
         assert "cp.async" in compiled.asm["ptx"], "no asynchronous copies: the K loop is not pipelined"
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 64), (64, 64), (64, 128)])
+def test_wgmma_f16_decode_config_multiplies_on_the_float16_warpgroup_mma(block_m, block_n):
+    """wgmma_f16_config's tiles (4 warps, DOT_F16) lower to wgmma on float16 operands with
+    the widened weight codes in registers (no second trip through shared memory), and the
+    default 2-warp tiles to mma.sync on float16: both accumulate exact float16 products in
+    float32, which the FP8 wgmma (e4m3 operands) does not."""
+    import re
+
+    from quantroll.kernels.fp8_linear import wgmma_f16_config
+
+    cfg = wgmma_f16_config(6144, 4096, block_n=block_n)
+    pointers = DECODE_GEMM_POINTERS
+    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // cfg.split_k,
+                  SPLIT=cfg.split_k, DOT_F16=cfg.dot_f16, IMPRECISE_ACC=32)
+    ptx = _compile("fp8_gemm_triton", "fp8_decode_gemm_kernel", pointers, consts,
+                   dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)).asm["ptx"]
+    mmas = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.f16\.f16 \{[^}]*\}, \{", ptx))
+    assert mmas == {str(block_m)}, sorted(set(re.findall(r"(?:wgmma|mma)\S*", ptx)))
+    assert "cp.async" in ptx
+    shipped = _compile("fp8_gemm_triton", "fp8_decode_gemm_kernel", pointers, {**consts, "BLOCK_N": 32, "DOT_F16": False},
+                       dict(num_warps=2, num_stages=3)).asm["ptx"]
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in shipped and "wgmma" not in shipped

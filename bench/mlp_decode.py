@@ -15,7 +15,7 @@ import torch
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode
 from quantroll.kernels.fused import silu_mul
-from quantroll.kernels.mlp_decode import mlp_decode
+from quantroll.kernels.mlp_decode import mlp_decode, raise_on_barrier_timeout
 from tests.engine.test_mlp_decode import make_case, reference
 
 HIDDEN, INTER, COPIES = 4096, 12288, 8
@@ -46,6 +46,7 @@ def main():
         rows.append({"m": m, "path": "three launches", "split": shipped, "us": t3})
         for ctas, split in itertools.product((2, 3, 4), (shipped, 6, 8)):
             y = mlp_decode(act, *ws[0], split=split, ctas_per_sm=ctas)
+            raise_on_barrier_timeout(y.device)  # a barrier that gave up: wrong outputs, stop here
             same = torch.equal(y.view(torch.int16), three(act, ws[0], split).view(torch.int16))
             err = ((y.double() - ref).norm() / ref.norm()).item()
             t = graph_time_us(lambda j: mlp_decode(act, *ws[j], split=split, ctas_per_sm=ctas), COPIES)

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from quantroll.errors import QuantrollError
 from quantroll.kernels.fp8_linear import Fp8Activation, _tile_counters, decode_config, fp8_activation_buffers
 
 FUSE_MLP_DECODE = False
@@ -22,9 +23,11 @@ QBLOCK = 1024  # columns per phase-2 (quantization) item
 # Programs per SM. The grid barrier needs every program resident at once: a 2-warp program
 # holds at most 2 x 32 x 255 registers (4 fit in an SM's 65,536); compiled for sm_90 by
 # Triton 3.8 it takes 115 registers and 12 KB of shared memory, so three per SM are
-# resident whatever the compiler picks.
+# resident whatever the compiler picks. mlp_decode checks the compiled kernel's shared
+# memory against the SM's before the first launch (resident_programs_per_sm).
 CTAS_PER_SM = 3
 _BARRIERS: dict[torch.device, torch.Tensor] = {}
+_RESIDENT: dict[tuple, int] = {}
 
 
 def applies(x, gate_up, down) -> bool:
@@ -37,21 +40,60 @@ def applies(x, gate_up, down) -> bool:
                for layer in (gate_up, down)) and down.in_features % QBLOCK == 0 and down.out_features % 128 == 0
 
 
+def _device_key(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _barrier(device: torch.device) -> torch.Tensor:
-    """[arrivals, programs done] per device; zero between calls (the kernel resets them)."""
-    if device not in _BARRIERS:
-        _BARRIERS[device] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _BARRIERS[device]
+    """[arrivals, programs done, timeout flag] per device; the first two are zero between
+    calls (the kernel resets them), the flag is set by a barrier that gave up waiting."""
+    key = _device_key(device)
+    if key not in _BARRIERS:
+        _BARRIERS[key] = torch.zeros(3, dtype=torch.int32, device=key)
+    return _BARRIERS[key]
+
+
+def raise_on_barrier_timeout(device) -> None:
+    """Raise if a one-launch MLP on ``device`` gave up at a grid barrier since the last
+    check (its outputs are wrong): a host sync, so callers check once per generate."""
+    bar = _BARRIERS.get(_device_key(device))
+    if bar is not None and int(bar[2]):
+        bar.zero_()
+        raise QuantrollError(
+            "the one-launch decode MLP timed out at a grid barrier: not all of its programs were resident at once "
+            "(another kernel running concurrently, or too many programs per SM); its outputs are wrong. Set "
+            "quantroll.kernels.mlp_decode.FUSE_MLP_DECODE = False")
+
+
+def resident_programs_per_sm(shared_bytes: int, num_warps: int, regs_per_thread: int = 255,
+                             sm_shared_bytes: int = 233_472, sm_regs: int = 65_536, sm_threads: int = 2048,
+                             sm_blocks: int = 32) -> int:
+    """How many programs of a kernel fit on one SM at once (the CUDA occupancy rules for
+    sm_80/sm_90): registers are allocated per warp in 256-register units from four
+    16,384-register quarters, shared memory per block plus 1 KB the driver reserves.
+    The default register count is the most a thread can hold, so the answer holds
+    whatever the compiler chose."""
+    per_warp = -(-regs_per_thread * 32 // 256) * 256
+    warps = 4 * ((sm_regs // 4) // per_warp)
+    by_regs = warps // num_warps
+    by_shared = sm_shared_bytes // (shared_bytes + 1024)
+    return min(by_regs, by_shared, sm_threads // (32 * num_warps), sm_blocks)
 
 
 def mlp_decode(x: Fp8Activation, wgu: torch.Tensor, wgu_s: torch.Tensor, wd: torch.Tensor, wd_s: torch.Tensor,
                out_dtype=torch.bfloat16, phased: bool | None = None, split: int | None = None,
-               ctas_per_sm: int = CTAS_PER_SM) -> torch.Tensor:
+               ctas_per_sm: int = CTAS_PER_SM, programs: int | None = None, max_spins: int = 1 << 20) -> torch.Tensor:
     """down(quantize(silu(gate) * up)) of the FP8 activation x [M, H], with gate_up [2I, H]
     (gate rows first) and down [H, I] block-FP8 weights -> [M, H]. ``phased`` runs the
     three phases as three launches (default: under Triton's interpreter only). ``split``
     (K splits of the down GEMM; default: the three-launch path's, whose bits it then
-    gives) and ``ctas_per_sm`` are for bench/mlp_decode.py's sweep."""
+    gives) and ``ctas_per_sm`` are for bench/mlp_decode.py's sweep; ``programs`` (the grid)
+    and ``max_spins`` (polls before a barrier gives up) for tests, which run the one-launch
+    form under the interpreter with one program (the barriers pass at once) or several
+    (the first program's barrier times out: the interpreter runs programs in turn)."""
     from quantroll.kernels.mlp_decode_triton import mlp_decode_kernel
 
     m, hdim = x.codes.shape
@@ -80,6 +122,25 @@ def mlp_decode(x: Fp8Activation, wgu: torch.Tensor, wgu_s: torch.Tensor, wd: tor
         for phase in (1, 2, 3):
             mlp_decode_kernel[(min(64, inter // BLOCK_G),)](*args, PHASE=phase, **consts)
     else:
-        programs = torch.cuda.get_device_properties(dev).multi_processor_count * ctas_per_sm
-        mlp_decode_kernel[(programs,)](*args, PHASE=0, **consts)
+        if programs is None:
+            props = torch.cuda.get_device_properties(dev)
+            programs = props.multi_processor_count * _resident(mlp_decode_kernel, args, consts, ctas_per_sm, dev)
+        mlp_decode_kernel[(programs,)](*args, PHASE=0, MAX_SPINS=max_spins, **consts)
     return y
+
+
+def _resident(kernel, args, consts, wanted: int, device) -> int:
+    """``wanted`` programs per SM, or fewer if the compiled kernel's shared memory does not
+    let that many be resident (checked once per device and configuration); an error if
+    not even one fits."""
+    key = (_device_key(device), tuple(sorted(consts.items())), wanted)
+    if key not in _RESIDENT:
+        compiled = kernel.warmup(*args, grid=(1,), PHASE=0, **consts)
+        props = torch.cuda.get_device_properties(device)
+        sm_shared = getattr(props, "shared_memory_per_multiprocessor", 233_472)
+        fits = resident_programs_per_sm(compiled.metadata.shared, consts["num_warps"], sm_shared_bytes=sm_shared)
+        if fits < 1:
+            raise QuantrollError(f"mlp_decode: one program needs {compiled.metadata.shared} bytes of shared memory, "
+                                 f"more than an SM's {sm_shared}; set FUSE_MLP_DECODE = False")
+        _RESIDENT[key] = min(wanted, fits)
+    return _RESIDENT[key]

@@ -27,14 +27,21 @@ from quantroll.kernels.fused_triton import _store_fp8_groups
 
 
 @triton.jit
-def grid_barrier(bar_ptr, target):
+def grid_barrier(bar_ptr, target, MAX_SPINS: tl.constexpr):
     """Wait until the arrival counter at bar_ptr reaches ``target`` (this program's arrival
-    counted); every program of the grid must be resident, or this never returns."""
+    counted). Every program of the grid must be resident at once; if the counter has not
+    got there after MAX_SPINS polls (~1 s on the GPU), the program stops waiting and sets
+    the timeout flag at bar_ptr + 2, which the host turns into an error
+    (mlp_decode.raise_on_barrier_timeout): wrong outputs are reported, never a hang."""
     tl.debug_barrier()  # this program's writes are issued before it arrives
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
+    spins = 0
+    while (seen < target) & (spins < MAX_SPINS):
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if seen < target:
+        tl.atomic_xchg(bar_ptr + 2, 1)
     tl.debug_barrier()
 
 
@@ -44,10 +51,11 @@ def mlp_decode_kernel(a_ptr, as_ptr, wgu_ptr, wgus_ptr, wd_ptr, wds_ptr, h_ptr, 
                       s_am, s_asm, s_ask, s_wgn, s_wgsn, s_wgsk, s_wdn, s_wdsn, s_wdsk, s_h, s_hq, s_hsm, s_hsg, s_y,
                       BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       KB_UP: tl.constexpr, SPLIT: tl.constexpr, KB_DOWN: tl.constexpr, QBLOCK: tl.constexpr,
-                      PHASE: tl.constexpr, IMPRECISE_ACC: tl.constexpr = 32):
+                      PHASE: tl.constexpr, MAX_SPINS: tl.constexpr = 1 << 20, IMPRECISE_ACC: tl.constexpr = 32):
     """a [M, H] FP8 codes with 1x128 scales; gate_up weight [2I, H] (gate rows, then up
     rows) and down weight [H, I], FP8 with 128x128 scales -> y [M, H] BF16. Scratch:
-    h [M, I] BF16, its FP8 codes hq and scales hs, split-K partials, counters."""
+    h [M, I] BF16, its FP8 codes hq and scales hs, split-K partials, counters; bar_ptr
+    holds [arrivals, programs done, barrier timeout flag]."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -68,7 +76,7 @@ def mlp_decode_kernel(a_ptr, as_ptr, wgu_ptr, wgus_ptr, wd_ptr, wds_ptr, h_ptr, 
             h = (act.to(tl.float32) * u.to(tl.float32)).to(u.dtype)  # [BLOCK_G, BLOCK_M]: columns of h^T
             tl.store(h_ptr + offs_m[None, :] * s_h + offs_g[:, None], h, mask=g_ok[:, None] & m_ok[None, :])
     if PHASE == 0:
-        grid_barrier(bar_ptr, grid)
+        grid_barrier(bar_ptr, grid, MAX_SPINS)
     if PHASE == 0 or PHASE == 2:  # FP8 codes and 1x128 scales of h, QBLOCK columns of a row per item
         n_qb = tl.cdiv(I, QBLOCK)
         for q in range(pid, M * n_qb, grid):
@@ -80,7 +88,7 @@ def mlp_decode_kernel(a_ptr, as_ptr, wgu_ptr, wgus_ptr, wd_ptr, wds_ptr, h_ptr, 
             _store_fp8_groups(hv, ok, hq_ptr + row * s_hq, hs_ptr + row * s_hsm, s_hsg, blk * (QBLOCK // 128), I // 128,
                               QBLOCK)
     if PHASE == 0:
-        grid_barrier(bar_ptr, 2 * grid)
+        grid_barrier(bar_ptr, 2 * grid, MAX_SPINS)
     if PHASE == 0 or PHASE == 3:  # y = down(hq): output tiles of BLOCK_N rows x SPLIT K splits
         n_tiles = tl.cdiv(H, BLOCK_N)
         for it in range(pid, n_tiles * SPLIT, grid):

@@ -84,11 +84,52 @@ def check_phased() -> None:
 
     with pytest.raises(ValueError, match="multiple of 1024"):
         mlp_decode(act, w[0][:1000], w[1], w[2], w[3], phased=True)
+    check_one_launch_form()
+
+
+def check_one_launch_form() -> None:
+    """PHASE 0 (the GPU's form: three phases and two grid barriers in one launch) under the
+    interpreter, which runs programs one after another: with one program the barriers pass
+    at once and the bits are the three launches'; with three, the first program's barrier
+    gives up after max_spins polls and the host check raises (no hang, no silent result)."""
+    import pytest
+
+    from quantroll.errors import QuantrollError
+    from quantroll.kernels import mlp_decode as md
+
+    cpu = torch.device("cpu")
+    act, w, _ = make_case("cpu", 3, 256, 1024, seed=4)
+    three = three_launches(act, w)
+    one = md.mlp_decode(act, *w, phased=False, programs=1, max_spins=2)
+    assert torch.equal(one.view(torch.int16), three.view(torch.int16))
+    md.raise_on_barrier_timeout(cpu)  # no timeout: no error
+    assert md._barrier(cpu).tolist() == [0, 0, 0], "barrier not reset by the last program"
+    md.mlp_decode(act, *w, phased=False, programs=3, max_spins=2)
+    with pytest.raises(QuantrollError, match="timed out at a grid barrier"):
+        md.raise_on_barrier_timeout(cpu)
+    assert md._barrier(cpu).tolist() == [0, 0, 0], "flag and counters not reset after the error"
+    print("one-launch form: barriers pass with one program, time out loudly with three")
 
 
 @needs_triton
 def test_mlp_decode_phases_under_interpreter():
     run_interpreted([__file__], "mlp decode ok", timeout=600)
+
+
+def test_resident_programs_per_sm_follows_the_occupancy_rules():
+    """Hand-worked against the CUDA occupancy rules on an sm_90 SM (65,536 registers in four
+    quarters, 228 KB shared memory, 2048 threads, 32 blocks)."""
+    from quantroll.kernels.mlp_decode import resident_programs_per_sm
+
+    # the worst register case for 2 warps: 255 -> 8,192 per warp, 2 per quarter, 8 warps -> 4 programs
+    assert resident_programs_per_sm(12 * 1024, num_warps=2) == 4
+    # Triton 3.8's compile (115 registers -> 3,840 per warp, 4 per quarter: 16 warps) -> 8
+    assert resident_programs_per_sm(12 * 1024, num_warps=2, regs_per_thread=115) == 8
+    # shared memory binds: 100 KB + 1 KB reserved, twice in 228 KB
+    assert resident_programs_per_sm(100 * 1024, num_warps=2, regs_per_thread=32) == 2
+    # threads bind: 32 regs, no shared memory, 8 warps -> 2048 / 256 = 8
+    assert resident_programs_per_sm(0, num_warps=8, regs_per_thread=32) == 8
+    assert resident_programs_per_sm(230 * 1024, num_warps=2) == 0
 
 
 def test_switch_is_off_by_default():
@@ -103,13 +144,14 @@ if GPU:
     @pytest.mark.gpu
     @pytest.mark.parametrize("m", [1, 4, 16])
     def test_one_launch_equals_three_launches_on_gpu(m):
-        from quantroll.kernels.mlp_decode import mlp_decode
+        from quantroll.kernels.mlp_decode import mlp_decode, raise_on_barrier_timeout
 
         act, w, quantized = make_case("cuda", m, 4096, 12288, seed=m)
         three = three_launches(act, w)
         for _ in range(3):  # the barrier and the split-K counters reset themselves
             one = mlp_decode(act, *w)
             assert torch.equal(one.view(torch.int16), three.view(torch.int16))
+        raise_on_barrier_timeout("cuda")  # every program was resident: no barrier gave up
         phased = mlp_decode(act, *w, phased=True)
         assert torch.equal(phased.view(torch.int16), three.view(torch.int16))
         err = _rel(one, reference(quantized, 12288))

@@ -46,12 +46,14 @@ class Fp8Activation:
     """A BF16 activation that the kernel producing it (RMSNorm, silu*up) already quantized
     per 1x128 group, bit-identical to ``quantize_activation_fp8`` on the BF16 values: the
     FP8 linear that consumes it skips its own quantization launch. ``shape`` and ``dtype``
-    are those of the BF16 tensor it stands for."""
+    are those of the BF16 tensor it stands for; ``source`` is that tensor when the producer
+    wrote it too (a MoE block routes on it)."""
 
     codes: torch.Tensor  # [M, K] float8_e4m3fn
     scales: torch.Tensor  # [M, ceil(K/128)] float32, outer-dim-major (stride (1, M))
     shape: torch.Size
     dtype: torch.dtype
+    source: torch.Tensor | None = None
 
 
 def fp8_activation_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,23 +27,26 @@ def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tens
     return fp8_activation_buffers(m, k, device)
 
 
-def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, quantize: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | Fp8Activation]:
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, quantize: bool = False,
+                keep_bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor | Fp8Activation]:
     """(x + delta, rmsnorm(x + delta)); with delta None: (x, rmsnorm(x)). Rows of the last dim.
-    With ``quantize`` the norm comes back as an Fp8Activation (last dim a multiple of 128)."""
+    With ``quantize`` the norm comes back as an Fp8Activation (last dim a multiple of 128),
+    with ``keep_bf16`` too that activation also carries the BF16 norm as ``source`` (one
+    launch writes both: a MoE block's router reads BF16, its FP8 experts the codes)."""
     from quantroll.kernels.fused_triton import add_rmsnorm_kernel
 
     h = x.shape[-1]
     x2 = x.reshape(-1, h)
     d2 = delta.reshape(-1, h) if delta is not None else x2
     res = torch.empty_like(x2) if delta is not None else x2
-    y = x2 if quantize else torch.empty_like(x2)  # with quantize: a placeholder the kernel never touches
+    store_y = keep_bf16 or not quantize
+    y = torch.empty_like(x2) if store_y else x2  # without it: a placeholder the kernel never touches
     q, s = fp8_output_buffers(x2.shape[0], h, x.device) if quantize else (y, y)  # placeholders without
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
                                        y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
-                                       QUANT=quantize, BLOCK=next_pow2(h, 1), num_warps=8)
+                                       QUANT=quantize, BLOCK=next_pow2(h, 1), STORE_Y=store_y, num_warps=8)
     if quantize:
-        return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype)
+        return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype, y.view(x.shape) if keep_bf16 else None)
     return res.view(x.shape), y.view(x.shape)
 
 

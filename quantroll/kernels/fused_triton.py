@@ -60,8 +60,11 @@ def _store_fp8_groups(y, ok, q_row_ptr, s_row_ptr, s_sg, g0, n_groups, BLOCK: tl
 
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps, s_x, s_d, s_r, s_y, s_q, s_sm, s_sg,
-                       HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr):
-    """One row per program. QUANT: y goes out as FP8 codes (q) and scales (s) instead of BF16."""
+                       HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr,
+                       STORE_Y: tl.constexpr = True):
+    """One row per program. QUANT: y also goes out as FP8 codes (q) and scales (s); STORE_Y:
+    y goes out in BF16 (both: a MoE block routes on the BF16 values, its experts read
+    the codes)."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
@@ -77,7 +80,7 @@ def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps
     y = (w.to(tl.float32) * n.to(tl.float32)).to(x_ptr.dtype.element_ty)
     if QUANT:
         _store_fp8_groups(y, ok, q_ptr + row * s_q, s_ptr + row * s_sm, s_sg, 0, H // 128, BLOCK)
-    else:
+    if STORE_Y:
         tl.store(y_ptr + row * s_y + offs, y, mask=ok)
 
 

@@ -94,9 +94,11 @@ def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, to
     return out
 
 
-def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stacks: dict) -> torch.Tensor:
+def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stacks: dict,
+                            quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H]; stacks: gate_up (or gate and up) and down weights [E, out, in] (+ "*_scale"
-    for FP8), see SparseMoE.stack_experts_ -> [T, H]."""
+    for FP8), see SparseMoE.stack_experts_ -> [T, H]. ``quantized``: x's FP8 codes and
+    1x128 scales when its producer made them (FP8 stacks only; else quantized here)."""
     t, top_k = topk_ids.shape
     num_experts = stacks["down"].shape[0]
     pairs = t * top_k
@@ -105,7 +107,7 @@ def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     if fp8:
         from quantroll.kernels.fp8_linear import quantize_activation_fp8
 
-        xq, xs = quantize_activation_fp8(x.contiguous())
+        xq, xs = quantized if quantized is not None else quantize_activation_fp8(x.contiguous())
     else:
         xq, xs = x.contiguous(), None
     if "gate_up" in stacks:  # one GEMM, then silu * up (quantized for the FP8 down GEMM) in one kernel

@@ -70,6 +70,15 @@ class SparseMoE(torch.nn.Module):
             for e in range(cfg.num_experts)
         )
 
+    def takes_fp8_activation(self) -> bool:
+        """Whether the norm before this block should hand it its input quantized too (an
+        Fp8Activation whose ``source`` holds the BF16 values the router reads): the
+        grouped block-FP8 experts then skip their own activation-quantization launch."""
+        from quantroll.kernels import fused
+
+        return (self.stacks is not None and "down_scale" in self.stacks and fused.FUSE_ACTIVATION_QUANT
+                and self.gate.in_features % fused.FP8_GROUP == 0)
+
     def route(self, x: torch.Tensor, routing: Routing | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert indices [N, k], routing weights [N, k]) for flattened tokens x [N, H].
 
@@ -127,14 +136,19 @@ class SparseMoE(torch.nn.Module):
                 stacks[name if field == "weight" else f"{name}_scale"] = stack
         self.stacks = stacks
 
-    def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:
+    def forward(self, x, routing: Routing | None = None) -> torch.Tensor:
+        """x: BF16 [..., H], or (the fused GPU path, see takes_fp8_activation) an
+        Fp8Activation carrying its BF16 source."""
+        quantized = None
+        if not isinstance(x, torch.Tensor):
+            quantized, x = (x.codes, x.scales), x.source
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         idx, weights = self.route(flat, routing)
         if self.stacks is not None:
             from quantroll.kernels.moe import grouped_experts_forward
 
-            return grouped_experts_forward(flat, idx, weights, self.stacks).reshape(shape)
+            return grouped_experts_forward(flat, idx, weights, self.stacks, quantized).reshape(shape)
         out = torch.zeros_like(flat)
         for e in torch.unique(idx).tolist():
             token, slot = torch.where(idx == e)

@@ -31,10 +31,14 @@ class DecoderLayer(torch.nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
-    def mlp_takes_fp8_activation(self) -> bool:
-        """The post-attention norm may quantize for a dense MLP's gate_up_proj; a MoE block's
-        router and experts read BF16."""
-        return isinstance(self.mlp, MLP) and takes_fp8_activation(self.mlp.gate_up_proj)
+    def mlp_input(self) -> tuple[bool, bool]:
+        """(quantize, keep_bf16) for the post-attention norm's output: quantized for a dense
+        MLP's block-FP8 gate_up_proj; for a MoE block on grouped block-FP8 experts, both
+        quantized (the experts) and in BF16 (the router)."""
+        if isinstance(self.mlp, MLP):
+            return takes_fp8_activation(self.mlp.gate_up_proj), False
+        both = self.mlp.takes_fp8_activation()
+        return both, both
 
     def forward(self, x, cos, sin, attend: Attend, routing: Routing | None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
@@ -71,8 +75,9 @@ class Qwen3Model(torch.nn.Module):
             x, h = add_rmsnorm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps,
                                quantize=takes_fp8_activation(layer.self_attn.qkv_proj))
             a = layer.self_attn(h, cos, sin, attend)
+            quantize, keep_bf16 = layer.mlp_input()
             x, h = add_rmsnorm(x, a, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
-                               quantize=layer.mlp_takes_fp8_activation())
+                               quantize=quantize, keep_bf16=keep_bf16)
             delta = layer.mlp(h, routing) if isinstance(layer.mlp, SparseMoE) else layer.mlp(h)
         return add_rmsnorm(x, delta, self.norm.weight, self.norm.eps)[1]
 

@@ -74,8 +74,11 @@ def check_add_rmsnorm(device: str, hidden: int, shape: tuple[int, ...], with_del
     weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).to(device)
     res, y = add_rmsnorm(x, delta, weight, 1e-6)
     res_q, act = add_rmsnorm(x, delta, weight, 1e-6, quantize=True)
-    assert torch.equal(res_q, res)
+    assert torch.equal(res_q, res) and act.source is None
     check_quantized_output(act, y)
+    res_b, both = add_rmsnorm(x, delta, weight, 1e-6, quantize=True, keep_bf16=True)  # a MoE block's input
+    assert torch.equal(res_b, res) and torch.equal(both.source.view(torch.int16), y.view(torch.int16))
+    check_quantized_output(both, y)
 
 
 def check_silu_mul(device: str, inter: int, shape: tuple[int, ...]) -> None:

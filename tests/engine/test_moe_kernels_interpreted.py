@@ -1,7 +1,7 @@
 """The MoE decode kernels' logic on a CPU: the one-launch routing sort (moe_align_fused)
 against the tensor-op version and a hand-worked case, the stacked expert weights (gate
-and up in one stack, views that in-place weight loads reach), and the grouped FP8 expert
-forward against the per-expert loop. Kernels run under Triton's interpreter in a
+and up in one stack, views that in-place weight loads reach), the grouped FP8 expert
+forward against the per-expert loop, and its input handed over quantized by the fused norm. Kernels run under Triton's interpreter in a
 subprocess (this file run as a script); the GPU tests (test_gpu_engine.py) run them
 compiled."""
 
@@ -34,7 +34,8 @@ def test_moe_align_torch_on_a_hand_worked_case():
     assert len(block_expert) == (6 + 4 * 3 + 3) // 4  # the worst case over any routing
 
 
-def _moe_block(inter: int, fp8: bool):
+def _moe_model(inter: int, fp8: bool):
+    """One MoE layer, hidden 256, 8 experts, top 2."""
     from quantroll.bench.shapes import random_model, shape_config
     from quantroll.formats import get_format
 
@@ -43,7 +44,11 @@ def _moe_block(inter: int, fp8: bool):
                               num_key_value_heads=1, head_dim=128)
     base = random_model(cfg, "cpu")
     model = random_model(cfg, "cpu", fmt=get_format("fp8"), source=base) if fp8 else base
-    return model.model.layers[0].mlp
+    return model
+
+
+def _moe_block(inter: int, fp8: bool):
+    return _moe_model(inter, fp8).model.layers[0].mlp
 
 
 @pytest.mark.parametrize("inter,fp8,combined", [(256, True, True), (192, True, False), (192, False, True)])
@@ -115,6 +120,85 @@ def check_grouped_forward() -> None:
     assert torch.equal(gemm("gate_up", together).view(torch.int16), both.view(torch.int16))
 
 
+def check_prequantized_input() -> None:
+    """A stacked FP8 block handed its input already quantized (the fused norm's
+    Fp8Activation with its BF16 source) gives the bits of the block quantizing it itself,
+    without that launch; a BF16 or unstacked block does not ask for it."""
+    from quantroll.kernels import fp8_linear
+    from quantroll.kernels.fp8_linear import Fp8Activation, quantize_activation_fp8
+
+    x = torch.randn(5, 256, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    block = _moe_block(256, fp8=True)
+    assert not block.takes_fp8_activation()  # experts not stacked: the per-expert loop
+    bf16_block = _moe_block(256, fp8=False)
+    bf16_block.stack_experts_()
+    assert not bf16_block.takes_fp8_activation()
+    block.stack_experts_()
+    assert block.takes_fp8_activation()
+    with torch.no_grad():
+        own = block(x)
+        act = Fp8Activation(*quantize_activation_fp8(x), x.shape, x.dtype, x)
+        calls = [0]
+        original = fp8_linear.quantize_activation_fp8
+
+        def counted(x2d):
+            calls[0] += 1
+            return original(x2d)
+
+        fp8_linear.quantize_activation_fp8 = counted
+        try:
+            given = block(act)
+        finally:
+            fp8_linear.quantize_activation_fp8 = original
+    assert calls[0] == 0, "the block quantized an input it was given quantized"
+    assert torch.equal(given.view(torch.int16), own.view(torch.int16))
+
+
+def check_fused_model() -> None:
+    """A one-layer FP8 MoE model's fused forward (the engine's GPU path, on CPU tensors that
+    stand in for the GPU) gives the same bits with the producers' quantization on or off;
+    on, the post-attention norm quantizes for the experts (and keeps BF16 for the router),
+    so only o_proj quantizes its own input: 1 launch per layer instead of 3."""
+    from quantroll.kernels import fp8_linear, fused
+    from quantroll.model import layers
+    from quantroll.model.layers import causal_attend
+
+    model = _moe_model(256, fp8=True)
+    block = model.model.layers[0].mlp
+    model.fuse_projections_()
+    model.enable_fused_kernels_()
+    for layer in model.quantized_linears().values():
+        layer.backend = "fp8"
+    block.stack_experts_()
+    inner = model.model
+    layers._on_gpu = lambda x: True
+    calls = [0]
+    original = fp8_linear.quantize_activation_fp8
+
+    def counted(x2d):
+        calls[0] += 1
+        return original(x2d)
+
+    fp8_linear.quantize_activation_fp8 = counted
+    outs = {}
+    try:
+        for shape in ((1, 6), (3, 1)):
+            ids = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(sum(shape)))
+            positions = torch.arange(shape[1]).expand(shape)
+            for fuse in (False, True):
+                fused.FUSE_ACTIVATION_QUANT = fuse
+                calls[0] = 0
+                with torch.no_grad():
+                    x = inner.embed_tokens(ids)
+                    cos, sin = inner.rotary(positions, x.dtype)
+                    outs[fuse] = inner._forward_fused(x, cos, sin, causal_attend, None)
+                assert calls[0] == (1 if fuse else 3), (shape, fuse, calls[0])
+            assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), shape
+    finally:
+        fp8_linear.quantize_activation_fp8 = original
+        fused.FUSE_ACTIVATION_QUANT = True
+
+
 def torch_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseMoE.route's tensor ops on given logits."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -164,6 +248,8 @@ def main() -> int:
     check_route()
     check_combine()
     check_grouped_forward()
+    check_prequantized_input()
+    check_fused_model()
     print("moe kernels ok")
     return 0
 

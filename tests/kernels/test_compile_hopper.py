@@ -35,7 +35,8 @@ CASES = [
       for bm, split, stages in ((16, 1, 5), (16, 4, 3), (64, 4, 3))],
     *[("fused_triton", "add_rmsnorm_kernel", {"x_ptr": "bf16", "d_ptr": "bf16", "w_ptr": "bf16", "res_ptr": "bf16",
                                               "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
-       dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096), dict(num_warps=8)) for quant in (False, True)],
+       dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y), dict(num_warps=8))
+      for quant, store_y in ((False, True), (True, False), (True, True))],
     ("fused_triton", "qk_norm_rope_cache_kernel", {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
                                                                        "sin_ptr", "q_ptr", "kc_ptr", "vc_ptr")}
      | {"row_ptr": "i64", "pos_ptr": "i64"}, dict(HQ=32, HKV=8, D=128), dict(num_warps=1)),

@@ -5,6 +5,7 @@
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
 #   MLP_DECODE_AB=1       also time the 8B decode with the one-launch MLP on (batches 1,16; experimental)
 #   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
+#   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
@@ -15,7 +16,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout 420 python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py \
-  tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
+  tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py tests/engine/test_gate_up_silu.py \
+  -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # measured 2026-12-01; skip them to fit the A/B runs in one call
   python3 bench/gemm_decode.py --quick --json "$OUT/gemm_decode.json" 2>&1 | grep -v Warn | tail -14
   python3 bench/gemm_batch.py --json "$OUT/gemm_batch.json" 2>&1 | grep -v Warn | tail -10
@@ -45,6 +47,14 @@ from quantroll.bench.rollout import format_table, run_rollout_bench
 bandwidth, results = run_rollout_bench("qwen3-8b", None, [1, 16], ["bf16", "fp8"], 128, 256, 2)
 print("FUSE_MLP_DECODE on"); print(format_table(bandwidth, results))
 PY
+fi
+if [ "${SWITCH_AB:-0}" = 1 ]; then
+  timeout 560 python3 bench/switch_ab.py --batches 1,16,64 \
+    --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \
+    --variant mlp1:mlp_decode.FUSE_MLP_DECODE=True \
+    --variant wgmma:fp8_linear.WGMMA_F16_FROM_M=17 \
+    --variant silu+wgmma:gate_up_silu.FUSE_SILU_EPILOGUE=True,fp8_linear.WGMMA_F16_FROM_M=17 \
+    --approx wgmma --approx silu+wgmma 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
 fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --repeats 2 \

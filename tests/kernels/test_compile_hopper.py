@@ -33,6 +33,11 @@ CASES = [
        dict(BLOCK_M=bm, BLOCK_N=32, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
             IMPRECISE_ACC=32), dict(num_warps=2, num_stages=stages))
       for bm, split, stages in ((16, 1, 5), (16, 4, 3), (64, 4, 3))],
+    *[("fp8_gemm_triton", "fp8_gate_up_silu_kernel",
+       DECODE_GEMM_POINTERS | {"hq_ptr": "fp8e4nv", "hs_ptr": "fp32", "grp_ptr": "i32"},
+       dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=bn == 64,
+            IMPRECISE_ACC=32), dict(num_warps=4 if bn == 64 else 2, num_stages=3))
+      for bm, bn, split in ((16, 32, 1), (16, 32, 4), (64, 64, 2))],
     *[("fused_triton", "add_rmsnorm_kernel", {"x_ptr": "bf16", "d_ptr": "bf16", "w_ptr": "bf16", "res_ptr": "bf16",
                                               "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
        dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y), dict(num_warps=8))
@@ -75,6 +80,7 @@ CASES = [
 # here to be a multiple of 16; without that the loads neither vectorize nor pipeline and
 # the compile would not be the one the device runs.
 UNIT_ARGS = {"fp8_decode_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
+             "fp8_gate_up_silu_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn", "s_hsm"),
              "fp8_block_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
              "mlp_decode_kernel": ("s_asm", "s_hsm")}
 

@@ -1,0 +1,105 @@
+"""The FP8 decode step with experimental kernel switches on, against the shipped settings,
+on one model (random weights of a real shape): correctness first, then the step times.
+
+For each variant (a set of module-level switches under quantroll.kernels), a fresh
+engine on the same FP8 model generates 4 prompts x 16 tokens at temperature 1 with a
+fixed seed; variants meant to give the shipped bits must give the shipped tokens and
+logprobs exactly (reported per variant; `--approx NAME` marks a variant whose arithmetic
+differs and which is then compared by mean |logprob difference| only). Then
+`quantroll bench rollout`'s measurement (bench_one: 128-token prompts, 256 new tokens,
+CUDA-graph decode, median of the repeats) at each batch.
+
+    python bench/switch_ab.py --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \\
+        --variant mlp:mlp_decode.FUSE_MLP_DECODE=True --batches 1,16,64 [--shape qwen3-8b] [--layers N]
+"""
+import argparse
+import ast
+import importlib
+
+import torch
+
+from quantroll.bench.rollout import bench_one, copy_bandwidth
+from quantroll.bench.shapes import random_model, shape_config
+from quantroll.engine import Engine, SamplingParams
+from quantroll.formats import get_format
+
+
+def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
+    name, _, body = text.partition(":")
+    settings = []
+    for item in filter(None, body.split(",")):
+        target, _, value = item.partition("=")
+        module, _, attr = target.rpartition(".")
+        settings.append((f"quantroll.kernels.{module}", attr, ast.literal_eval(value)))
+    return name, settings
+
+
+def apply(settings, originals=None) -> dict:
+    """Set the switches; returns the previous values (pass them back to restore)."""
+    previous = {}
+    for module, attr, value in settings:
+        mod = importlib.import_module(module)
+        previous[(module, attr)] = getattr(mod, attr)
+        setattr(mod, attr, value if originals is None else originals[(module, attr)])
+    return previous
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--variant", action="append", default=[], help="NAME:module.ATTR=value[,module.ATTR=value]")
+    p.add_argument("--approx", action="append", default=[], help="variant names whose bits may differ")
+    p.add_argument("--shape", default="qwen3-8b")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    variants = [("shipped", [])] + [parse_variant(v) for v in args.variant]
+    cfg = shape_config(args.shape, args.layers)
+    fp8 = get_format("fp8")
+    model = random_model(cfg, "cuda", fmt=fp8)
+    bandwidth = copy_bandwidth("cuda")
+    prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
+    reference_box, rows = [], []
+    for name, settings in variants:
+        previous = apply(settings)
+        try:
+            measure(name, model, fp8, prompts, params, args, cfg, bandwidth, reference_box, rows)
+        except Exception as e:  # one failing variant (e.g. a barrier timeout) must not cost the others
+            print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
+            rows.append((name, 0, float("nan"), float("nan"), f"FAILED {type(e).__name__}"))
+        finally:
+            apply(settings, previous)
+    print(f"\n{args.shape} ({cfg.num_hidden_layers} layers) FP8 decode step, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print(f"{'variant':12s} {'batch':>5s} {'step ms':>8s} {'x roof':>6s}  check")
+    for name, b, ms, xr, check in rows:
+        print(f"{name:12s} {b:5d} {ms:8.3f} {xr:6.2f}  {check}")
+
+
+def measure(name, model, fp8, prompts, params, args, cfg, bandwidth, reference_box, rows):
+    """One variant: its tokens against the shipped ones (the first variant's), then its
+    step at each batch."""
+    engine = Engine.from_model(model, fp8, "cuda")
+    out = engine.generate(prompts, params)
+    if not reference_box:
+        reference_box.append(out)
+        check = "reference"
+    elif name in args.approx:
+        reference = reference_box[0]
+        diffs = [abs(a - b) for r, o in zip(reference, out) for a, b in zip(r.logprobs, o.logprobs)]
+        same_tokens = all(r.tokens == o.tokens for r, o in zip(reference, out))
+        check = f"approx: tokens {'same' if same_tokens else 'DIFFER'}, mean |dlogprob| {sum(diffs) / len(diffs):.1e}"
+    else:
+        same = all(r.tokens == o.tokens and r.logprobs == o.logprobs for r, o in zip(reference_box[0], out))
+        check = "same bits" if same else "BITS DIFFER"
+    print(f"{name}: {check}", flush=True)
+    for b in (int(v) for v in args.batches.split(",")):
+        r = bench_one(engine, args.shape, cfg.num_hidden_layers, f"fp8 {name}", b, 128, 256, bandwidth, args.repeats)
+        rows.append((name, b, r.decode_step_ms, r.step_over_roofline, check))
+        print(f"  batch {b}: {r.decode_step_ms:.3f} ms ({r.step_over_roofline:.2f}x roofline)", flush=True)
+    del engine
+    torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

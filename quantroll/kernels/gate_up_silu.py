@@ -1,0 +1,95 @@
+"""The decode MLP's gate_up GEMM with silu * up and the FP8 quantization of the result in
+the same launch (``fp8_gate_up_silu_kernel``): per layer, one launch fewer than the GEMM
+followed by ``silu_mul`` (fused.py).
+
+No grid barrier: the output tiles of one 128-column group of h (its gate and up tiles)
+count themselves on a counter, and the program that finishes the group's last tile
+computes that group of h from the BF16 gate/up values the other programs stored (still in
+L2) and quantizes it. The bits are those of the two launches: the same GEMM tiles, the
+same BF16 outputs, the same silu, multiply and 1x128 quantization ops.
+
+Experimental: ``FUSE_SILU_EPILOGUE`` is off until a device run shows the two launches'
+bits and a shorter decode step (tests/engine/test_gate_up_silu.py; the rollout bench with
+the switch on). Written 2026-12-01 without device time: the interpreter and the sm_90
+compile test have run it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantroll.kernels.fp8_linear import (Fp8Activation, _tile_counters, decode_config, fp8_activation_buffers,
+                                          quantize_activation_fp8)
+
+FUSE_SILU_EPILOGUE = False
+MAX_ROWS = 64  # the decode GEMM's range
+_GROUP_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MAX_GROUPS = 1 << 14
+
+
+def applies(x, gate_up, down) -> bool:
+    """The switch is on and this MLP call can take the fused path: at most 64 rows (the
+    decode GEMM), block-FP8 gate_up and down on the fp8 backend, no biases, an
+    intermediate size in whole 128-groups whose tiles do not straddle gate and up."""
+    if not FUSE_SILU_EPILOGUE:
+        return False
+    rows = x.codes.shape[0] if isinstance(x, Fp8Activation) else x.reshape(-1, x.shape[-1]).shape[0]
+    if rows > MAX_ROWS or gate_up.bias is not None or down.bias is not None:
+        return False
+    if not all(layer.format is not None and layer.format.name == "fp8" and layer.backend == "fp8"
+               for layer in (gate_up, down)):
+        return False
+    block_n = decode_config(gate_up.out_features, gate_up.in_features, rows).block_n
+    inter = gate_up.out_features // 2
+    return inter % 128 == 0 and 128 % block_n == 0 and down.in_features == inter
+
+
+def _group_counters(device: torch.device) -> torch.Tensor:
+    """Per-device arrival counters of the 128-column groups (zero between calls); apart
+    from the split-K tile counters, which the same launch uses."""
+    if device not in _GROUP_COUNTERS:
+        _GROUP_COUNTERS[device] = torch.zeros(_MAX_GROUPS, dtype=torch.int32, device=device)
+    return _GROUP_COUNTERS[device]
+
+
+def gate_up_silu(x, weight: torch.Tensor, weight_scale: torch.Tensor, out_dtype=torch.bfloat16,
+                 cfg=None) -> Fp8Activation:
+    """x (BF16 [..., H] or an Fp8Activation) through the block-FP8 gate_up weight [2I, H]
+    -> h = silu(gate) * up as an Fp8Activation [..., I] (codes and 1x128 scales, what
+    ``silu_mul(gate_up, quantize=True)`` returns). ``cfg``: the GEMM's tiles (default:
+    the decode GEMM's)."""
+    from quantroll.kernels.fp8_gemm_triton import fp8_gate_up_silu_kernel
+
+    if isinstance(x, Fp8Activation):
+        aq, a_s, shape = x.codes, x.scales, x.shape
+    else:
+        shape = x.shape
+        aq, a_s = quantize_activation_fp8(x.reshape(-1, shape[-1]).contiguous())
+    m, k = aq.shape
+    n = weight.shape[0]
+    inter = n // 2
+    cfg = cfg or decode_config(n, k, m)
+    if m > MAX_ROWS or inter % 128 or 128 % cfg.block_n:
+        raise ValueError(f"gate_up_silu: M={m} (max {MAX_ROWS}), intermediate {inter} (a multiple of 128), "
+                         f"tile rows {cfg.block_n} (a divisor of 128)")
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    k_blocks = (k + 127) // 128
+    split = max(1, min(cfg.split_k, k_blocks))
+    per_split = (k_blocks + split - 1) // split
+    split = (k_blocks + per_split - 1) // per_split
+    grid = (n // cfg.block_n, (m + block_m - 1) // block_m, split)
+    if grid[0] * grid[1] > _MAX_GROUPS or grid[1] * (inter // 128) > _MAX_GROUPS:
+        raise ValueError(f"gate_up_silu: {grid[0] * grid[1]} output tiles exceed its {_MAX_GROUPS} counters")
+    dev = aq.device
+    gu = torch.empty(m, n, dtype=out_dtype, device=dev)
+    partials = torch.empty(grid[0] * grid[1] * split * cfg.block_n * block_m if split > 1 else 1,
+                           dtype=torch.float32, device=dev)
+    hq, hs = fp8_activation_buffers(m, inter, dev)
+    if m:
+        fp8_gate_up_silu_kernel[grid](
+            aq, a_s, weight, weight_scale, partials, gu, _tile_counters(dev), hq, hs, _group_counters(dev), m, n, k, inter,
+            aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), weight.stride(0), weight.stride(1),
+            weight_scale.stride(0), weight_scale.stride(1), gu.stride(0), gu.stride(1), hq.stride(0), hs.stride(0),
+            hs.stride(1), BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=split,
+            DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return Fp8Activation(hq, hs, torch.Size([*shape[:-1], inter]), out_dtype)

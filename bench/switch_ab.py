@@ -1,4 +1,4 @@
-"""The FP8 decode step with experimental kernel switches on, against the shipped settings,
+"""The FP8 (or BF16) decode step with experimental kernel switches on, against the shipped settings,
 on one model (random weights of a real shape): correctness first, then the step times.
 
 For each variant (a set of module-level switches under quantroll.kernels), a fresh
@@ -52,11 +52,12 @@ def main():
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--precision", default="fp8", choices=("fp8", "bf16"))
     args = p.parse_args()
     variants = [("shipped", [])] + [parse_variant(v) for v in args.variant]
     cfg = shape_config(args.shape, args.layers)
-    fp8 = get_format("fp8")
-    model = random_model(cfg, "cuda", fmt=fp8)
+    fmt = get_format("fp8") if args.precision == "fp8" else None  # None: the BF16 engine
+    model = random_model(cfg, "cuda", fmt=fmt)
     bandwidth = copy_bandwidth("cuda")
     prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
     params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
@@ -64,22 +65,23 @@ def main():
     for name, settings in variants:
         previous = apply(settings)
         try:
-            measure(name, model, fp8, prompts, params, args, cfg, bandwidth, reference_box, rows)
+            measure(name, model, fmt, prompts, params, args, cfg, bandwidth, reference_box, rows)
         except Exception as e:  # one failing variant (e.g. a barrier timeout) must not cost the others
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
             rows.append((name, 0, float("nan"), float("nan"), f"FAILED {type(e).__name__}"))
         finally:
             apply(settings, previous)
-    print(f"\n{args.shape} ({cfg.num_hidden_layers} layers) FP8 decode step, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print(f"\n{args.shape} ({cfg.num_hidden_layers} layers) {args.precision} decode step, "
+          f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     print(f"{'variant':12s} {'batch':>5s} {'step ms':>8s} {'x roof':>6s}  check")
     for name, b, ms, xr, check in rows:
         print(f"{name:12s} {b:5d} {ms:8.3f} {xr:6.2f}  {check}")
 
 
-def measure(name, model, fp8, prompts, params, args, cfg, bandwidth, reference_box, rows):
+def measure(name, model, fmt, prompts, params, args, cfg, bandwidth, reference_box, rows):
     """One variant: its tokens against the shipped ones (the first variant's), then its
     step at each batch."""
-    engine = Engine.from_model(model, fp8, "cuda")
+    engine = Engine.from_model(model, fmt, "cuda")
     out = engine.generate(prompts, params)
     if not reference_box:
         reference_box.append(out)
@@ -94,7 +96,8 @@ def measure(name, model, fp8, prompts, params, args, cfg, bandwidth, reference_b
         check = "same bits" if same else "BITS DIFFER"
     print(f"{name}: {check}", flush=True)
     for b in (int(v) for v in args.batches.split(",")):
-        r = bench_one(engine, args.shape, cfg.num_hidden_layers, f"fp8 {name}", b, 128, 256, bandwidth, args.repeats)
+        label = f"{args.precision} {name}"
+        r = bench_one(engine, args.shape, cfg.num_hidden_layers, label, b, 128, 256, bandwidth, args.repeats)
         rows.append((name, b, r.decode_step_ms, r.step_over_roofline, check))
         print(f"  batch {b}: {r.decode_step_ms:.3f} ms ({r.step_over_roofline:.2f}x roofline)", flush=True)
     del engine

@@ -52,9 +52,10 @@ CASES = [
      dict(HEAD_DIM=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_S=64), dict(num_warps=4, num_stages=2)),
     *[("decode_attention_triton", "decode_attention_qkv_kernel",
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "o_ptr")}
-       | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32"},
-       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant), dict(num_warps=4, num_stages=2))
-      for quant in (False, True)],
+       | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32", "part_ptr": "fp32", "cnt_ptr": "i32"},
+       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, SPLITS=splits, CHUNK=128),
+       dict(num_warps=4, num_stages=2))
+      for quant in (False, True) for splits in (1, 3)],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
                                              "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
        dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),

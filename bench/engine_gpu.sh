@@ -3,7 +3,7 @@
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
-#   MLP_DECODE_AB=1       also time the 8B decode with the one-launch MLP on (batches 1,16; experimental)
+#   MLP_DECODE_AB=1       also time one 8B MLP as one launch vs three (bench/mlp_decode.py; experimental)
 #   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
@@ -38,15 +38,8 @@ bandwidth, results = run_rollout_bench("qwen3-8b", None, [16, 64], ["bf16", "fp8
 print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
 PY
 fi
-if [ "${MLP_DECODE_AB:-0}" = 1 ]; then
+if [ "${MLP_DECODE_AB:-0}" = 1 ]; then  # one MLP, three launches vs one (the step: SWITCH_AB's mlp1)
   timeout 240 python3 bench/mlp_decode.py --json "$OUT/mlp_decode.json" 2>&1 | grep -v Warn | tail -22
-  timeout 300 python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_mlp_decode.log" | grep -v '^{'
-from quantroll.kernels import mlp_decode
-mlp_decode.FUSE_MLP_DECODE = True
-from quantroll.bench.rollout import format_table, run_rollout_bench
-bandwidth, results = run_rollout_bench("qwen3-8b", None, [1, 16], ["bf16", "fp8"], 128, 256, 2)
-print("FUSE_MLP_DECODE on"); print(format_table(bandwidth, results))
-PY
 fi
 if [ "${SWITCH_AB:-0}" = 1 ]; then
   timeout 560 python3 bench/switch_ab.py --batches 1,16,64 \

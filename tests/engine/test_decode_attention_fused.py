@@ -435,29 +435,13 @@ def test_fp8_engine_with_and_without_fused_attention(graphs, monkeypatch):
 
 @gpu
 @pytest.mark.gpu
-def test_engine_with_keys_split_over_programs(monkeypatch):
+def test_engine_with_keys_split_over_programs():
     """SPLIT_KV_ATTENTION on (batch 3 x 8 KV heads: 24 pairs, so the keys split) against
     off, CUDA graphs on: the same tokens, logprobs within last-bit effects."""
-    import dataclasses
+    from tests.engine.switches import engine_results_by_switch, logprob_differences
 
-    from quantroll.bench.shapes import random_model, shape_config
-    from quantroll.engine import Engine, SamplingParams
-    from quantroll.formats import get_format
-    from quantroll.kernels import decode_attention
-
-    fp8 = get_format("fp8")
-    cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
-    model = random_model(cfg, "cuda", fmt=fp8)
-    params = SamplingParams(temperature=1.0, max_new_tokens=40, stop_token_ids=(), seed=5)
-    prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
-    results = {}
-    for on in (False, True):
-        monkeypatch.setattr(decode_attention, "SPLIT_KV_ATTENTION", on)
-        results[on] = Engine.from_model(model, fp8, "cuda").generate(prompts, params)
-    diffs = []
-    for a, b in zip(results[False], results[True]):
-        assert a.tokens == b.tokens
-        diffs += [abs(x - y) for x, y in zip(a.logprobs, b.logprobs)]
+    results = engine_results_by_switch("decode_attention", "SPLIT_KV_ATTENTION", max_new_tokens=40)
+    diffs = logprob_differences(results[False], results[True])
     print(f"mean |logprob split - whole| {sum(diffs) / len(diffs):.2e}, max {max(diffs):.2e}")
     assert sum(diffs) / len(diffs) < 1e-2 and max(diffs) < 0.1
 

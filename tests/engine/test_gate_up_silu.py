@@ -10,8 +10,6 @@ the same on Qwen3-8B's MLP shape, and an FP8 engine with the switch on and off."
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -76,36 +74,19 @@ def check_model() -> None:
     from quantroll.kernels import fused
     from quantroll.kernels import gate_up_silu as gus
     from quantroll.model import layers
-    from quantroll.model.layers import causal_attend
+    from tests.engine.switches import counting, fused_forward, switched
     from tests.engine.test_fused_quant import tiny_fp8_model
 
-    layers._on_gpu = lambda x: True
-    calls = [0]
-    original = fused.silu_mul
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return original(*args, **kwargs)
-
-    fused.silu_mul = counted
     inner = tiny_fp8_model("cpu", 384).model
-    try:
+    with switched(layers, "_on_gpu", lambda x: True), counting(fused, "silu_mul") as calls:
         for shape in ((1, 6), (3, 1)):
-            ids = torch.randint(0, 320, shape, generator=torch.Generator().manual_seed(sum(shape)))
-            positions = torch.arange(shape[1]).expand(shape)
             outs = {}
             for on in (False, True):
-                gus.FUSE_SILU_EPILOGUE = on
                 calls[0] = 0
-                with torch.no_grad():
-                    x = inner.embed_tokens(ids)
-                    cos, sin = inner.rotary(positions, x.dtype)
-                    outs[on] = inner._forward_fused(x, cos, sin, causal_attend, None)
+                with switched(gus, "FUSE_SILU_EPILOGUE", on):
+                    outs[on] = fused_forward(inner, shape, 320)
                 assert calls[0] == (0 if on else 2), (shape, on, calls[0])
             assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), shape
-    finally:
-        gus.FUSE_SILU_EPILOGUE = False
-        fused.silu_mul = original
 
 
 def check_interpreted() -> None:
@@ -128,13 +109,14 @@ def test_switch_off_by_default_and_where_it_applies():
     from quantroll.kernels import gate_up_silu as gus
     from quantroll.model.linear import QLinear
 
+    from tests.engine.switches import switched
+
     assert gus.FUSE_SILU_EPILOGUE is False
     fp8 = get_format("fp8")
     gu, down = QLinear(256, 768, fmt=fp8), QLinear(384, 256, fmt=fp8)
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
     assert not gus.applies(x, gu, down)  # switch off
-    gus.FUSE_SILU_EPILOGUE = True
-    try:
+    with switched(gus, "FUSE_SILU_EPILOGUE", True):
         assert not gus.applies(x, gu, down)  # emulated backend
         gu.backend = down.backend = "fp8"
         assert gus.applies(x, gu, down)
@@ -142,8 +124,6 @@ def test_switch_off_by_default_and_where_it_applies():
         odd_gu, odd_down = QLinear(256, 640, fmt=fp8), QLinear(320, 256, fmt=fp8)
         odd_gu.backend = odd_down.backend = "fp8"
         assert not gus.applies(x, odd_gu, odd_down)  # 320 is not whole 128-groups
-    finally:
-        gus.FUSE_SILU_EPILOGUE = False
 
 
 if GPU:
@@ -152,23 +132,11 @@ if GPU:
         check_configs("cuda", 4096, 12288, rows=(1, 16, 37, 64))
 
     @pytest.mark.gpu
-    def test_fp8_engine_with_and_without_the_silu_epilogue(monkeypatch):
-        from quantroll.bench.shapes import random_model, shape_config
-        from quantroll.engine import Engine, SamplingParams
-        from quantroll.formats import get_format
-        from quantroll.kernels import gate_up_silu
+    def test_fp8_engine_with_and_without_the_silu_epilogue():
+        from tests.engine.switches import assert_same_generations, engine_results_by_switch
 
-        fp8 = get_format("fp8")
-        cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
-        model = random_model(cfg, "cuda", fmt=fp8)
-        params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
-        prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
-        results = {}
-        for on in (False, True):
-            monkeypatch.setattr(gate_up_silu, "FUSE_SILU_EPILOGUE", on)
-            results[on] = Engine.from_model(model, fp8, "cuda").generate(prompts, params)
-        for a, b in zip(results[False], results[True]):
-            assert a.tokens == b.tokens and a.logprobs == b.logprobs
+        results = engine_results_by_switch("gate_up_silu", "FUSE_SILU_EPILOGUE")
+        assert_same_generations(results[False], results[True])
 
 
 def main() -> int:

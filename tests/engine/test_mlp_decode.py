@@ -159,25 +159,11 @@ if GPU:
         assert err < 1e-2
 
     @pytest.mark.gpu
-    def test_fp8_engine_with_and_without_the_one_launch_mlp(monkeypatch):
-        import dataclasses
+    def test_fp8_engine_with_and_without_the_one_launch_mlp():
+        from tests.engine.switches import assert_same_generations, engine_results_by_switch
 
-        from quantroll.bench.shapes import random_model, shape_config
-        from quantroll.engine import Engine, SamplingParams
-        from quantroll.formats import get_format
-        from quantroll.kernels import mlp_decode
-
-        fp8 = get_format("fp8")
-        cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
-        model = random_model(cfg, "cuda", fmt=fp8)
-        params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
-        prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
-        results = {}
-        for on in (False, True):
-            monkeypatch.setattr(mlp_decode, "FUSE_MLP_DECODE", on)
-            results[on] = Engine.from_model(model, fp8, "cuda").generate(prompts, params)
-        for a, b in zip(results[False], results[True]):
-            assert a.tokens == b.tokens and a.logprobs == b.logprobs
+        results = engine_results_by_switch("mlp_decode", "FUSE_MLP_DECODE")
+        assert_same_generations(results[False], results[True])
 
 
 def main() -> int:

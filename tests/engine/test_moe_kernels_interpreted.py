@@ -126,6 +126,7 @@ def check_prequantized_input() -> None:
     without that launch; a BF16 or unstacked block does not ask for it."""
     from quantroll.kernels import fp8_linear
     from quantroll.kernels.fp8_linear import Fp8Activation, quantize_activation_fp8
+    from tests.engine.switches import counting
 
     x = torch.randn(5, 256, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
     block = _moe_block(256, fp8=True)
@@ -138,18 +139,8 @@ def check_prequantized_input() -> None:
     with torch.no_grad():
         own = block(x)
         act = Fp8Activation(*quantize_activation_fp8(x), x.shape, x.dtype, x)
-        calls = [0]
-        original = fp8_linear.quantize_activation_fp8
-
-        def counted(x2d):
-            calls[0] += 1
-            return original(x2d)
-
-        fp8_linear.quantize_activation_fp8 = counted
-        try:
+        with counting(fp8_linear, "quantize_activation_fp8") as calls:
             given = block(act)
-        finally:
-            fp8_linear.quantize_activation_fp8 = original
     assert calls[0] == 0, "the block quantized an input it was given quantized"
     assert torch.equal(given.view(torch.int16), own.view(torch.int16))
 
@@ -161,42 +152,23 @@ def check_fused_model() -> None:
     so only o_proj quantizes its own input: 1 launch per layer instead of 3."""
     from quantroll.kernels import fp8_linear, fused
     from quantroll.model import layers
-    from quantroll.model.layers import causal_attend
+    from tests.engine.switches import counting, fused_forward, switched
 
     model = _moe_model(256, fp8=True)
-    block = model.model.layers[0].mlp
     model.fuse_projections_()
     model.enable_fused_kernels_()
     for layer in model.quantized_linears().values():
         layer.backend = "fp8"
-    block.stack_experts_()
-    inner = model.model
-    layers._on_gpu = lambda x: True
-    calls = [0]
-    original = fp8_linear.quantize_activation_fp8
-
-    def counted(x2d):
-        calls[0] += 1
-        return original(x2d)
-
-    fp8_linear.quantize_activation_fp8 = counted
-    outs = {}
-    try:
+    model.model.layers[0].mlp.stack_experts_()
+    with switched(layers, "_on_gpu", lambda x: True), counting(fp8_linear, "quantize_activation_fp8") as calls:
         for shape in ((1, 6), (3, 1)):
-            ids = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(sum(shape)))
-            positions = torch.arange(shape[1]).expand(shape)
+            outs = {}
             for fuse in (False, True):
-                fused.FUSE_ACTIVATION_QUANT = fuse
                 calls[0] = 0
-                with torch.no_grad():
-                    x = inner.embed_tokens(ids)
-                    cos, sin = inner.rotary(positions, x.dtype)
-                    outs[fuse] = inner._forward_fused(x, cos, sin, causal_attend, None)
+                with switched(fused, "FUSE_ACTIVATION_QUANT", fuse):
+                    outs[fuse] = fused_forward(model.model, shape, 64)
                 assert calls[0] == (1 if fuse else 3), (shape, fuse, calls[0])
             assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), shape
-    finally:
-        fp8_linear.quantize_activation_fp8 = original
-        fused.FUSE_ACTIVATION_QUANT = True
 
 
 def torch_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,6 +49,8 @@ if [ "${SWITCH_AB:-0}" = 1 ]; then
     --variant silu+wgmma:gate_up_silu.FUSE_SILU_EPILOGUE=True,fp8_linear.WGMMA_F16_FROM_M=17 \
     --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True \
     --approx wgmma --approx silu+wgmma --approx splitkv 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
+  timeout 300 python3 bench/switch_ab.py --shape qwen3-30b-a3b --layers 24 --batches 1,16,64 \
+    --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True 2>&1 | grep -v Warn | tee "$OUT/switch_ab_moe.log" | tail -8
   timeout 300 python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \
     --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True --approx splitkv \
     2>&1 | grep -v Warn | tee "$OUT/switch_ab_bf16.log" | tail -9

@@ -16,6 +16,8 @@ FUSE_QKV_ATTENTION = True
 # head) pairs than SMs (decode_attention_qkv's ``splits``; flash-decoding). Experimental
 # (2026-12-01, not yet timed on a GPU): off. Not bit-identical to one program per pair
 # (the softmax sums merge per split); held to a float64 step like the one-launch path.
+# The split count follows the batch (pairs vs SMs), so with it on a sequence's last bits
+# depend on how many sequences share its decode batch.
 SPLIT_KV_ATTENTION = False
 MAX_SPLITS = 16
 _PAIR_COUNTERS: dict[torch.device, torch.Tensor] = {}

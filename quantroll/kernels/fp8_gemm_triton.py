@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.fused_triton import _quant_fp8_groups
+from quantroll.kernels.fused_triton import silu_group_epilogue
 
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)
 
@@ -170,50 +170,23 @@ def decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M,
 
 
 @triton.jit
-def silu_quant_epilogue(c_ptr, hq_ptr, hs_ptr, grp_ptr, pid_n, pid_m, M, I, s_cm, s_cn, s_hq, s_hsm, s_hsg,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """After this program stored output tile (pid_n, pid_m) of gate_up [M, 2I] (gate
-    columns, then up): count the tile towards its 128-column group of h = silu(gate) * up;
-    the program that completes a group (2 x 128 / BLOCK_N tiles: its gate and its up
-    columns) computes that group of h for the tile's rows, as ``silu_mul_kernel`` does
-    (the same ops on the same BF16 values), and stores its FP8 codes and 1x128 scales, as
-    ``_store_fp8_groups`` does. A counter per (row tile, group), reset by that program."""
-    TILES: tl.constexpr = 2 * 128 // BLOCK_N
-    n_groups = I // 128
-    g = ((pid_n * BLOCK_N) % I) // 128
-    counter = grp_ptr + pid_m * n_groups + g
-    tl.debug_barrier()  # every thread's part of the tile is stored before the count moves
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == TILES - 1:
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        r_ok = rows[:, None] < M
-        cols = g * 128 + tl.arange(0, 128)[None, :]
-        gate = tl.load(c_ptr + rows[:, None] * s_cm + cols * s_cn, mask=r_ok, other=0.0, cache_modifier=".cg")
-        up = tl.load(c_ptr + rows[:, None] * s_cm + (cols + I) * s_cn, mask=r_ok, other=0.0, cache_modifier=".cg")
-        gf = gate.to(tl.float32)
-        act = (gf / (1.0 + tl.exp(-gf))).to(up.dtype)
-        h = (act.to(tl.float32) * up.to(tl.float32)).to(up.dtype)
-        codes, scales = _quant_fp8_groups(tl.reshape(h.to(tl.float32), [BLOCK_M * 128]), BLOCK_M)
-        tl.store(hq_ptr + rows[:, None] * s_hq + cols, codes, mask=r_ok)
-        tl.store(hs_ptr + rows * s_hsm + g * s_hsg, scales, mask=rows < M)
-        tl.atomic_xchg(counter, 0)  # ready for the next call
-
-
-@triton.jit
 def fp8_gate_up_silu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, hq_ptr, hs_ptr, grp_ptr, M, N, K, I,
                             s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn, s_hq, s_hsm, s_hsg,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
                             DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
     """``fp8_decode_gemm_kernel`` on a fused gate_up weight [2I, K], followed by
-    silu(gate) * up and its FP8 quantization for the down projection (silu_quant_epilogue):
-    one launch where the decode MLP had two (the GEMM, then silu_mul_kernel)."""
+    silu(gate) * up and its FP8 quantization for the down projection (silu_group_epilogue,
+    by the program that completes each 128-column group): one launch where the decode MLP
+    had two (the GEMM, then silu_mul_kernel)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
     stored = decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K, pid_n, pid_m, split,
                               pid_m * tl.num_programs(0) + pid_n, s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
                               s_cm, s_cn, BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC)
-    if stored:
-        silu_quant_epilogue(c_ptr, hq_ptr, hs_ptr, grp_ptr, pid_n, pid_m, M, I, s_cm, s_cn, s_hq, s_hsm, s_hsg,
-                            BLOCK_M, BLOCK_N)
+    if stored:  # count the tile towards its 128-column group of h (gate columns, then up)
+        g = ((pid_n * BLOCK_N) % I) // 128
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        silu_group_epilogue(c_ptr, hq_ptr, hq_ptr, hs_ptr, grp_ptr + pid_m * (I // 128) + g, rows, rows < M, g, I,
+                            s_cm, s_cn, 0, s_hq, s_hsm, s_hsg, 2 * 128 // BLOCK_N, BLOCK_M, True)

@@ -19,6 +19,19 @@ FUSE_ACTIVATION_QUANT = True
 FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 
 
+_GROUP_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_GROUP_COUNTERS = 1 << 16
+
+
+def group_counters(device: torch.device) -> torch.Tensor:
+    """Per-device arrival counters of silu_group_epilogue (fused_triton.py), zero between
+    launches (the completing program resets its counter). One set per device, shared by
+    the GEMMs that use the epilogue: they run one at a time on the engine's stream."""
+    if device not in _GROUP_COUNTERS:
+        _GROUP_COUNTERS[device] = torch.zeros(MAX_GROUP_COUNTERS, dtype=torch.int32, device=device)
+    return _GROUP_COUNTERS[device]
+
+
 def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_activation_buffers`` for a fused kernel's output, whose programs quantize whole
     1x128 groups only (so the row length must be a multiple of 128)."""

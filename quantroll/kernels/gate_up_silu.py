@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels.fp8_linear import (Fp8Activation, _tile_counters, decode_config, fp8_activation_buffers,
-                                          quantize_activation_fp8)
+from quantroll.kernels.fp8_linear import (_MAX_TILES, Fp8Activation, _tile_counters, decode_config,
+                                          fp8_activation_buffers, quantize_activation_fp8)
+from quantroll.kernels.fused import MAX_GROUP_COUNTERS, group_counters
 
 FUSE_SILU_EPILOGUE = False
 MAX_ROWS = 64  # the decode GEMM's range
-_GROUP_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_MAX_GROUPS = 1 << 14
 
 
 def applies(x, gate_up, down) -> bool:
@@ -42,14 +41,6 @@ def applies(x, gate_up, down) -> bool:
     block_n = decode_config(gate_up.out_features, gate_up.in_features, rows).block_n
     inter = gate_up.out_features // 2
     return inter % 128 == 0 and 128 % block_n == 0 and down.in_features == inter
-
-
-def _group_counters(device: torch.device) -> torch.Tensor:
-    """Per-device arrival counters of the 128-column groups (zero between calls); apart
-    from the split-K tile counters, which the same launch uses."""
-    if device not in _GROUP_COUNTERS:
-        _GROUP_COUNTERS[device] = torch.zeros(_MAX_GROUPS, dtype=torch.int32, device=device)
-    return _GROUP_COUNTERS[device]
 
 
 def gate_up_silu(x, weight: torch.Tensor, weight_scale: torch.Tensor, out_dtype=torch.bfloat16,
@@ -78,8 +69,9 @@ def gate_up_silu(x, weight: torch.Tensor, weight_scale: torch.Tensor, out_dtype=
     per_split = (k_blocks + split - 1) // split
     split = (k_blocks + per_split - 1) // per_split
     grid = (n // cfg.block_n, (m + block_m - 1) // block_m, split)
-    if grid[0] * grid[1] > _MAX_GROUPS or grid[1] * (inter // 128) > _MAX_GROUPS:
-        raise ValueError(f"gate_up_silu: {grid[0] * grid[1]} output tiles exceed its {_MAX_GROUPS} counters")
+    if grid[0] * grid[1] > _MAX_TILES or grid[1] * (inter // 128) > MAX_GROUP_COUNTERS:
+        raise ValueError(f"gate_up_silu: {grid[0] * grid[1]} output tiles or {grid[1] * (inter // 128)} groups exceed "
+                         f"the {_MAX_TILES} / {MAX_GROUP_COUNTERS} counters")
     dev = aq.device
     gu = torch.empty(m, n, dtype=out_dtype, device=dev)
     partials = torch.empty(grid[0] * grid[1] * split * cfg.block_n * block_m if split > 1 else 1,
@@ -87,7 +79,7 @@ def gate_up_silu(x, weight: torch.Tensor, weight_scale: torch.Tensor, out_dtype=
     hq, hs = fp8_activation_buffers(m, inter, dev)
     if m:
         fp8_gate_up_silu_kernel[grid](
-            aq, a_s, weight, weight_scale, partials, gu, _tile_counters(dev), hq, hs, _group_counters(dev), m, n, k, inter,
+            aq, a_s, weight, weight_scale, partials, gu, _tile_counters(dev), hq, hs, group_counters(dev), m, n, k, inter,
             aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), weight.stride(0), weight.stride(1),
             weight_scale.stride(0), weight_scale.stride(1), gu.stride(0), gu.stride(1), hq.stride(0), hs.stride(0),
             hs.stride(1), BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=split,

@@ -33,11 +33,17 @@ _RESIDENT: dict[tuple, int] = {}
 def applies(x, gate_up, down) -> bool:
     """The switch is on and this MLP call can take the one-launch path: an Fp8Activation
     of <= 16 rows on the GPU, block-FP8 gate_up and down on the fp8 backend, dims in whole
-    128-groups."""
+    128-groups, and a gate_up shape the three-launch path computes unsplit (Qwen3-8B's
+    is; 0.6B's and 1.7B's split K, and the one launch would differ from them in last bits)."""
     if not FUSE_MLP_DECODE or not isinstance(x, Fp8Activation) or x.codes.shape[0] > MAX_ROWS:
         return False
-    return all(layer.format is not None and layer.format.name == "fp8" and layer.backend == "fp8"
-               for layer in (gate_up, down)) and down.in_features % QBLOCK == 0 and down.out_features % 128 == 0
+    if not (all(layer.format is not None and layer.format.name == "fp8" and layer.backend == "fp8"
+                for layer in (gate_up, down)) and down.in_features % QBLOCK == 0 and down.out_features % 128 == 0):
+        return False
+    # phase 1 sums all of K in one pass on the 2-warp mma.sync tiles: the three launches'
+    # bits only where their gate_up GEMM does the same (no K split, no warpgroup MMA)
+    cfg = decode_config(gate_up.out_features, gate_up.in_features, x.codes.shape[0])
+    return cfg.split_k == 1 and not cfg.dot_f16 and cfg.num_warps == 2
 
 
 def _device_key(device) -> torch.device:

@@ -32,11 +32,14 @@ def grid_barrier(bar_ptr, target, MAX_SPINS: tl.constexpr):
     counted). Every program of the grid must be resident at once; if the counter has not
     got there after MAX_SPINS polls (~1 s on the GPU), the program stops waiting and sets
     the timeout flag at bar_ptr + 2, which the host turns into an error
-    (mlp_decode.raise_on_barrier_timeout): wrong outputs are reported, never a hang."""
+    (mlp_decode.raise_on_barrier_timeout): wrong outputs are reported, never a hang. Once
+    the flag is set, later barriers do not wait at all until the host has cleared it."""
     tl.debug_barrier()  # this program's writes are issued before it arrives
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    spins = 0
+    # a barrier that already gave up (this launch or an earlier one not yet checked by the
+    # host): do not wait again, so a persistent failure costs one timeout, not one per barrier
+    spins = tl.where(tl.atomic_add(bar_ptr + 2, 0, sem="acquire", scope="gpu") != 0, MAX_SPINS, 0)
     while (seen < target) & (spins < MAX_SPINS):
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         spins += 1

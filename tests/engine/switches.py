@@ -55,17 +55,18 @@ def fused_forward(inner, shape: tuple[int, int], vocab: int) -> torch.Tensor:
         return inner._forward_fused(x, cos, sin, causal_attend, None)
 
 
-def engine_results_by_switch(module_name: str, name: str, values=(False, True), max_new_tokens: int = 12) -> dict:
-    """{value: results} of FP8 engines on one random 2-layer Qwen3-8B-shaped model (GPU),
-    each built and run with ``quantroll.kernels.<module_name>.<name>`` = value: 3 prompts
-    of 72, 31 and 64 tokens, temperature 1, a fixed seed."""
+def engine_results_by_switch(module_name: str, name: str, values=(False, True), max_new_tokens: int = 12,
+                             shape: str = "qwen3-8b") -> dict:
+    """{value: results} of FP8 engines on one random 2-layer model of ``shape`` (GPU), each
+    built and run with ``quantroll.kernels.<module_name>.<name>`` = value: 3 prompts of
+    72, 31 and 64 tokens, temperature 1, a fixed seed."""
     from quantroll.bench.shapes import random_model, shape_config
     from quantroll.engine import Engine, SamplingParams
     from quantroll.formats import get_format
 
     module = importlib.import_module(f"quantroll.kernels.{module_name}")
     fp8 = get_format("fp8")
-    cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
+    cfg = dataclasses.replace(shape_config(shape, 2), vocab_size=4096)
     model = random_model(cfg, "cuda", fmt=fp8)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]

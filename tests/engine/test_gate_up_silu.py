@@ -1,7 +1,8 @@
 """The gate_up GEMM with silu * up and its FP8 quantization in one launch
 (kernels/gate_up_silu.py, experimental, off by default) against the two launches it
 replaces (the decode GEMM, then silu_mul with quantization): the same codes and scales,
-bit for bit, since the arithmetic is the same op for op.
+bit for bit, since the arithmetic is the same op for op. (The MoE grouped GEMM's form
+of the epilogue is checked in test_moe_kernels_interpreted.py; its engine test is here.)
 
 CPU: under Triton's interpreter (a subprocess: this file run as a script), over row
 counts on one and two row tiles, split-K 1/2/4 (the epilogue then runs in the last split
@@ -48,6 +49,7 @@ def _assert_same(one, two, label) -> None:
 def check_configs(device: str, hidden: int, inter: int, rows=(1, 5, 16, 20)) -> None:
     from quantroll.kernels import gate_up_silu as gus
     from quantroll.kernels.fp8_linear import DecodeGemmConfig, _tile_counters, decode_config, wgmma_f16_config
+    from quantroll.kernels.fused import group_counters
 
     for m in rows:
         act, w, ws = _case(device, m, hidden, inter, seed=m)
@@ -58,7 +60,7 @@ def check_configs(device: str, hidden: int, inter: int, rows=(1, 5, 16, 20)) -> 
             for _ in range(2):  # counters reset themselves
                 _assert_same(gus.gate_up_silu(act, w, ws, cfg=cfg), want, (m, cfg))
             dev = torch.device(device)
-            assert int(gus._group_counters(dev).abs().sum()) == 0, "group counters not reset"
+            assert int(group_counters(dev).abs().sum()) == 0, "group counters not reset"
             assert int(_tile_counters(dev).abs().sum()) == 0, "split-K counters not reset"
     # a BF16 input is quantized first, as the linear would
     x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16).to(device)
@@ -136,6 +138,14 @@ if GPU:
         from tests.engine.switches import assert_same_generations, engine_results_by_switch
 
         results = engine_results_by_switch("gate_up_silu", "FUSE_SILU_EPILOGUE")
+        assert_same_generations(results[False], results[True])
+
+    @pytest.mark.gpu
+    def test_fp8_moe_engine_with_and_without_the_silu_epilogue():
+        """The grouped experts' gate_up GEMM with the same epilogue (30B-A3B shape, 2 layers)."""
+        from tests.engine.switches import assert_same_generations, engine_results_by_switch
+
+        results = engine_results_by_switch("gate_up_silu", "FUSE_SILU_EPILOGUE", shape="qwen3-30b-a3b")
         assert_same_generations(results[False], results[True])
 
 

@@ -132,6 +132,31 @@ def test_resident_programs_per_sm_follows_the_occupancy_rules():
     assert resident_programs_per_sm(230 * 1024, num_warps=2) == 0
 
 
+def test_applies_only_where_the_three_launches_do_not_split_gate_up():
+    """Qwen3-8B's MLP (gate_up 24576 x 4096: 768 tiles, no K split) takes the one launch;
+    Qwen3-1.7B's (12288 x 2048: 384 tiles, K split in two) does not, nor does any MLP
+    once the float16 warpgroup MMA serves its rows."""
+    from types import SimpleNamespace
+
+    from quantroll.formats import get_format
+    from quantroll.kernels import fp8_linear, mlp_decode
+    from quantroll.kernels.fp8_linear import Fp8Activation
+    from tests.engine.switches import switched
+
+    fp8 = get_format("fp8")
+
+    def linear(n_out, n_in):
+        return SimpleNamespace(out_features=n_out, in_features=n_in, format=fp8, backend="fp8")
+
+    x = Fp8Activation(torch.zeros(4, 1, dtype=torch.float8_e4m3fn), torch.zeros(4, 1), torch.Size([4, 1]),
+                      torch.bfloat16)
+    with switched(mlp_decode, "FUSE_MLP_DECODE", True):
+        assert mlp_decode.applies(x, linear(24576, 4096), linear(4096, 12288))
+        assert not mlp_decode.applies(x, linear(12288, 2048), linear(2048, 6144))
+        with switched(fp8_linear, "WGMMA_F16_FROM_M", 2):
+            assert not mlp_decode.applies(x, linear(24576, 4096), linear(4096, 12288))
+
+
 def test_switch_is_off_by_default():
     from quantroll.kernels import mlp_decode
 

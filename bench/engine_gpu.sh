@@ -6,6 +6,7 @@
 #   MLP_DECODE_AB=1       also time one 8B MLP as one launch vs three (bench/mlp_decode.py; experimental)
 #   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
+#   SWITCH_AB_OTHERS=1    the same for the MoE shape (silu epilogue) and for BF16 (split attention)
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
@@ -14,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-[ "${SKIP_TESTS:-0}" = 1 ] || timeout 420 python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || timeout 540 python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py \
   tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py tests/engine/test_gate_up_silu.py \
   -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
@@ -49,6 +50,8 @@ if [ "${SWITCH_AB:-0}" = 1 ]; then
     --variant silu+wgmma:gate_up_silu.FUSE_SILU_EPILOGUE=True,fp8_linear.WGMMA_F16_FROM_M=17 \
     --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True \
     --approx wgmma --approx silu+wgmma --approx splitkv 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
+fi
+if [ "${SWITCH_AB_OTHERS:-0}" = 1 ]; then
   timeout 300 python3 bench/switch_ab.py --shape qwen3-30b-a3b --layers 24 --batches 1,16,64 \
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True 2>&1 | grep -v Warn | tee "$OUT/switch_ab_moe.log" | tail -8
   timeout 300 python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \

@@ -163,8 +163,9 @@ def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
     (bench/gemm_decode.py, docs/PERFORMANCE.md): 32 weight rows per program and two warps,
     which Triton compiles to mma.sync on the FP8 codes widened to float16 (sm_90 PTX of
-    Triton 3.6 and 3.8; float32-accurate, 1e-7 from float64, where the FP8 warpgroup MMA lands 4.5e-5
-    away), and split-K until >= 512 programs stream the weights (at most 8 splits)."""
+    Triton 3.6 and 3.8; float32-accurate, 1e-7 from float64, where the FP8 warpgroup MMA
+    lands 4.5e-5 away), and split-K until >= 512 programs stream the weights (at most 8
+    splits)."""
     if WGMMA_F16_FROM_M is not None and m >= WGMMA_F16_FROM_M:
         return wgmma_f16_config(n, k)
     block_n = 32

@@ -85,7 +85,8 @@ CASES = [
 UNIT_ARGS = {"fp8_decode_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
              "fp8_gate_up_silu_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn", "s_hsm"),
              "fp8_block_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
-             "mlp_decode_kernel": ("s_asm", "s_hsm")}
+             "mlp_decode_kernel": ("s_asm", "s_hsm"),
+             "grouped_gemm_kernel": ("s_wk", "s_asm", "s_wsk")}
 
 
 def _signature(fn, pointers: dict, constexprs: dict) -> dict:

@@ -7,6 +7,7 @@
 #   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SWITCH_AB_OTHERS=1    the same for the MoE shape (silu epilogue) and for BF16 (split attention)
+#   BF16_GEMM_AB=1        the BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS per 8B layer shape
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
@@ -18,7 +19,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout 540 python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py \
   tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py tests/engine/test_gate_up_silu.py \
-  -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
+  tests/engine/test_bf16_decode.py -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # measured 2026-12-01; skip them to fit the A/B runs in one call
   python3 bench/gemm_decode.py --quick --json "$OUT/gemm_decode.json" 2>&1 | grep -v Warn | tail -14
   python3 bench/gemm_batch.py --json "$OUT/gemm_batch.json" 2>&1 | grep -v Warn | tail -10
@@ -38,6 +39,9 @@ from quantroll.bench.rollout import format_table, run_rollout_bench
 bandwidth, results = run_rollout_bench("qwen3-8b", None, [16, 64], ["bf16", "fp8"], 128, 256, 2)
 print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
 PY
+fi
+if [ "${BF16_GEMM_AB:-0}" = 1 ]; then  # the BF16 decode GEMM against cuBLAS (bench/gemm_decode.py --bf16)
+  timeout 400 python3 bench/gemm_decode.py --bf16 --json "$OUT/gemm_decode_bf16.json" 2>&1 | grep -v Warn | tail -18
 fi
 if [ "${MLP_DECODE_AB:-0}" = 1 ]; then  # one MLP, three launches vs one (the step: SWITCH_AB's mlp1)
   timeout 240 python3 bench/mlp_decode.py --json "$OUT/mlp_decode.json" 2>&1 | grep -v Warn | tail -22

@@ -79,7 +79,7 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
                            s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, SCALED: tl.constexpr = True):
     """The decode GEMM (M <= 64), computed transposed: y^T[N, M] = W[N, K] . a^T[K, M], so
     the weight rows fill the MMA's 64-row side and the few tokens its narrow side.
 
@@ -91,23 +91,27 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
 
     SPLIT > 1: each split writes its float32 partial tile, and the program that finishes
     last for that tile (a counter per tile, reset by it) sums the partials in split order
-    and stores the output: one launch, and the same sum whoever arrives last."""
+    and stores the output: one launch, and the same sum whoever arrives last.
+
+    SCALED False: the same kernel on BF16 (or float16) weights and activations without
+    scales (kernels/bf16_decode.py, experimental against cuBLAS at decode sizes)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
     decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K, pid_n, pid_m, split,
                      pid_m * tl.num_programs(0) + pid_n, s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
-                     BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC)
+                     BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC, SCALED)
 
 
 @triton.jit
 def decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, kb0, K,
                     s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr,
-                    DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+                    DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, SCALED: tl.constexpr = True):
     """The float32 tile [BLOCK_N, BLOCK_M] of W[offs_n] . a[offs_m]^T over K blocks kb0 ..
     kb0 + K_BLOCKS - 1, each block's dot scaled by its weight and activation scales and
-    added in block order (see fp8_decode_gemm_kernel)."""
+    added in block order (see fp8_decode_gemm_kernel). SCALED False: plain BF16/float16
+    operands without scales, accumulated in the MMA (the BF16 decode GEMM)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None] * s_wn + (kb0 * BLOCK_K + offs_k[None, :]) * s_wk
     a_ptrs = a_ptr + offs_m[None, :] * s_am + (kb0 * BLOCK_K + offs_k[:, None]) * s_ak
@@ -119,13 +123,16 @@ def decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, kb
         k_ok = offs_k < K - kb * BLOCK_K
         w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         a = tl.load(a_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-        a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
-        w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
-        if DOT_F16:
-            part = tl.dot(w.to(tl.float16), a.to(tl.float16))
+        if not SCALED:
+            acc = tl.dot(w, a, acc)
         else:
-            part = tl.dot(w, a, max_num_imprecise_acc=IMPRECISE_ACC)
-        acc += part * w_s[:, None] * a_s[None, :]
+            a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
+            w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
+            if DOT_F16:
+                part = tl.dot(w.to(tl.float16), a.to(tl.float16))
+            else:
+                part = tl.dot(w, a, max_num_imprecise_acc=IMPRECISE_ACC)
+            acc += part * w_s[:, None] * a_s[None, :]
         w_ptrs += BLOCK_K * s_wk
         a_ptrs += BLOCK_K * s_ak
     return acc
@@ -136,7 +143,7 @@ def decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M,
                      s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                     DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+                     DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, SCALED: tl.constexpr = True):
     """One program's share of the decode GEMM: output tile (pid_n, pid_m), K split
     ``split``; ``tile`` numbers the output tile for the split-K partials and counters.
     Returns whether this program stored the finished tile (the only split, or the last
@@ -147,7 +154,7 @@ def decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M,
     n_ok = offs_n < N
     acc = decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, split * K_BLOCKS_PER_SPLIT, K,
                           s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
-                          BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, DOT_F16, IMPRECISE_ACC)
+                          BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, DOT_F16, IMPRECISE_ACC, SCALED)
     c_ptrs = c_ptr + offs_m[None, :] * s_cm + offs_n[:, None] * s_cn
     ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT == 1:

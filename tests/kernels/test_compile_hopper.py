@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 
 import pytest
 
@@ -33,6 +34,11 @@ CASES = [
        dict(BLOCK_M=bm, BLOCK_N=32, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
             IMPRECISE_ACC=32), dict(num_warps=2, num_stages=stages))
       for bm, split, stages in ((16, 1, 5), (16, 4, 3), (64, 4, 3))],
+    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", {**DECODE_GEMM_POINTERS, "a_ptr": "bf16", "as_ptr": "bf16",
+                                                     "w_ptr": "bf16", "ws_ptr": "bf16"},
+       dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
+            IMPRECISE_ACC=32, SCALED=False), dict(num_warps=warps, num_stages=3))
+      for bm, bn, split, warps in ((16, 32, 4, 2), (64, 64, 2, 4))],  # the BF16 decode GEMM (bf16_decode.py)
     *[("fp8_gemm_triton", "fp8_gate_up_silu_kernel",
        DECODE_GEMM_POINTERS | {"hq_ptr": "fp8e4nv", "hs_ptr": "fp32", "grp_ptr": "i32"},
        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=bn == 64,
@@ -108,7 +114,9 @@ def _compile(module, kernel, pointers, constexprs, options):
 
     fn = getattr(importlib.import_module(f"quantroll.kernels.{module}"), kernel)
     names = [p.name for p in fn.params]
-    constexprs = {**constexprs, **{name: 1 for name in UNIT_ARGS.get(kernel, ())}}
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.name not in constexprs
+                and p.default is not inspect.Parameter.empty}  # constexprs a launch leaves at their defaults
+    constexprs = {**defaults, **constexprs, **{name: 1 for name in UNIT_ARGS.get(kernel, ())}}
     signature = _signature(fn, pointers, constexprs)
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels.fp8_linear import _MAX_TILES, DecodeGemmConfig, _tile_counters
+from quantroll.kernels.fp8_linear import _MAX_TILES, DecodeGemmConfig, _tile_counters, decode_grid
 
 
 def bf16_decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
@@ -36,11 +36,8 @@ def bf16_gemm_decode(x: torch.Tensor, w: torch.Tensor, out_dtype=None, cfg: Deco
         raise ValueError(f"bf16_gemm_decode: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}: "
                          "needs M <= 64, the same K and dtype")
     cfg = cfg or bf16_decode_config(n, k, m)
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    k_blocks = (k + 127) // 128
-    per_split = (k_blocks + max(1, min(cfg.split_k, k_blocks)) - 1) // max(1, min(cfg.split_k, k_blocks))
-    split = (k_blocks + per_split - 1) // per_split
-    grid = ((n + cfg.block_n - 1) // cfg.block_n, (m + block_m - 1) // block_m, split)
+    block_m, per_split, grid = decode_grid(m, n, k, cfg)
+    split = grid[2]
     y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     if split > 1:
         if grid[0] * grid[1] > _MAX_TILES:

@@ -122,6 +122,18 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
     return _TILE_COUNTERS[device]
 
 
+def decode_grid(m: int, n: int, k: int, cfg: DecodeGemmConfig) -> tuple[int, int, tuple[int, int, int]]:
+    """(token rows per tile, K blocks per split, launch grid (N tiles, M tiles, splits)) of
+    the decode kernel: 16/32/64-row token tiles, the splits evened out over K's 128-blocks
+    (so none is empty)."""
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    k_blocks = (k + 127) // 128
+    split = max(1, min(cfg.split_k, k_blocks))
+    per_split = (k_blocks + split - 1) // split
+    split = (k_blocks + per_split - 1) // per_split
+    return block_m, per_split, ((n + cfg.block_n - 1) // cfg.block_n, (m + block_m - 1) // block_m, split)
+
+
 def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmConfig | None = None) -> torch.Tensor:
     """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel)."""
     from quantroll.kernels.fp8_gemm_triton import fp8_decode_gemm_kernel
@@ -129,12 +141,8 @@ def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmC
     m, k = aq.shape
     n = wq.shape[0]
     cfg = cfg or decode_config(n, k, m)
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    k_blocks = (k + 127) // 128
-    split = max(1, min(cfg.split_k, k_blocks))
-    per_split = (k_blocks + split - 1) // split
-    split = (k_blocks + per_split - 1) // per_split
-    grid = ((n + cfg.block_n - 1) // cfg.block_n, (m + block_m - 1) // block_m, split)
+    block_m, per_split, grid = decode_grid(m, n, k, cfg)
+    split = grid[2]
     tiles = grid[0] * grid[1]
     y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
     if split > 1:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels.fp8_linear import (_MAX_TILES, Fp8Activation, _tile_counters, decode_config,
+from quantroll.kernels.fp8_linear import (_MAX_TILES, Fp8Activation, _tile_counters, decode_config, decode_grid,
                                           fp8_activation_buffers, quantize_activation_fp8)
 from quantroll.kernels.fused import MAX_GROUP_COUNTERS, group_counters
 
@@ -63,12 +63,8 @@ def gate_up_silu(x, weight: torch.Tensor, weight_scale: torch.Tensor, out_dtype=
     if m > MAX_ROWS or inter % 128 or 128 % cfg.block_n:
         raise ValueError(f"gate_up_silu: M={m} (max {MAX_ROWS}), intermediate {inter} (a multiple of 128), "
                          f"tile rows {cfg.block_n} (a divisor of 128)")
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    k_blocks = (k + 127) // 128
-    split = max(1, min(cfg.split_k, k_blocks))
-    per_split = (k_blocks + split - 1) // split
-    split = (k_blocks + per_split - 1) // per_split
-    grid = (n // cfg.block_n, (m + block_m - 1) // block_m, split)
+    block_m, per_split, grid = decode_grid(m, n, k, cfg)
+    split = grid[2]
     if grid[0] * grid[1] > _MAX_TILES or grid[1] * (inter // 128) > MAX_GROUP_COUNTERS:
         raise ValueError(f"gate_up_silu: {grid[0] * grid[1]} output tiles or {grid[1] * (inter // 128)} groups exceed "
                          f"the {_MAX_TILES} / {MAX_GROUP_COUNTERS} counters")

@@ -53,12 +53,13 @@ def main():
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--precision", default="fp8", choices=("fp8", "bf16"))
+    p.add_argument("--device", default="cuda", help="cuda (what it is for); cpu only to smoke-test the script")
     args = p.parse_args()
     variants = [("shipped", [])] + [parse_variant(v) for v in args.variant]
     cfg = shape_config(args.shape, args.layers)
     fmt = get_format("fp8") if args.precision == "fp8" else None  # None: the BF16 engine
-    model = random_model(cfg, "cuda", fmt=fmt)
-    bandwidth = copy_bandwidth("cuda")
+    model = random_model(cfg, args.device, fmt=fmt)
+    bandwidth = copy_bandwidth(args.device) if args.device == "cuda" else 1e11  # (a CPU smoke run: any figure)
     prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
     params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
     reference_box, rows = [], []
@@ -81,7 +82,7 @@ def main():
 def measure(name, model, fmt, prompts, params, args, cfg, bandwidth, reference_box, rows):
     """One variant: its tokens against the shipped ones (the first variant's), then its
     step at each batch."""
-    engine = Engine.from_model(model, fmt, "cuda")
+    engine = Engine.from_model(model, fmt, args.device)
     out = engine.generate(prompts, params)
     if not reference_box:
         reference_box.append(out)
@@ -101,7 +102,8 @@ def measure(name, model, fmt, prompts, params, args, cfg, bandwidth, reference_b
         rows.append((name, b, r.decode_step_ms, r.step_over_roofline, check))
         print(f"  batch {b}: {r.decode_step_ms:.3f} ms ({r.step_over_roofline:.2f}x roofline)", flush=True)
     del engine
-    torch.cuda.empty_cache()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -87,7 +87,10 @@ def sweep(m, modes):
             times[r] += t
             if best is None or t < best[0]:
                 best = (t, e, r)
-        print(f"{name:8s} {t0:10.1f} {e0:8.1e} | {best[0]:6.1f} {best[1]:.1e} {best[2]}", flush=True)
+        if best is None:
+            print(f"{name:8s} {t0:10.1f} {e0:8.1e} | no rule passed the checks", flush=True)
+        else:
+            print(f"{name:8s} {t0:10.1f} {e0:8.1e} | {best[0]:6.1f} {best[1]:.1e} {best[2]}", flush=True)
     rule = min(rules, key=lambda r: times[r])
     print(f"M = {m}: shipped layer total {shipped_total:.1f} us; rule picked (target programs, stages, mode) "
           f"{rule}: {times[rule]:.1f} us")

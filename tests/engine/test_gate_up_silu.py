@@ -59,7 +59,7 @@ def check_configs(device: str, hidden: int, inter: int, rows=(1, 5, 16, 20)) -> 
             want = _two_launches(act, w, ws, cfg or decode_config(2 * inter, hidden, m))
             for _ in range(2):  # counters reset themselves
                 _assert_same(gus.gate_up_silu(act, w, ws, cfg=cfg), want, (m, cfg))
-            dev = torch.device(device)
+            dev = w.device  # the counters are keyed by the tensors' device (cuda:0, not cuda)
             assert int(group_counters(dev).abs().sum()) == 0, "group counters not reset"
             assert int(_tile_counters(dev).abs().sum()) == 0, "split-K counters not reset"
     # a BF16 input is quantized first, as the linear would

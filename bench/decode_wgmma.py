@@ -35,7 +35,8 @@ from quantroll.bench.shapes import random_model, shape_config
 from quantroll.engine import Engine
 from quantroll.formats import get_format
 from quantroll.kernels import fp8_linear
-from quantroll.kernels.fp8_linear import DecodeGemmConfig, fp8_gemm_decode, quantize_activation_fp8, wgmma_f16_config
+from quantroll.kernels.fp8_linear import (DecodeGemmConfig, fp8_gemm_decode, quantize_activation_fp8, splits_to_fill,
+                                          wgmma_f16_config)
 
 FP8 = get_format("fp8")
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -48,10 +49,7 @@ def wgmma_config(n, k, target, stages, mode):
     kind, arg = mode.split("-")
     if kind == "f16":
         return wgmma_f16_config(n, k, target, stages, block_n=int(arg))
-    tiles, k_blocks, split = (n + 63) // 64, (k + 127) // 128, 1
-    while tiles * split < target and split < 8 and k_blocks // (split * 2) >= 2:
-        split *= 2
-    return DecodeGemmConfig(block_n=64, split_k=split, dot_f16=False, imprecise_acc=int(arg), num_warps=4,
+    return DecodeGemmConfig(block_n=64, split_k=splits_to_fill((n + 63) // 64, k, target), dot_f16=False, imprecise_acc=int(arg), num_warps=4,
                             num_stages=stages)
 
 

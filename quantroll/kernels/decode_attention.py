@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from quantroll.kernels.counters import counters
+
 # Decode from the fused q/k/v projection in one launch (decode_attention_qkv) instead of
 # two (qk_norm_rope_cache + decode_attention), and hand a block-FP8 o_proj its input
 # already quantized. Measured on the H200 (Qwen3-8B shape, 2026-12-01): 0.11-0.14 ms less
@@ -20,8 +22,8 @@ FUSE_QKV_ATTENTION = True
 # depend on how many sequences share its decode batch.
 SPLIT_KV_ATTENTION = False
 MAX_SPLITS = 16
-_PAIR_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _MAX_PAIRS = 1 << 16
+PAIR_COUNTERS = "attention pairs"  # counters.py kind
 
 
 def next_pow2(n: int, floor: int) -> int:
@@ -61,13 +63,6 @@ def kv_splits(pairs: int, capacity: int, sms: int, block_s: int = 64) -> tuple[i
     splits = min(-(-2 * sms // pairs), -(-capacity // block_s), MAX_SPLITS)
     chunk = -(-capacity // (splits * block_s)) * block_s
     return -(-capacity // chunk), chunk
-
-
-def _pair_counters(device: torch.device) -> torch.Tensor:
-    """Per-device arrival counters of the split attention (zero between launches)."""
-    if device not in _PAIR_COUNTERS:
-        _PAIR_COUNTERS[device] = torch.zeros(_MAX_PAIRS, dtype=torch.int32, device=device)
-    return _PAIR_COUNTERS[device]
 
 
 def fuses_qkv(head_dim: int) -> bool:
@@ -118,12 +113,12 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
             raise ValueError(f"decode_attention_qkv: {b * kv_heads} sequence/KV-head pairs exceed {_MAX_PAIRS}")
         g_pad = next_pow2(group, 16)
         state = torch.empty(b * kv_heads * splits * g_pad * (head_dim + 2), dtype=torch.float32, device=qkv.device)
-        counters = _pair_counters(qkv.device)
+        pair_counters = counters(PAIR_COUNTERS, qkv.device, _MAX_PAIRS)
     else:
-        state = counters = scales  # unused by the kernel
+        state = pair_counters = scales  # unused by the kernel
     decode_attention_qkv_kernel[(b, kv_heads, splits)](
-        qkv, q_norm_w, k_norm_w, cos2, sin2, k_cache, v_cache, rows, positions, out, codes, scales, state, counters, eps,
-        head_dim**-0.5,
+        qkv, q_norm_w, k_norm_w, cos2, sin2, k_cache, v_cache, rows, positions, out, codes, scales, state, pair_counters,
+        eps, head_dim**-0.5,
         qkv.stride(0), cos2.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         codes.stride(0), scales.stride(0), scales.stride(1),

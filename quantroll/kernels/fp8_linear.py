@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantroll.kernels.counters import counters
 from quantroll.model.linear import BACKENDS
 
 
@@ -107,19 +108,13 @@ class DecodeGemmConfig:
     num_stages: int = 3
 
 
-_TILE_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _MAX_TILES = 1 << 16
+TILE_COUNTERS = "split-K tiles"  # counters.py kind
 
 
 def _tile_counters(device: torch.device) -> torch.Tensor:
-    """Per-device arrival counters of the in-kernel split-K reduction (all zero between calls).
-
-    One set per device: decode GEMMs on one device run one at a time (one stream, as the
-    engine's decode step and its CUDA graph do); two split-K GEMMs running concurrently
-    on two streams of the same device would share counters and must not be issued."""
-    if device not in _TILE_COUNTERS:
-        _TILE_COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return _TILE_COUNTERS[device]
+    """The arrival counters of the in-kernel split-K reduction (counters.py)."""
+    return counters(TILE_COUNTERS, device, _MAX_TILES)
 
 
 def decode_grid(m: int, n: int, k: int, cfg: DecodeGemmConfig) -> tuple[int, int, tuple[int, int, int]]:
@@ -134,30 +129,40 @@ def decode_grid(m: int, n: int, k: int, cfg: DecodeGemmConfig) -> tuple[int, int
     return block_m, per_split, ((n + cfg.block_n - 1) // cfg.block_n, (m + block_m - 1) // block_m, split)
 
 
+def split_k_scratch(block_m: int, grid: tuple[int, int, int], block_n: int, device, placeholder: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 partial tiles, tile counters) for a decode-kernel launch of ``grid``; with
+    one split, ``placeholder`` twice (the kernel touches neither)."""
+    tiles, split = grid[0] * grid[1], grid[2]
+    if split == 1:
+        return placeholder, placeholder
+    if tiles > _MAX_TILES:
+        raise ValueError(f"decode GEMM: {tiles} output tiles exceed the {_MAX_TILES} split-K counters")
+    return (torch.empty(tiles * split * block_n * block_m, dtype=torch.float32, device=device),
+            _tile_counters(device))
+
+
 def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmConfig | None = None) -> torch.Tensor:
-    """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel)."""
+    """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel).
+    With ``a_s`` and ``w_s`` None: plain BF16/float16 operands (bf16_decode.py)."""
     from quantroll.kernels.fp8_gemm_triton import fp8_decode_gemm_kernel
 
     m, k = aq.shape
     n = wq.shape[0]
+    scaled = a_s is not None
     cfg = cfg or decode_config(n, k, m)
     block_m, per_split, grid = decode_grid(m, n, k, cfg)
-    split = grid[2]
-    tiles = grid[0] * grid[1]
     y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
-    if split > 1:
-        if tiles > _MAX_TILES:
-            raise ValueError(f"fp8_gemm_decode: {tiles} output tiles exceed the {_MAX_TILES} split-K counters")
-        partials = torch.empty(tiles * split * cfg.block_n * block_m, dtype=torch.float32, device=aq.device)
-        counters = _tile_counters(aq.device)
-    else:
-        partials = counters = y  # unused by the kernel
+    partials, counters = split_k_scratch(block_m, grid, cfg.block_n, aq.device, y)
+    a_s, w_s = (a_s, w_s) if scaled else (aq, wq)  # unread without scales
     fp8_decode_gemm_kernel[grid](
         aq, a_s, wq, w_s, partials, y, counters, m, n, k,
-        aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
-        w_s.stride(0), w_s.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=split,
-        DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        aq.stride(0), aq.stride(1), a_s.stride(0) if scaled else 0, a_s.stride(1) if scaled else 0,
+        wq.stride(0), wq.stride(1), w_s.stride(0) if scaled else 0, w_s.stride(1) if scaled else 0,
+        y.stride(0), y.stride(1),
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=grid[2],
+        DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, SCALED=scaled, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return y
 
@@ -176,13 +181,17 @@ def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     splits)."""
     if WGMMA_F16_FROM_M is not None and m >= WGMMA_F16_FROM_M:
         return wgmma_f16_config(n, k)
-    block_n = 32
-    tiles = (n + block_n - 1) // block_n
-    k_blocks = (k + 127) // 128
-    split = 1
-    while tiles * split < 512 and split < 8 and k_blocks // (split * 2) >= 2:
+    return DecodeGemmConfig(block_n=32, split_k=splits_to_fill((n + 31) // 32, k, 512), dot_f16=False, num_warps=2,
+                            num_stages=5 if m == 1 else 3)
+
+
+def splits_to_fill(tiles: int, k: int, target: int) -> int:
+    """K splits for ``tiles`` output tiles: doubled until tiles x splits >= ``target``
+    programs, at most 8, and each split at least two 128-wide K blocks."""
+    k_blocks, split = (k + 127) // 128, 1
+    while tiles * split < target and split < 8 and k_blocks // (split * 2) >= 2:
         split *= 2
-    return DecodeGemmConfig(block_n=block_n, split_k=split, dot_f16=False, num_warps=2, num_stages=5 if m == 1 else 3)
+    return split
 
 
 def wgmma_f16_config(n: int, k: int, target: int = 256, stages: int = 3, block_n: int = 64) -> DecodeGemmConfig:
@@ -194,9 +203,7 @@ def wgmma_f16_config(n: int, k: int, target: int = 256, stages: int = 3, block_n
     narrower accumulation failed issue 3's logits criterion (PERFORMANCE.md). Split-K
     until ``target`` programs (at most 8 splits). For batches of 17-64, where the mma.sync
     path is compute-bound (~290 TFLOP/s on gate_up at M = 64)."""
-    tiles, k_blocks, split = (n + block_n - 1) // block_n, (k + 127) // 128, 1
-    while tiles * split < target and split < 8 and k_blocks // (split * 2) >= 2:
-        split *= 2
+    split = splits_to_fill((n + block_n - 1) // block_n, k, target)
     return DecodeGemmConfig(block_n=block_n, split_k=split, dot_f16=True, num_warps=4, num_stages=stages)
 
 

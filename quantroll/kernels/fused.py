@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from quantroll.kernels.counters import counters
 from quantroll.kernels.decode_attention import next_pow2
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
@@ -19,17 +20,14 @@ FUSE_ACTIVATION_QUANT = True
 FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 
 
-_GROUP_COUNTERS: dict[torch.device, torch.Tensor] = {}
 MAX_GROUP_COUNTERS = 1 << 16
+GROUP_COUNTERS = "silu groups"  # counters.py kind
 
 
 def group_counters(device: torch.device) -> torch.Tensor:
-    """Per-device arrival counters of silu_group_epilogue (fused_triton.py), zero between
-    launches (the completing program resets its counter). One set per device, shared by
-    the GEMMs that use the epilogue: they run one at a time on the engine's stream."""
-    if device not in _GROUP_COUNTERS:
-        _GROUP_COUNTERS[device] = torch.zeros(MAX_GROUP_COUNTERS, dtype=torch.int32, device=device)
-    return _GROUP_COUNTERS[device]
+    """The arrival counters of silu_group_epilogue (fused_triton.py), shared by the GEMMs
+    that use it (counters.py)."""
+    return counters(GROUP_COUNTERS, device, MAX_GROUP_COUNTERS)
 
 
 def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

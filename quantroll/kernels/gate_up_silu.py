@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels.fp8_linear import (_MAX_TILES, Fp8Activation, _tile_counters, decode_config, decode_grid,
-                                          fp8_activation_buffers, quantize_activation_fp8)
+from quantroll.kernels.fp8_linear import (Fp8Activation, decode_config, decode_grid, fp8_activation_buffers,
+                                          quantize_activation_fp8, split_k_scratch)
 from quantroll.kernels.fused import MAX_GROUP_COUNTERS, group_counters
 
 FUSE_SILU_EPILOGUE = False
@@ -64,20 +64,17 @@ def gate_up_silu(x, weight: torch.Tensor, weight_scale: torch.Tensor, out_dtype=
         raise ValueError(f"gate_up_silu: M={m} (max {MAX_ROWS}), intermediate {inter} (a multiple of 128), "
                          f"tile rows {cfg.block_n} (a divisor of 128)")
     block_m, per_split, grid = decode_grid(m, n, k, cfg)
-    split = grid[2]
-    if grid[0] * grid[1] > _MAX_TILES or grid[1] * (inter // 128) > MAX_GROUP_COUNTERS:
-        raise ValueError(f"gate_up_silu: {grid[0] * grid[1]} output tiles or {grid[1] * (inter // 128)} groups exceed "
-                         f"the {_MAX_TILES} / {MAX_GROUP_COUNTERS} counters")
+    if grid[1] * (inter // 128) > MAX_GROUP_COUNTERS:
+        raise ValueError(f"gate_up_silu: {grid[1] * (inter // 128)} groups exceed the {MAX_GROUP_COUNTERS} counters")
     dev = aq.device
     gu = torch.empty(m, n, dtype=out_dtype, device=dev)
-    partials = torch.empty(grid[0] * grid[1] * split * cfg.block_n * block_m if split > 1 else 1,
-                           dtype=torch.float32, device=dev)
+    partials, tile_counters = split_k_scratch(block_m, grid, cfg.block_n, dev, gu)
     hq, hs = fp8_activation_buffers(m, inter, dev)
     if m:
         fp8_gate_up_silu_kernel[grid](
-            aq, a_s, weight, weight_scale, partials, gu, _tile_counters(dev), hq, hs, group_counters(dev), m, n, k, inter,
+            aq, a_s, weight, weight_scale, partials, gu, tile_counters, hq, hs, group_counters(dev), m, n, k, inter,
             aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), weight.stride(0), weight.stride(1),
             weight_scale.stride(0), weight_scale.stride(1), gu.stride(0), gu.stride(1), hq.stride(0), hs.stride(0),
-            hs.stride(1), BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=split,
+            hs.stride(1), BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=grid[2],
             DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return Fp8Activation(hq, hs, torch.Size([*shape[:-1], inter]), out_dtype)

@@ -9,12 +9,15 @@ run it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 
 from quantroll.errors import QuantrollError
-from quantroll.kernels.fp8_linear import Fp8Activation, _tile_counters, decode_config, fp8_activation_buffers
+from quantroll.kernels.counters import counters, device_key, existing
+from quantroll.kernels.fp8_linear import (Fp8Activation, _tile_counters, decode_config, decode_grid,
+                                          fp8_activation_buffers)
 
 FUSE_MLP_DECODE = False
 MAX_ROWS = 16  # one 16-row token tile (decode batches up to 16)
@@ -26,16 +29,19 @@ QBLOCK = 1024  # columns per phase-2 (quantization) item
 # resident whatever the compiler picks. mlp_decode checks the compiled kernel's shared
 # memory against the SM's before the first launch (resident_programs_per_sm).
 CTAS_PER_SM = 3
-_BARRIERS: dict[torch.device, torch.Tensor] = {}
+BARRIER = "mlp grid barrier"  # counters.py kind
 _RESIDENT: dict[tuple, int] = {}
 
 
 def applies(x, gate_up, down) -> bool:
     """The switch is on and this MLP call can take the one-launch path: an Fp8Activation
-    of <= 16 rows on the GPU, block-FP8 gate_up and down on the fp8 backend, dims in whole
-    128-groups, and a gate_up shape the three-launch path computes unsplit (Qwen3-8B's
-    is; 0.6B's and 1.7B's split K, and the one launch would differ from them in last bits)."""
+    of <= 16 rows on the GPU, block-FP8 gate_up and down on the fp8 backend without
+    biases, dims in whole 128-groups, and a gate_up shape the three-launch path computes
+    unsplit (Qwen3-8B's is; 0.6B's and 1.7B's split K, and the one launch would differ
+    from them in last bits)."""
     if not FUSE_MLP_DECODE or not isinstance(x, Fp8Activation) or x.codes.shape[0] > MAX_ROWS:
+        return False
+    if gate_up.bias is not None or down.bias is not None:
         return False
     if not (all(layer.format is not None and layer.format.name == "fp8" and layer.backend == "fp8"
                 for layer in (gate_up, down)) and down.in_features % QBLOCK == 0 and down.out_features % 128 == 0):
@@ -46,26 +52,16 @@ def applies(x, gate_up, down) -> bool:
     return cfg.split_k == 1 and not cfg.dot_f16 and cfg.num_warps == 2
 
 
-def _device_key(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def _barrier(device: torch.device) -> torch.Tensor:
-    """[arrivals, programs done, timeout flag] per device; the first two are zero between
+    """[arrivals, programs done, timeout flag] (counters.py); the first two are zero between
     calls (the kernel resets them), the flag is set by a barrier that gave up waiting."""
-    key = _device_key(device)
-    if key not in _BARRIERS:
-        _BARRIERS[key] = torch.zeros(3, dtype=torch.int32, device=key)
-    return _BARRIERS[key]
+    return counters(BARRIER, device, 3)
 
 
 def raise_on_barrier_timeout(device) -> None:
     """Raise if a one-launch MLP on ``device`` gave up at a grid barrier since the last
     check (its outputs are wrong): a host sync, so callers check once per generate."""
-    bar = _BARRIERS.get(_device_key(device))
+    bar = existing(BARRIER, device)
     if bar is not None and int(bar[2]):
         bar.zero_()
         raise QuantrollError(
@@ -112,9 +108,9 @@ def mlp_decode(x: Fp8Activation, wgu: torch.Tensor, wgu_s: torch.Tensor, wd: tor
         phased = os.environ.get("TRITON_INTERPRET") == "1"
     h = torch.empty(m, inter, dtype=out_dtype, device=dev)
     hq, hs = fp8_activation_buffers(m, inter, dev)
-    split = split or decode_config(hdim, inter, m).split_k  # default: the three-launch down GEMM's
-    kb_down = (inter // 128 + split - 1) // split
-    split = (inter // 128 + kb_down - 1) // kb_down
+    down_cfg = decode_config(hdim, inter, m)  # default: the three-launch down GEMM's split
+    down_cfg = dataclasses.replace(down_cfg, split_k=split or down_cfg.split_k)
+    _, kb_down, (_, _, split) = decode_grid(m, hdim, inter, down_cfg)
     y = torch.empty(m, hdim, dtype=out_dtype, device=dev)
     tiles = (hdim + 31) // 32
     partials = torch.empty(tiles * split * 32 * MAX_ROWS, dtype=torch.float32, device=dev)
@@ -139,7 +135,7 @@ def _resident(kernel, args, consts, wanted: int, device) -> int:
     """``wanted`` programs per SM, or fewer if the compiled kernel's shared memory does not
     let that many be resident (checked once per device and configuration); an error if
     not even one fits."""
-    key = (_device_key(device), tuple(sorted(consts.items())), wanted)
+    key = (device_key(device), tuple(sorted(consts.items())), wanted)
     if key not in _RESIDENT:
         compiled = kernel.warmup(*args, grid=(1,), PHASE=0, **consts)
         props = torch.cuda.get_device_properties(device)

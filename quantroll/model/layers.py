@@ -144,7 +144,7 @@ class MLP(torch.nn.Module):
             from quantroll.kernels.fused import silu_mul
 
             gu, down = self.gate_up_proj, self.down_proj
-            if mlp_decode.applies(x, gu, down) and down.bias is None:  # experimental, off by default
+            if mlp_decode.applies(x, gu, down):  # experimental, off by default
                 y = mlp_decode.mlp_decode(x, gu.weight, gu.weight_scale, down.weight, down.weight_scale, x.dtype)
                 return y.reshape(*x.shape[:-1], down.out_features)
             if gate_up_silu.applies(x, gu, down):  # experimental, off by default

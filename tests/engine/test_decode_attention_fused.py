@@ -165,6 +165,7 @@ def check_splits(device: str, case: dict, splits: int) -> float:
     case must be float32: see main), against float64 as close as the unsplit kernel, and
     the FP8 output the codes of its own BF16-rounded values. Returns the float64 error."""
     from quantroll.kernels import decode_attention
+    from quantroll.kernels.counters import existing
     from quantroll.kernels.fp8_linear import quantize_activation_fp8
 
     ref, _ = reference_fp64(case)
@@ -175,7 +176,7 @@ def check_splits(device: str, case: dict, splits: int) -> float:
     assert _rel(split, whole.double().cpu()) < (1e-5 if f32 else 2**-7), _rel(split, whole.double().cpu())
     e_split, e_whole = _rel(split, ref), _rel(whole, ref)
     assert e_split <= 1.25 * e_whole + (1e-6 if f32 else 1e-4), (e_split, e_whole)
-    counters = decode_attention._PAIR_COUNTERS.get(torch.device(device) if device == "cpu" else split.device)
+    counters = existing(decode_attention.PAIR_COUNTERS, split.device)
     assert counters is None or int(counters.abs().sum()) == 0, "pair counters not reset"
     if case["head_dim"] == 128:
         act, k3, v3 = one_launch(case, quantize=True, splits=splits)

@@ -30,6 +30,7 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 def check_gemms() -> None:
     from quantroll.formats import get_format
     from quantroll.kernels import fp8_linear
+    from quantroll.kernels.counters import existing
     from quantroll.kernels.fp8_linear import (DecodeGemmConfig, fp8_gemm, fp8_gemm_decode, fp8_gemm_prefill,
                                               wgmma_f16_config)
 
@@ -56,7 +57,7 @@ def check_gemms() -> None:
             # need not round to nearest even; test_gpu_engine.py checks RNE on the device)
             low = fp8_gemm_decode(xq.data, a_s, wq.data, wq.scale, torch.bfloat16, cfg)
             assert torch.allclose(low.float(), y, rtol=2**-7, atol=0), (m, n, k, cfg)
-            counters = fp8_linear._TILE_COUNTERS.get(x.device)
+            counters = existing(fp8_linear.TILE_COUNTERS, x.device)
             assert counters is None or int(counters.abs().sum()) == 0, "split-K counters not reset"
     empty = fp8_gemm(torch.empty(0, 256, dtype=torch.float8_e4m3fn), torch.empty(2, 0).t(), wq.data[:, :256],
                      wq.scale[:, :2], torch.bfloat16)

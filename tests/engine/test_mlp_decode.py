@@ -146,7 +146,7 @@ def test_applies_only_where_the_three_launches_do_not_split_gate_up():
     fp8 = get_format("fp8")
 
     def linear(n_out, n_in):
-        return SimpleNamespace(out_features=n_out, in_features=n_in, format=fp8, backend="fp8")
+        return SimpleNamespace(out_features=n_out, in_features=n_in, format=fp8, backend="fp8", bias=None)
 
     x = Fp8Activation(torch.zeros(4, 1, dtype=torch.float8_e4m3fn), torch.zeros(4, 1), torch.Size([4, 1]),
                       torch.bfloat16)

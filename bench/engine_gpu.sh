@@ -11,15 +11,19 @@
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
+#   TESTS="a.py b.py"     run only these GPU test files; T_TESTS, T_MLP, T_BF16, T_WGMMA, T_SWITCH,
+#                         T_BF16_SWITCH, T_MOE_SWITCH: the steps' time limits in seconds (to fit one call)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-[ "${SKIP_TESTS:-0}" = 1 ] || timeout 540 python3 -m pytest -q -p no:cacheprovider tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py \
-  tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py \
-  tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py tests/engine/test_gate_up_silu.py \
-  tests/engine/test_bf16_decode.py -rxXf 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -15
+ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py
+  tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py
+  tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py tests/engine/test_gate_up_silu.py
+  tests/engine/test_bf16_decode.py"
+# shellcheck disable=SC2086
+[ "${SKIP_TESTS:-0}" = 1 ] || timeout "${T_TESTS:-540}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-$ALL_TESTS} -rxXf --durations=8 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -30
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # measured 2026-12-01; skip them to fit the A/B runs in one call
   python3 bench/gemm_decode.py --quick --json "$OUT/gemm_decode.json" 2>&1 | grep -v Warn | tail -14
   python3 bench/gemm_batch.py --json "$OUT/gemm_batch.json" 2>&1 | grep -v Warn | tail -10
@@ -29,7 +33,7 @@ python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}
   2>&1 | tee "$OUT/rollout_8b.log" | grep -v '^{'
 fi
 if [ "${WGMMA_F16_AB:-0}" = 1 ]; then
-  timeout 480 python3 bench/decode_wgmma.py 2>&1 | grep -v Warn | tee "$OUT/decode_wgmma.log" | tail -40
+  timeout "${T_WGMMA:-480}" python3 bench/decode_wgmma.py 2>&1 | grep -v Warn | tee "$OUT/decode_wgmma.log" | tail -40
 fi
 if [ "${FUSED_ATTENTION_AB:-0}" = 1 ]; then
   python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_fused_attention.log" | grep -v '^{'
@@ -41,13 +45,13 @@ print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
 PY
 fi
 if [ "${BF16_GEMM_AB:-0}" = 1 ]; then  # the BF16 decode GEMM against cuBLAS (bench/gemm_decode.py --bf16)
-  timeout 400 python3 bench/gemm_decode.py --bf16 --json "$OUT/gemm_decode_bf16.json" 2>&1 | grep -v Warn | tail -18
+  timeout "${T_BF16:-400}" python3 bench/gemm_decode.py --bf16 --json "$OUT/gemm_decode_bf16.json" 2>&1 | grep -v Warn | tail -18
 fi
 if [ "${MLP_DECODE_AB:-0}" = 1 ]; then  # one MLP, three launches vs one (the step: SWITCH_AB's mlp1)
-  timeout 240 python3 bench/mlp_decode.py --json "$OUT/mlp_decode.json" 2>&1 | grep -v Warn | tail -22
+  timeout "${T_MLP:-240}" python3 bench/mlp_decode.py --json "$OUT/mlp_decode.json" 2>&1 | grep -v Warn | tail -22
 fi
 if [ "${SWITCH_AB:-0}" = 1 ]; then
-  timeout 560 python3 bench/switch_ab.py --batches 1,16,64 \
+  timeout "${T_SWITCH:-560}" python3 bench/switch_ab.py --batches 1,16,64 \
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \
     --variant mlp1:mlp_decode.FUSE_MLP_DECODE=True \
     --variant wgmma:fp8_linear.WGMMA_F16_FROM_M=17 \
@@ -56,11 +60,11 @@ if [ "${SWITCH_AB:-0}" = 1 ]; then
     --approx wgmma --approx silu+wgmma --approx splitkv 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
 fi
 if [ "${SWITCH_AB_OTHERS:-0}" = 1 ]; then
-  timeout 300 python3 bench/switch_ab.py --shape qwen3-30b-a3b --layers 24 --batches 1,16,64 \
-    --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True 2>&1 | grep -v Warn | tee "$OUT/switch_ab_moe.log" | tail -8
-  timeout 300 python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \
+  timeout "${T_BF16_SWITCH:-300}" python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \
     --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True --approx splitkv \
     2>&1 | grep -v Warn | tee "$OUT/switch_ab_bf16.log" | tail -9
+  timeout "${T_MOE_SWITCH:-300}" python3 bench/switch_ab.py --shape qwen3-30b-a3b --layers 24 --batches 1,16,64 \
+    --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True 2>&1 | grep -v Warn | tee "$OUT/switch_ab_moe.log" | tail -8
 fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --repeats 2 \

@@ -39,7 +39,7 @@ def main():
         cases = [make_case("cuda", m, HIDDEN, INTER, seed=s) for s in range(COPIES)]
         act = cases[0][0]
         ws = [c[1] for c in cases]
-        ref = reference(cases[0][2], INTER)
+        ref = reference(cases[0][2], INTER).to(act.codes.device)
         shipped = decode_config(HIDDEN, INTER, m).split_k
         t3 = graph_time_us(lambda j: three(act, ws[j], shipped), COPIES)
         print(f"M={m}: three launches {t3:.1f} us (weights {BYTES / 1e6:.0f} MB)", flush=True)

@@ -15,8 +15,10 @@ from quantroll.kernels.counters import counters
 # the same distance from a float64 step (tests/engine/test_decode_attention_fused.py).
 FUSE_QKV_ATTENTION = True
 # Split each sequence's keys over several programs when a step has fewer (sequence, KV
-# head) pairs than SMs (decode_attention_qkv's ``splits``; flash-decoding). Experimental
-# (2026-12-01, not yet timed on a GPU): off. Not bit-identical to one program per pair
+# head) pairs than SMs (decode_attention_qkv's ``splits``; flash-decoding). Off: on the
+# H200 (2026-12-01) it gives different tokens from one program per pair (mean |logprob
+# difference| 0.72) although the interpreter agrees within 1e-5, cause not found, and it
+# gained at most 1% of the 8B step (docs/PERFORMANCE.md). Not bit-identical to one program per pair
 # (the softmax sums merge per split); held to a float64 step like the one-launch path.
 # The split count follows the batch (pairs vs SMs), so with it on a sequence's last bits
 # depend on how many sequences share its decode batch.

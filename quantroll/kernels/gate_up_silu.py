@@ -22,6 +22,8 @@ from quantroll.kernels.fp8_linear import (Fp8Activation, decode_config, decode_g
                                           quantize_activation_fp8, split_k_scratch)
 from quantroll.kernels.fused import MAX_GROUP_COUNTERS, group_counters
 
+# Off: measured on the H200 (2026-12-01), same bits, but no faster at 8B batch 16 and
+# slower at batch 1 and 64 and on the MoE shape (docs/PERFORMANCE.md).
 FUSE_SILU_EPILOGUE = False
 MAX_ROWS = 64  # the decode GEMM's range
 

@@ -19,6 +19,9 @@ from quantroll.kernels.counters import counters, device_key, existing
 from quantroll.kernels.fp8_linear import (Fp8Activation, _tile_counters, decode_config, decode_grid,
                                           fp8_activation_buffers)
 
+# Off: measured on the H200 (2026-12-01), same bits as the three launches, but its grid
+# barriers cost more than the launches they replace (one 8B MLP: 75.7 us at best against
+# 46.7 us at M = 1; 81.3 against 52.9 at M = 16; docs/PERFORMANCE.md).
 FUSE_MLP_DECODE = False
 MAX_ROWS = 16  # one 16-row token tile (decode batches up to 16)
 BLOCK_G = 16  # intermediate columns per phase-1 item (gate and up rows each)

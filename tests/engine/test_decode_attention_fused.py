@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.interpreted import needs_triton, run_interpreted
+from tests.interpreted import needs_new_interpreter, needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -281,13 +281,8 @@ def check_decode_step_interpreted() -> None:
 # -- tests -----------------------------------------------------------------------------
 
 
-def _old_interpreter() -> bool:
-    """Triton 3.6's interpreter fails on _attend_group (a 0-d array conversion); 3.8's runs it."""
-    return HAS_TRITON and tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 8)
-
-
 @needs_triton
-@pytest.mark.skipif(_old_interpreter(), reason="Triton < 3.8: the interpreter cannot run the attention loop")
+@needs_new_interpreter
 def test_fused_decode_attention_under_interpreter():
     run_interpreted([__file__], "fused decode attention ok", timeout=300)
 
@@ -436,6 +431,8 @@ def test_fp8_engine_with_and_without_fused_attention(graphs, monkeypatch):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="H200, Triton 3.6, 2026-12-01: different tokens (mean |dlogprob| 0.72) while the "
+                   "interpreter agrees within 1e-5; cause not found, SPLIT_KV_ATTENTION stays off (docs/PERFORMANCE.md)")
 def test_engine_with_keys_split_over_programs():
     """SPLIT_KV_ATTENTION on (batch 3 x 8 KV heads: 24 pairs, so the keys split) against
     off, CUDA graphs on: the same tokens, logprobs within last-bit effects."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.interpreted import needs_triton, run_interpreted
+from tests.interpreted import needs_new_interpreter, needs_triton, run_interpreted
 
 GPU = torch.cuda.is_available()
 
@@ -112,6 +112,7 @@ def check_one_launch_form() -> None:
 
 
 @needs_triton
+@needs_new_interpreter
 def test_mlp_decode_phases_under_interpreter():
     run_interpreted([__file__], "mlp decode ok", timeout=600)
 

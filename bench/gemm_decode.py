@@ -37,8 +37,9 @@ def tag(r):
 def bf16_study(json_path=None) -> int:
     """The BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS BF16 per layer shape and
     M, over tiles and splits; each setting first checked against float64 (float32 output,
-    < 1e-6) and for run-to-run equality. Prints the per-layer-set totals at the end."""
+    within float32_sum_bound(K)) and for run-to-run equality. Prints the per-layer-set totals at the end."""
     from quantroll.kernels.bf16_decode import bf16_decode_config, bf16_gemm_decode
+    from tests.engine.test_bf16_decode import float32_sum_bound
 
     variants = [DecodeGemmConfig(block_n=bn, split_k=sk, num_warps=nw, num_stages=st)
                 for bn, sk, (nw, st) in itertools.product((32, 64), (1, 2, 4, 8), ((2, 3), (4, 3), (2, 4)))]
@@ -52,7 +53,7 @@ def bf16_study(json_path=None) -> int:
         for cfg in [bf16_decode_config(n, k, m)] + variants:
             y = bf16_gemm_decode(x, ws[0], torch.float32, cfg)
             e = ((y.double() - ref).norm() / ref.norm()).item()
-            if e > 1e-6 or not torch.equal(y, bf16_gemm_decode(x, ws[0], torch.float32, cfg)):
+            if e > float32_sum_bound(k) or not torch.equal(y, bf16_gemm_decode(x, ws[0], torch.float32, cfg)):
                 bad += 1
                 print(f"BAD bf16 {name} m={m} {cfg}: rel err {e:.2e}")
                 continue

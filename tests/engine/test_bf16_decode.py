@@ -17,11 +17,19 @@ from tests.interpreted import needs_triton, run_interpreted
 GPU = torch.cuda.is_available()
 
 
+def float32_sum_bound(k: int) -> float:
+    """Relative error allowed for float32 sums of k exact products (BF16 x BF16 fits float32
+    exactly): rounding errors of 2^-24 per add, random-walk growth sqrt(k), factor 4 of
+    headroom. The H200 run of 2026-12-01 measured 1.0e-6 at K = 4096 and 1.4e-5 at K = 12288
+    (split 1), so a flat 1e-6 was too tight."""
+    return 4 * k**0.5 * 2**-24
+
+
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double().cpu() - ref).norm() / ref.norm()).item()
 
 
-def check(device: str, dtype: torch.dtype, shapes, tol: float) -> None:
+def check(device: str, dtype: torch.dtype, shapes) -> None:
     from quantroll.kernels.bf16_decode import bf16_gemm_decode
     from quantroll.kernels.fp8_linear import DecodeGemmConfig, _tile_counters
 
@@ -33,7 +41,7 @@ def check(device: str, dtype: torch.dtype, shapes, tol: float) -> None:
         for cfg in (None, DecodeGemmConfig(split_k=1), DecodeGemmConfig(block_n=16, split_k=4),
                     DecodeGemmConfig(block_n=64, split_k=2, num_warps=4)):
             y = bf16_gemm_decode(x, w, torch.float32, cfg)
-            assert _rel(y, ref) < tol, (m, n, k, cfg, _rel(y, ref))
+            assert _rel(y, ref) < float32_sum_bound(k), (m, n, k, cfg, _rel(y, ref))
             assert torch.equal(bf16_gemm_decode(x, w, torch.float32, cfg), y), "not the same every run"
             low = bf16_gemm_decode(x, w, None, cfg)
             assert low.dtype == dtype and torch.allclose(low.float(), y, rtol=2**-7, atol=0)
@@ -50,7 +58,7 @@ def test_bf16_decode_gemm_under_interpreter():
 if GPU:
     @pytest.mark.gpu
     def test_bf16_decode_gemm_on_gpu():
-        check("cuda", torch.bfloat16, [(1, 6144, 4096), (16, 4096, 4096), (64, 4096, 12288), (5, 200, 300)], 1e-6)
+        check("cuda", torch.bfloat16, [(1, 6144, 4096), (16, 4096, 4096), (64, 4096, 12288), (5, 200, 300)])
         x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(24576, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
         from quantroll.kernels.bf16_decode import bf16_gemm_decode
@@ -64,7 +72,7 @@ def main() -> int:
     import os
 
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    check("cpu", torch.float16, [(1, 256, 512), (5, 200, 300), (20, 384, 640), (40, 160, 256)], 1e-6)
+    check("cpu", torch.float16, [(1, 256, 512), (5, 200, 300), (20, 384, 640), (40, 160, 256)])
     print("bf16 decode gemm ok")
     return 0
 

@@ -26,7 +26,7 @@ for key, res in out.items():
     same = all(a.tokens == b.tokens for a, b in zip(ref, res))
     first = [next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None) for a, b in zip(ref, res)]
     d = [abs(x - y) for a, b in zip(ref, res) for x, y in zip(a.logprobs, b.logprobs)]
-    # up to and including the first differing token both engines scored the same context
-    pre = [abs(x - y) for a, b, f in zip(ref, res, first) for x, y in list(zip(a.logprobs, b.logprobs))[:None if f is None else f + 1]]
+    # before the first differing token both engines scored the same tokens in the same context
+    pre = [abs(x - y) for a, b, f in zip(ref, res, first) for x, y in list(zip(a.logprobs, b.logprobs))[:f]]
     print(f"graphs={key[0]!s:5s} split={key[1]!s:5s} tokens same {same} first differing step per prompt {first} "
           f"mean |dlogprob| {sum(d) / len(d):.2e}; on shared contexts mean {sum(pre) / len(pre):.2e} max {max(pre):.2e}")

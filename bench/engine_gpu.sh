@@ -3,7 +3,6 @@
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
-#   MLP_DECODE_AB=1       also time one 8B MLP as one launch vs three (bench/mlp_decode.py; experimental)
 #   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SWITCH_AB_OTHERS=1    the same for the MoE shape (silu epilogue) and for BF16 (split attention)
@@ -11,7 +10,7 @@
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
-#   TESTS="a.py b.py"     run only these GPU test files; T_TESTS, T_MLP, T_BF16, T_WGMMA, T_SWITCH,
+#   TESTS="a.py b.py"     run only these GPU test files; T_TESTS, T_BF16, T_WGMMA, T_SWITCH,
 #                         T_BF16_SWITCH, T_MOE_SWITCH: the steps' time limits in seconds (to fit one call)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -20,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py
-  tests/engine/test_decode_attention_fused.py tests/engine/test_mlp_decode.py tests/engine/test_gate_up_silu.py
+  tests/engine/test_decode_attention_fused.py tests/engine/test_gate_up_silu.py
   tests/engine/test_bf16_decode.py"
 # shellcheck disable=SC2086
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout "${T_TESTS:-540}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-$ALL_TESTS} -rxXf --durations=8 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -30
@@ -47,13 +46,9 @@ fi
 if [ "${BF16_GEMM_AB:-0}" = 1 ]; then  # the BF16 decode GEMM against cuBLAS (bench/gemm_decode.py --bf16)
   timeout "${T_BF16:-400}" python3 bench/gemm_decode.py --bf16 --json "$OUT/gemm_decode_bf16.json" 2>&1 | grep -v Warn | tail -18
 fi
-if [ "${MLP_DECODE_AB:-0}" = 1 ]; then  # one MLP, three launches vs one (the step: SWITCH_AB's mlp1)
-  timeout "${T_MLP:-240}" python3 bench/mlp_decode.py --json "$OUT/mlp_decode.json" 2>&1 | grep -v Warn | tail -22
-fi
 if [ "${SWITCH_AB:-0}" = 1 ]; then
   timeout "${T_SWITCH:-560}" python3 bench/switch_ab.py --batches 1,16,64 \
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \
-    --variant mlp1:mlp_decode.FUSE_MLP_DECODE=True \
     --variant wgmma:fp8_linear.WGMMA_F16_FROM_M=17 \
     --variant silu+wgmma:gate_up_silu.FUSE_SILU_EPILOGUE=True,fp8_linear.WGMMA_F16_FROM_M=17 \
     --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True \

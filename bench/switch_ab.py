@@ -10,7 +10,7 @@ differs and which is then compared by mean |logprob difference| only). Then
 CUDA-graph decode, median of the repeats) at each batch.
 
     python bench/switch_ab.py --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \\
-        --variant mlp:mlp_decode.FUSE_MLP_DECODE=True --batches 1,16,64 [--shape qwen3-8b] [--layers N]
+        --variant wgmma:fp8_linear.WGMMA_F16_FROM_M=17 --batches 1,16,64 [--shape qwen3-8b] [--layers N]
 """
 import argparse
 import ast
@@ -67,7 +67,7 @@ def main():
         previous = apply(settings)
         try:
             measure(name, model, fmt, prompts, params, args, cfg, bandwidth, reference_box, rows)
-        except Exception as e:  # one failing variant (e.g. a barrier timeout) must not cost the others
+        except Exception as e:  # one failing variant must not cost the others
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
             rows.append((name, 0, float("nan"), float("nan"), f"FAILED {type(e).__name__}"))
         finally:

@@ -22,7 +22,6 @@ from quantroll.engine.sampling import SamplingParams, sample
 from quantroll.errors import QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.kernels import triton_available
-from quantroll.kernels.mlp_decode import raise_on_barrier_timeout
 from quantroll.model.linear import QLinear
 from quantroll.model.loader import load_model
 from quantroll.model.moe import RecordRouting
@@ -236,7 +235,6 @@ class Engine:
                           use_graph=self.use_cuda_graphs and self.grouped_moe)
         timer.mark("prefill")
         steps = loop.run(timer)
-        raise_on_barrier_timeout(dev)  # the experimental one-launch MLP's grid barriers (no-op unless it ran)
         self.last_stats = timer.summary(steps, loop.replays)
         prefill = None
         if prefill_routing is not None:

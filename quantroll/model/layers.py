@@ -140,13 +140,10 @@ class MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
         if self.gate_up_proj is not None and self.fused and _on_gpu(x):
-            from quantroll.kernels import gate_up_silu, mlp_decode
+            from quantroll.kernels import gate_up_silu
             from quantroll.kernels.fused import silu_mul
 
             gu, down = self.gate_up_proj, self.down_proj
-            if mlp_decode.applies(x, gu, down):  # experimental, off by default
-                y = mlp_decode.mlp_decode(x, gu.weight, gu.weight_scale, down.weight, down.weight_scale, x.dtype)
-                return y.reshape(*x.shape[:-1], down.out_features)
             if gate_up_silu.applies(x, gu, down):  # experimental, off by default
                 return down(gate_up_silu.gate_up_silu(x, gu.weight, gu.weight_scale, x.dtype))
             return down(silu_mul(gu(x), quantize=takes_fp8_activation(down)))

@@ -68,13 +68,6 @@ CASES = [
        dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SILU=silu,
             QUANT_H=silu and a == "fp8e4nv"),
        dict(num_warps=4, num_stages=3)) for a in ("bf16", "fp8e4nv") for silu in (False, True)],
-    *[("mlp_decode_triton", "mlp_decode_kernel",
-       {"a_ptr": "fp8e4nv", "as_ptr": "fp32", "wgu_ptr": "fp8e4nv", "wgus_ptr": "fp32", "wd_ptr": "fp8e4nv",
-        "wds_ptr": "fp32", "h_ptr": "bf16", "hq_ptr": "fp8e4nv", "hs_ptr": "fp32", "part_ptr": "fp32", "y_ptr": "bf16",
-        "lock_ptr": "i32", "bar_ptr": "i32"},
-       dict(BLOCK_M=16, BLOCK_G=16, BLOCK_N=32, BLOCK_K=128, KB_UP=32, SPLIT=4, KB_DOWN=24, QBLOCK=1024, PHASE=phase,
-            IMPRECISE_ACC=32),
-       dict(num_warps=2, num_stages=3)) for phase in (0, 3)],
     ("moe_triton", "moe_align_kernel", {"ids_ptr": "i64", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
      dict(P_PAD=2048, E_PAD=256, BLOCK_M=16, ROWS=1024, BLOCKS=32), dict(num_warps=4)),
     ("moe_triton", "moe_route_kernel", {"logits_ptr": "bf16", "idx_ptr": "i64", "w_ptr": "bf16"},
@@ -91,7 +84,6 @@ CASES = [
 UNIT_ARGS = {"fp8_decode_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
              "fp8_gate_up_silu_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn", "s_hsm"),
              "fp8_block_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
-             "mlp_decode_kernel": ("s_asm", "s_hsm"),
              "grouped_gemm_kernel": ("s_wk", "s_asm", "s_wsk")}
 
 

@@ -5,7 +5,7 @@
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
 #   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
-#   SWITCH_AB_OTHERS=1    the same for the MoE shape (silu epilogue) and for BF16 (split attention)
+#   SWITCH_AB_OTHERS=1    the BF16 8B step (shipped) and the MoE shape with the silu epilogue
 #   BF16_GEMM_AB=1        the BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS per 8B layer shape
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
@@ -51,12 +51,10 @@ if [ "${SWITCH_AB:-0}" = 1 ]; then
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \
     --variant wgmma:fp8_linear.WGMMA_F16_FROM_M=17 \
     --variant silu+wgmma:gate_up_silu.FUSE_SILU_EPILOGUE=True,fp8_linear.WGMMA_F16_FROM_M=17 \
-    --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True \
-    --approx wgmma --approx silu+wgmma --approx splitkv 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
+    --approx wgmma --approx silu+wgmma 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
 fi
 if [ "${SWITCH_AB_OTHERS:-0}" = 1 ]; then
   timeout "${T_BF16_SWITCH:-300}" python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \
-    --variant splitkv:decode_attention.SPLIT_KV_ATTENTION=True --approx splitkv \
     2>&1 | grep -v Warn | tee "$OUT/switch_ab_bf16.log" | tail -9
   timeout "${T_MOE_SWITCH:-300}" python3 bench/switch_ab.py --shape qwen3-30b-a3b --layers 24 --batches 1,16,64 \
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True 2>&1 | grep -v Warn | tee "$OUT/switch_ab_moe.log" | tail -8

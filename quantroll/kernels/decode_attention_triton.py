@@ -162,28 +162,18 @@ def _cache_token_kv(qkv_row, kw_ptr, c, s, eps, kc_dst, vc_dst, kvh, HQ: tl.cons
 
 @triton.jit
 def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, row_ptr, pos_ptr,
-                                o_ptr, oq_ptr, os_ptr, part_ptr, cnt_ptr, eps, sm_scale,
+                                o_ptr, oq_ptr, os_ptr, eps, sm_scale,
                                 s_t, s_ct, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh, s_oqb, s_osb, s_osg,
                                 HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
-                                G_PAD: tl.constexpr, BLOCK_S: tl.constexpr, QUANT: tl.constexpr,
-                                SPLITS: tl.constexpr = 1, CHUNK: tl.constexpr = 64):
+                                G_PAD: tl.constexpr, BLOCK_S: tl.constexpr, QUANT: tl.constexpr):
     """Program (sequence b, KV head kvh) for the token of b at positions[b]: what
     qk_norm_rope_cache_kernel does for its GROUP q heads and its k/v head, then what
     decode_attention_kernel does for them, over positions 0..positions[b]. QUANT: the
     output goes out as FP8 codes (oq) and 1x128 scales (os) of its BF16 values, one group
-    per head (D == 128), instead of BF16 (o).
-
-    SPLITS > 1 (flash-decoding, for batches with fewer (sequence, KV head) pairs than
-    SMs): program (b, kvh, split) attends over keys split*CHUNK .. +CHUNK (the split that
-    holds the new key writes it to the cache), stores its softmax state (max, sum,
-    unnormalized output) in part_ptr, and the program that finishes last for (b, kvh)
-    (a counter per pair, reset by it) merges the splits in split order and stores the
-    output. Splits past the sequence's length only count themselves in."""
+    per head (D == 128), instead of BF16 (o)."""
     tl.static_assert(not QUANT or D == 128, "QUANT needs one 1x128 group per head")
-    tl.static_assert(SPLITS == 1 or CHUNK % BLOCK_S == 0, "a split holds whole key blocks")
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    split = tl.program_id(2)
     HALF: tl.constexpr = D // 2
     OUT = qkv_ptr.dtype.element_ty
     offs_h = tl.arange(0, HALF)
@@ -191,9 +181,8 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
     s = tl.load(sin_ptr + b * s_ct + offs_h).to(tl.float32)
     qkv_row = qkv_ptr + b * s_t
     pos = tl.load(pos_ptr + b)
-    if SPLITS == 1 or pos // CHUNK == split:
-        _cache_token_kv(qkv_row, kw_ptr, c, s, eps, kc_ptr + tl.load(row_ptr + b) * s_kb + pos * s_ks + kvh * s_kh,
-                        vc_ptr + tl.load(row_ptr + b) * s_vb + pos * s_vs + kvh * s_vh, kvh, HQ, HKV, D, OUT)
+    _cache_token_kv(qkv_row, kw_ptr, c, s, eps, kc_ptr + tl.load(row_ptr + b) * s_kb + pos * s_ks + kvh * s_kh,
+                    vc_ptr + tl.load(row_ptr + b) * s_vb + pos * s_vs + kvh * s_vh, kvh, HQ, HKV, D, OUT)
 
     offs_g = tl.arange(0, G_PAD)
     g_ok = offs_g < GROUP
@@ -211,38 +200,9 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
     length = (pos + 1).to(tl.int32)
     k_base = kc_ptr + b * s_kb + kvh * s_kh
     v_base = vc_ptr + b * s_vb + kvh * s_vh
-    if SPLITS == 1:
-        out = _attend_group(q, k_base, v_base, length, sm_scale, s_ks, s_vs, offs_d, d_ok, G_PAD, D, BLOCK_S).to(OUT)
-        _store_attention_output(out, b, heads, g_ok, offs_d, d_ok, o_ptr, oq_ptr, os_ptr, s_ob, s_oh, s_oqb, s_osb,
-                                s_osg, G_PAD, D, QUANT)
-    else:
-        start = split * CHUNK
-        m_i, l_i, acc = _attend_partial(q, k_base, v_base, start, tl.minimum(start + CHUNK, length), sm_scale, s_ks,
-                                        s_vs, offs_d, d_ok, G_PAD, D, BLOCK_S)
-        STATE: tl.constexpr = G_PAD * (D + 2)  # one split's state: output rows, then max and sum
-        pair = b * HKV + kvh
-        state = part_ptr + (pair * SPLITS + split) * STATE
-        tl.store(state + offs_g[:, None] * D + offs_d[None, :], acc)
-        tl.store(state + G_PAD * D + offs_g, m_i)
-        tl.store(state + G_PAD * D + G_PAD + offs_g, l_i)
-        tl.debug_barrier()  # every thread's part is stored before the counter moves
-        arrived = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            first = part_ptr + pair * SPLITS * STATE
-            m_tot = tl.load(first + G_PAD * D + offs_g, cache_modifier=".cg")  # split 0 holds key 0: finite
-            for sp in tl.static_range(1, SPLITS):
-                m_tot = tl.maximum(m_tot, tl.load(first + sp * STATE + G_PAD * D + offs_g, cache_modifier=".cg"))
-            l_tot = tl.zeros((G_PAD,), dtype=tl.float32)
-            o_tot = tl.zeros((G_PAD, D), dtype=tl.float32)
-            for sp in tl.static_range(0, SPLITS):
-                w = tl.exp(tl.load(first + sp * STATE + G_PAD * D + offs_g, cache_modifier=".cg") - m_tot)
-                l_tot += w * tl.load(first + sp * STATE + G_PAD * D + G_PAD + offs_g, cache_modifier=".cg")
-                o_tot += w[:, None] * tl.load(first + sp * STATE + offs_g[:, None] * D + offs_d[None, :],
-                                              cache_modifier=".cg")
-            out = (o_tot / l_tot[:, None]).to(OUT)
-            _store_attention_output(out, b, heads, g_ok, offs_d, d_ok, o_ptr, oq_ptr, os_ptr, s_ob, s_oh, s_oqb, s_osb,
-                                    s_osg, G_PAD, D, QUANT)
-            tl.atomic_xchg(cnt_ptr + pair, 0)  # ready for the next step (and the next graph replay)
+    out = _attend_group(q, k_base, v_base, length, sm_scale, s_ks, s_vs, offs_d, d_ok, G_PAD, D, BLOCK_S).to(OUT)
+    _store_attention_output(out, b, heads, g_ok, offs_d, d_ok, o_ptr, oq_ptr, os_ptr, s_ob, s_oh, s_oqb, s_osb,
+                            s_osg, G_PAD, D, QUANT)
 
 
 @triton.jit

@@ -58,10 +58,10 @@ CASES = [
      dict(HEAD_DIM=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_S=64), dict(num_warps=4, num_stages=2)),
     *[("decode_attention_triton", "decode_attention_qkv_kernel",
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "o_ptr")}
-       | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32", "part_ptr": "fp32", "cnt_ptr": "i32"},
-       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, SPLITS=splits, CHUNK=128),
+       | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32"},
+       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant),
        dict(num_warps=4, num_stages=2))
-      for quant in (False, True) for splits in (1, 3)],
+      for quant in (False, True)],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
                                              "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64",
                                              "h_ptr": "bf16", "hq_ptr": "fp8e4nv", "hs_ptr": "fp32", "grp_ptr": "i32"},

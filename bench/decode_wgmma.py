@@ -49,8 +49,8 @@ def wgmma_config(n, k, target, stages, mode):
     kind, arg = mode.split("-")
     if kind == "f16":
         return wgmma_f16_config(n, k, target, stages, block_n=int(arg))
-    return DecodeGemmConfig(block_n=64, split_k=splits_to_fill((n + 63) // 64, k, target), dot_f16=False, imprecise_acc=int(arg), num_warps=4,
-                            num_stages=stages)
+    return DecodeGemmConfig(block_n=64, split_k=splits_to_fill((n + 63) // 64, k, target), dot_f16=False,
+                            imprecise_acc=int(arg), num_warps=4, num_stages=stages)
 
 
 def sweep(m, modes):

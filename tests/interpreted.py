@@ -24,8 +24,8 @@ def _triton_before_3_8() -> bool:
     return tuple(int(p) for p in version("triton").split(".")[:2]) < (3, 8)
 
 
-# Triton 3.6's interpreter (the device's version) fails on 0-d array conversions in
-# kernels with loops over tensors (_attend_group, the MLP's phases); 3.8's runs them.
+# Triton 3.6's interpreter (the device's version) fails on a 0-d array conversion in
+# _attend_group's loop (decode_attention_triton.py); 3.8's runs it.
 needs_new_interpreter = pytest.mark.skipif(_triton_before_3_8(),
                                            reason="Triton < 3.8: its interpreter cannot run this kernel's loops")
 

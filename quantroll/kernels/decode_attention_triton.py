@@ -25,17 +25,17 @@ from quantroll.kernels.fused_triton import _quant_fp8_groups
 
 
 @triton.jit
-def _attend_partial(q, k_base, v_base, start, end, sm_scale, s_ks, s_vs, offs_d, d_ok,
-                    G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
-    """q [G_PAD, D_PAD] against keys/values start..end-1 -> the online softmax's state:
-    running max m [G_PAD], sum l [G_PAD] and unnormalized output [G_PAD, D_PAD], float32
-    (m = -inf, l = 0, output 0 for an empty range)."""
+def _attend_group(q, k_base, v_base, length, sm_scale, s_ks, s_vs, offs_d, d_ok,
+                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+    """q [G_PAD, D_PAD] against keys/values 0..length-1 -> the float32 output rows (online
+    softmax). Both kernels inline this one loop, so their attention arithmetic cannot
+    drift apart."""
     m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((G_PAD,), dtype=tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
-    for s0 in range(start, end, BLOCK_S):
+    for s0 in range(0, length, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
-        s_ok = offs_s < end
+        s_ok = offs_s < length
         k = tl.load(k_base + offs_s[:, None] * s_ks + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k)) * sm_scale
         qk = tl.where(s_ok[None, :], qk, float("-inf"))
@@ -46,16 +46,6 @@ def _attend_partial(q, k_base, v_base, start, end, sm_scale, s_ks, s_vs, offs_d,
         v = tl.load(v_base + offs_s[:, None] * s_vs + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _attend_group(q, k_base, v_base, length, sm_scale, s_ks, s_vs, offs_d, d_ok,
-                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
-    """q [G_PAD, D_PAD] against keys/values 0..length-1 -> the float32 output rows. Both
-    kernels inline this one loop, so their attention arithmetic cannot drift apart."""
-    m_i, l_i, acc = _attend_partial(q, k_base, v_base, 0, length, sm_scale, s_ks, s_vs, offs_d, d_ok,
-                                    G_PAD, D_PAD, BLOCK_S)
     return acc / l_i[:, None]
 
 

@@ -1,0 +1,183 @@
+"""The CUDA decode GEMM (kernels/cuda/fp8_gemv.cu) against the shipped Triton decode
+kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
+
+1. Check: every compiled variant, on small odd shapes and the 8B shapes, at M from 1 to
+   64, against float64 on the same FP8 operands: each BF16 output within half a BF16 ulp
+   of the float64 value plus float32-summation slack (4 sqrt(K) 2^-24 times sum |a||w|),
+   bit-equal across two calls and between eager and CUDA-graph replay. Exit 1 on any miss.
+2. Time (GPU time per call in a CUDA graph over 8 distinct weights, median of 20) each
+   variant at M = 1, 16, 32, 64, the Triton kernel's shipped tiles and cuBLAS BF16;
+   print the best variant per token-tile count and the per-layer-set totals.
+3. With --ab: the 8B FP8 decode step with the CUDA kernel (best variants) against the
+   shipped engine (tokens and logprobs compared first), at --batches.
+
+    python bench/gemv_cuda.py [--ab] [--batches 1,16,32,64] [--layers N] [--json out.json]
+"""
+import argparse
+import itertools
+import json
+import math
+
+import torch
+
+from quantroll.bench.graph_time import graph_time_us
+from quantroll.formats import get_format
+from quantroll.kernels import fp8_gemv, fp8_linear
+from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantize_activation_fp8
+
+FP8 = get_format("fp8")
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+CHECK_SHAPES = [(16, 128), (48, 384), (272, 1152), (4096, 4096), (4096, 12288)]
+CHECK_M = (1, 2, 5, 8, 9, 16, 17, 31, 32, 33, 64)
+COPIES = 8
+
+
+def operands(m, n, k, copies=1):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    aq, a_s = quantize_activation_fp8(x)
+    ws = [FP8.quantize_weight((torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)) for _ in range(copies)]
+    return x, aq, a_s, ws
+
+
+def check(aq, a_s, w, y) -> str | None:
+    """None if y (BF16) is float64's value rounded, up to float32-summation slack."""
+    a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :aq.shape[1]]
+    wd = FP8.dequantize(w).double()
+    ref = a @ wd.t()
+    mag = a.abs() @ wd.abs().t()
+    k = aq.shape[1]
+    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)  # 2^(e-1) * 2^-8
+    bound = half_ulp + 4 * math.sqrt(k) * 2.0 ** -24 * mag
+    excess = ((y.double() - ref).abs() - bound).max().item()
+    return None if excess <= 0 else f"max excess over the bound {excess:.3e}"
+
+
+def correctness() -> int:
+    bad = 0
+    for (n, k), m in itertools.product(CHECK_SHAPES, CHECK_M):
+        _, aq, a_s, ws = operands(m, n, k)
+        w = ws[0]
+        for cfg in fp8_gemv.VARIANTS:
+            if 8 * cfg.token_tiles < m:
+                continue
+            y = fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg)
+            problem = check(aq, a_s, w, y)
+            if problem is None and not torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg)):
+                problem = "differs between two calls"
+            if problem is None:
+                out = torch.empty_like(y)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg, out=out)
+                graph.replay()
+                torch.cuda.synchronize()
+                if not torch.equal(out, y):
+                    problem = "graph replay differs from the eager call"
+            if problem:
+                bad += 1
+                print(f"BAD {cfg.kernel} M={m} N={n} K={k}: {problem}", flush=True)
+    print(f"correctness: {bad} failures", flush=True)
+    return bad
+
+
+def timings(ms=(1, 16, 32, 64)):
+    rows, totals = [], {}
+    for (name, (n, k)), m in itertools.product(SHAPES.items(), ms):
+        x, aq, a_s, ws = operands(m, n, k, COPIES)
+        wbs = [FP8.dequantize(w).to(torch.bfloat16) for w in ws]
+        row = {"layer": name, "m": m, "bound_us": n * k / 4.25e12 * 1e6}
+        row["cublas_bf16"] = graph_time_us(lambda j: x @ wbs[j].t(), COPIES)
+        tcfg = decode_config(n, k, m)
+        row["triton"] = graph_time_us(lambda j: fp8_gemm_decode(aq, a_s, ws[j].data, ws[j].scale, torch.bfloat16, tcfg),
+                                      COPIES)
+        row["cuda"] = {}
+        for cfg in fp8_gemv.VARIANTS:
+            if 8 * cfg.token_tiles < m or cfg.token_tiles > 2 * fp8_gemv.token_tiles(m):
+                continue
+            row["cuda"][cfg.kernel] = graph_time_us(
+                lambda j: fp8_gemv.fp8_gemv(aq, a_s, ws[j].data, ws[j].scale, cfg), COPIES)
+        best = min(row["cuda"], key=row["cuda"].get)
+        cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
+        row["cuda_best_plain_launch"] = graph_time_us(
+            lambda j: fp8_gemv.fp8_gemv(aq, a_s, ws[j].data, ws[j].scale, cfg, early=False), COPIES)
+        rows.append(row)
+        for key, t in (("cublas", row["cublas_bf16"]), ("triton", row["triton"]), ("cuda", row["cuda"][best])):
+            totals[(m, key)] = totals.get((m, key), 0.0) + t
+        print(f"{name:8s} M={m:3d} cuBLAS bf16 {row['cublas_bf16']:6.1f} | Triton {row['triton']:6.1f} | CUDA best "
+              f"{row['cuda'][best]:6.1f} {best} (no early launch {row['cuda_best_plain_launch']:6.1f}) | bytes {row['bound_us']:5.1f} | all: "
+              + " ".join(f"{kname[9:]}={t:.1f}" for kname, t in row["cuda"].items()), flush=True)
+    # the variant with the lowest layer-set total per token-tile count
+    choice = {}
+    for tiles in (1, 2, 4, 8):
+        sums = {}
+        for row in rows:
+            if fp8_gemv.token_tiles(row["m"]) != tiles:
+                continue
+            for kname, t in row["cuda"].items():
+                if kname.startswith(f"fp8_gemv_mt{tiles}_"):
+                    sums[kname] = sums.get(kname, 0.0) + t
+        if sums:
+            best = min(sums, key=sums.get)
+            cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
+            choice[tiles] = (cfg.warps, cfg.unroll)
+    print("\nper 8B layer set (qkv + o + gate_up + down), us:")
+    for m in ms:
+        bytes_us = sum(r["bound_us"] for r in rows if r["m"] == m)
+        print(f"M={m:3d} cuBLAS bf16 {totals[(m, 'cublas')]:6.1f}  Triton FP8 {totals[(m, 'triton')]:6.1f}  "
+              f"CUDA FP8 {totals[(m, 'cuda')]:6.1f}  FP8 bytes at 4.25 TB/s {bytes_us:5.1f}")
+    print(f"chosen (token tiles -> warps, unroll): {choice}", flush=True)
+    return rows, choice
+
+
+def engine_ab(batches, layers, max_m):
+    """The shipped engine, the CUDA GEMV up to max_m rows launched early, and launched plainly."""
+    import bench.switch_ab as ab
+    from quantroll.bench.rollout import copy_bandwidth
+    from quantroll.bench.shapes import random_model, shape_config
+    from quantroll.engine import SamplingParams
+
+    cfg = shape_config("qwen3-8b", layers)
+    model = random_model(cfg, "cuda", fmt=FP8)
+    args = argparse.Namespace(approx=["cuda"], batches=batches, precision="fp8", shape="qwen3-8b", repeats=2,
+                              device="cuda")
+    prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
+    bandwidth = copy_bandwidth("cuda")
+    reference_box, rows = [], []
+    args.approx = ["cuda", "cuda-plain"]
+    for name, value, early in (("shipped", 0, True), ("cuda", max_m, True), ("cuda-plain", max_m, False)):
+        fp8_linear.CUDA_GEMV_MAX_M, fp8_gemv.EARLY_LAUNCH = value, early
+        ab.measure(name, model, FP8, prompts, params, args, cfg, bandwidth, reference_box, rows)
+    fp8_linear.CUDA_GEMV_MAX_M, fp8_gemv.EARLY_LAUNCH = 0, True
+    print(f"\nqwen3-8b ({cfg.num_hidden_layers} layers) fp8 decode step, CUDA GEMV for M <= {max_m}, "
+          f"copy {bandwidth / 1e12:.2f} TB/s")
+    for name, b, ms, xr, chk in rows:
+        print(f"{name:10s} {b:5d} {ms:8.3f} ms {xr:6.2f}x roof  {chk}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--json", default=None)
+    p.add_argument("--ab", action="store_true")
+    p.add_argument("--batches", default="1,16,32,64")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--max-m", type=int, default=16)
+    p.add_argument("--skip-timings", action="store_true")
+    p.add_argument("--ms", default="1,16,32,64", help="token rows to time")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    if not fp8_gemv.usable(torch.device("cuda")):
+        raise SystemExit("the CUDA decode GEMM cannot be built here (see the warning above)")
+    bad = correctness()
+    if not args.skip_timings:
+        rows, choice = timings(tuple(int(v) for v in args.ms.split(",")))
+        fp8_gemv.CHOICE.update(choice)
+        if args.json:
+            json.dump({"rows": rows, "choice": choice}, open(args.json, "w"), indent=1)
+    if args.ab and not bad:
+        engine_ab(args.batches, args.layers, args.max_m)
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

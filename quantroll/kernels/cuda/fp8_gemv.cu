@@ -1,0 +1,301 @@
+// Block-FP8 decode GEMM for a few token rows (M <= 8 * MT): y = (a_q * a_s) @ (w_q * w_s)^T,
+// 1x128 activation scales, 128x128 weight scales, BF16 output, float32-accurate.
+//
+// Why CUDA and not Triton: at decode sizes the GEMM is a stream of weight bytes, and what
+// limits it is how many bytes each multiprocessor keeps in flight and how little each
+// launch pays before the first byte arrives. Here every thread loads its weight bytes
+// with 16-byte loads straight into the registers that mma.sync reads (no shared-memory
+// staging, no ldmatrix), widens the e4m3 codes to float16 (exact) and multiplies on
+// mma.sync.m16n8k16 with float32 accumulation, so products are exact and sums are float32.
+//
+// Layout of the work: a block owns 16 weight rows and all of K; its WARPS warps take the
+// 128-wide K groups round-robin (group g to warp g % WARPS) and are summed through shared
+// memory in warp order at the end: one launch, no cross-block reduction, and the same
+// result on every run. The K order inside a group is free (a dot product does not care),
+// so each thread reads 32 contiguous bytes of its row per group and the token codes in
+// the same order: thread (r, t) = (lane / 4, lane % 4) holds weight rows r and r + 8 and
+// logical k = 32 t + 4 j + {0..3} for mma step j = 0..7, whose A slots (2t, 2t+1) take
+// k + {0, 1} and slots (2t+8, 2t+9) take k + {2, 3}; the B fragment (token codes) uses
+// the same map, token row r + 8 * tile.
+
+#include <stdint.h>
+
+namespace {
+
+struct Words4 {
+  uint32_t w[4];
+};
+
+// Weights are read once: keep them out of L1. PINNED: volatile, so that the compiler keeps
+// the load before wait_for_previous_grid (the prologue's prefetch).
+template <bool PINNED>
+__device__ __forceinline__ Words4 load_stream(const uint8_t* p) {
+  Words4 v;
+  if (PINNED) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                 : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+        : "l"(p));
+  }
+  return v;
+}
+
+// Token codes are read by every block: let L1 keep them. Not volatile (the compiler may
+// schedule it freely); its address comes from after_wait, which keeps it after the wait.
+__device__ __forceinline__ Words4 load_cached(const uint8_t* p) {
+  Words4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+      : "l"(p));
+  return v;
+}
+
+// Two e4m3 codes (low byte first) to two float16 values: exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  uint32_t out;
+  uint16_t in = static_cast<uint16_t>(pair);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(in));
+  return out;
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
+  uint16_t out;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
+  return out;
+}
+
+// One 128-wide K group of one thread: rows r and r + 8 (8 words each) and, per token tile,
+// the 8 words of its token row.
+template <int MT>
+struct Group {
+  uint32_t w0[8];
+  uint32_t w1[8];
+  uint32_t a[MT][8];
+};
+
+template <int MT, bool PINNED>
+__device__ __forceinline__ void load_weights(Group<MT>& grp, const uint8_t* w_row0, const uint8_t* w_row1,
+                                             long long offset) {
+  Words4 v;
+  v = load_stream<PINNED>(w_row0 + offset);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) grp.w0[i] = v.w[i];
+  v = load_stream<PINNED>(w_row0 + offset + 16);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) grp.w0[4 + i] = v.w[i];
+  v = load_stream<PINNED>(w_row1 + offset);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) grp.w1[i] = v.w[i];
+  v = load_stream<PINNED>(w_row1 + offset + 16);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) grp.w1[4 + i] = v.w[i];
+}
+
+template <int MT>
+__device__ __forceinline__ void load_tokens(Group<MT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
+  Words4 v;
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    v = load_cached(a_rows[tile] + offset);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
+    v = load_cached(a_rows[tile] + offset + 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.a[tile][4 + i] = v.w[i];
+  }
+}
+
+// Programmatic dependent launch: when this grid was launched early (fp8_gemv.py sets the
+// attribute), wait here until the kernel before it has finished and its writes are
+// visible; without the attribute this returns at once. Everything before it may only read
+// what no earlier kernel of the step writes (the weights). Hopper and newer; on Ada the
+// launch is never early (fp8_gemv.py).
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Let the next kernel on the stream launch early, if it was launched with the attribute
+// (its blocks then take multiprocessors as ours finish, and wait for our writes).
+__device__ __forceinline__ void allow_next_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A pointer that the compiler cannot compute before this point (volatile asms keep their
+// order): loads through it stay after the wait without being volatile themselves.
+__device__ __forceinline__ const uint8_t* after_wait(const uint8_t* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
+
+// Sum of the group's code products (exact products, float32 sums) for each token tile.
+template <int MT>
+__device__ __forceinline__ void multiply_group(const Group<MT>& grp, float (&acc)[MT][4]) {
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[tile][i] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t a0 = e4m3x2_to_f16x2(grp.w0[j]);        // row r,     k + {0, 1}
+    const uint32_t a1 = e4m3x2_to_f16x2(grp.w1[j]);        // row r + 8, k + {0, 1}
+    const uint32_t a2 = e4m3x2_to_f16x2(grp.w0[j] >> 16);  // row r,     k + {2, 3}
+    const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[j] >> 16);  // row r + 8, k + {2, 3}
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+      const uint32_t b0 = e4m3x2_to_f16x2(grp.a[tile][j]);
+      const uint32_t b1 = e4m3x2_to_f16x2(grp.a[tile][j] >> 16);
+      mma_16816(acc[tile], a0, a1, a2, a3, b0, b1);
+    }
+  }
+}
+
+template <int MT, int WARPS, int UNROLL>
+__device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long long a_stride,
+                                         const float* __restrict__ a_s, long long a_s_stride_m,
+                                         long long a_s_stride_g, const uint8_t* __restrict__ w_q,
+                                         long long w_stride, const float* __restrict__ w_s,
+                                         long long w_s_stride_n, long long w_s_stride_g,
+                                         uint16_t* __restrict__ y, long long y_stride, long long m_rows,
+                                         long long k) {
+  __shared__ float partial[WARPS][16][8 * MT];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int r = lane >> 2;
+  const int t = lane & 3;
+  const long long n0 = static_cast<long long>(blockIdx.x) * 16;
+  const int groups = static_cast<int>(k >> 7);
+  const int last_row = static_cast<int>(m_rows) - 1;
+
+  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + 32 * t;
+  const uint8_t* w_row1 = w_row0 + 8 * w_stride;
+  const uint8_t* a_rows[MT];
+  int scale_rows[MT][2];
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + 32 * t;
+    scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
+    scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
+  }
+  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
+
+  float total[MT][4];
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) total[tile][i] = 0.0f;
+  }
+
+  // The first round's weight bytes are requested before waiting for the previous kernel.
+  Group<MT> grp[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int g = warp + u * WARPS;
+    if (g < groups) load_weights<MT, true>(grp[u], w_row0, w_row1, static_cast<long long>(g) << 7);
+  }
+  allow_next_grid();
+  wait_for_previous_grid();
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
+
+  for (int first = warp; first < groups; first += WARPS * UNROLL) {
+    if (first != warp) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int g = first + u * WARPS;
+        if (g < groups) load_weights<MT, false>(grp[u], w_row0, w_row1, static_cast<long long>(g) << 7);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int g = first + u * WARPS;
+      if (g < groups) load_tokens<MT>(grp[u], a_rows, static_cast<long long>(g) << 7);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int g = first + u * WARPS;
+      if (g < groups) {
+        float acc[MT][4];
+        multiply_group<MT>(grp[u], acc);
+        const float w_scale = w_s_block[g * w_s_stride_g];
+#pragma unroll
+        for (int tile = 0; tile < MT; ++tile) {
+          const float s0 = a_s[scale_rows[tile][0] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+          const float s1 = a_s[scale_rows[tile][1] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+          total[tile][0] += acc[tile][0] * s0;  // weight row r,     token 2t
+          total[tile][1] += acc[tile][1] * s1;  // weight row r,     token 2t + 1
+          total[tile][2] += acc[tile][2] * s0;  // weight row r + 8, token 2t
+          total[tile][3] += acc[tile][3] * s1;  // weight row r + 8, token 2t + 1
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    const int m = 2 * t + 8 * tile;
+    partial[warp][r][m] = total[tile][0];
+    partial[warp][r][m + 1] = total[tile][1];
+    partial[warp][r + 8][m] = total[tile][2];
+    partial[warp][r + 8][m + 1] = total[tile][3];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < 16 * 8 * MT; idx += WARPS * 32) {
+    const int n = idx & 15;
+    const int m = idx >> 4;
+    if (m <= last_row) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) sum += partial[w][n][m];
+      y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
+    }
+  }
+}
+
+}  // namespace
+
+#define QUANTROLL_FP8_GEMV(MT, WARPS, UNROLL)                                                              \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
+      fp8_gemv_mt##MT##_w##WARPS##_u##UNROLL(                                                              \
+          const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
+          long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
+          long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
+          long long m_rows, long long k) {                                                                 \
+    fp8_gemv<MT, WARPS, UNROLL>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,        \
+                                w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                       \
+  }
+
+// The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them).
+QUANTROLL_FP8_GEMV(1, 4, 2)
+QUANTROLL_FP8_GEMV(1, 4, 4)
+QUANTROLL_FP8_GEMV(1, 8, 2)
+QUANTROLL_FP8_GEMV(1, 8, 4)
+QUANTROLL_FP8_GEMV(2, 4, 2)
+QUANTROLL_FP8_GEMV(2, 4, 4)
+QUANTROLL_FP8_GEMV(2, 8, 2)
+QUANTROLL_FP8_GEMV(2, 8, 4)
+QUANTROLL_FP8_GEMV(4, 4, 1)
+QUANTROLL_FP8_GEMV(4, 4, 2)
+QUANTROLL_FP8_GEMV(4, 8, 1)
+QUANTROLL_FP8_GEMV(4, 8, 2)
+QUANTROLL_FP8_GEMV(8, 4, 1)
+QUANTROLL_FP8_GEMV(8, 4, 2)
+QUANTROLL_FP8_GEMV(8, 8, 1)
+QUANTROLL_FP8_GEMV(8, 8, 2)

@@ -1,0 +1,211 @@
+"""CUDA C++ kernels of quantroll: compiled by nvcc into a cubin at first use (cached on
+disk), loaded and launched through the CUDA driver API (ctypes on libcuda).
+
+Why not a torch C++ extension: building one compiles PyTorch's headers (a minute or more
+per machine) for kernels that need none of them. A cubin of plain CUDA builds in seconds,
+and a launch through ``cuLaunchKernel`` on torch's current stream is recorded by CUDA
+graph capture like any other kernel, which is all the decode step needs.
+
+Nothing here falls back silently: ``available()`` says whether nvcc and the driver are
+there, ``unavailable_reason()`` says why not, and callers log which path they took.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE_DIR = Path(__file__).parent / "cuda"
+
+
+def cache_dir() -> Path:
+    """Where compiled cubins live: $QUANTROLL_CACHE_DIR/cuda, else ~/.cache/quantroll/cuda."""
+    root = os.environ.get("QUANTROLL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "quantroll")
+    return Path(root) / "cuda"
+
+
+def find_nvcc() -> str | None:
+    """$QUANTROLL_NVCC, $CUDA_HOME/bin/nvcc, nvcc on PATH, /usr/local/cuda/bin/nvcc."""
+    candidates = [os.environ.get("QUANTROLL_NVCC")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home:
+            candidates.append(os.path.join(home, "bin", "nvcc"))
+    candidates += [shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"]
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def arch_flag(capability: tuple[int, int]) -> str:
+    major, minor = capability
+    return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = None) -> Path:
+    """The cubin of ``source`` for ``capability``, compiled once and cached by the hash of
+    the source, the flags and nvcc's version (written to a temporary name, then renamed,
+    so a crash leaves no half-written cubin)."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise CompileError("nvcc not found: set CUDA_HOME or QUANTROLL_NVCC to a CUDA toolkit >= 12.1")
+    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability)]
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([source.read_text(), *flags, version]).encode()).hexdigest()[:24]
+    out = cache_dir() / f"{source.stem}-{key}.cubin"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".cubin", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([nvcc, *flags, "-o", tmp, str(source)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CompileError(f"nvcc failed on {source.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union (cuda.h)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("value_pad", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _Driver:
+    """The few driver-API entry points used here, typed."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        p, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+        self.lib = lib
+        lib.cuModuleLoadData.argtypes = [ctypes.POINTER(p), p]
+        lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(p), p, ctypes.c_char_p]
+        lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, ctypes.POINTER(p), ctypes.POINTER(p)]
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), p, ctypes.POINTER(p), ctypes.POINTER(p)]
+        lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
+        lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
+        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent"):
+            getattr(lib, name).restype = i
+
+    def check(self, result: int, what: str) -> None:
+        if result != 0:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorString(result, ctypes.byref(text))
+            raise RuntimeError(f"CUDA driver: {what} failed: {(text.value or b'?').decode()} ({result})")
+
+
+_driver: _Driver | None = None
+_lock = threading.Lock()
+
+
+def driver() -> _Driver:
+    global _driver
+    with _lock:
+        if _driver is None:
+            _driver = _Driver()
+        return _driver
+
+
+class CudaModule:
+    """A cubin loaded into the current device's context; ``launch`` runs one of its
+    kernels on torch's current stream. Arguments: tensors (their data pointer) and ints
+    (passed as 64-bit: every kernel here takes ``long long``)."""
+
+    def __init__(self, cubin: Path, device: torch.device):
+        drv = driver()
+        with torch.cuda.device(device):
+            torch.cuda.current_stream(device)  # make torch's (primary) context current here
+            ctx = ctypes.c_void_p()
+            drv.check(drv.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+            if not ctx.value:
+                raise RuntimeError(f"CUDA driver: no current context on {device} after torch initialised it")
+            self._image = cubin.read_bytes()  # the driver may keep a pointer into it
+            module = ctypes.c_void_p()
+            drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), self._image), f"loading {cubin.name}")
+        self.module, self.device, self._functions = module, device, {}
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        if name not in self._functions:
+            fn = ctypes.c_void_p()
+            driver().check(driver().lib.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()),
+                           f"finding kernel {name}")
+            self._functions[name] = fn
+        return self._functions[name]
+
+    def launch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], *args,
+               early: bool = False) -> None:
+        """``early``: programmatic dependent launch (the kernel may start before the previous
+        one on the stream has finished and must wait for it itself: griddepcontrol.wait)."""
+        holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
+                   for a in args]
+        params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        drv = driver()
+        if not early:
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
+                      f"launching {name}")
+            return
+        attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
+        drv.check(drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None),
+                  f"launching {name} (programmatic dependent launch)")
+
+
+_modules: dict[tuple[str, int], CudaModule] = {}
+
+
+def load(source_name: str, device: torch.device) -> CudaModule:
+    """The module of ``cuda/<source_name>`` on ``device`` (compiled and loaded once)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (source_name, index)
+    with _lock:
+        module = _modules.get(key)
+    if module is None:
+        cubin = compile_cubin(SOURCE_DIR / source_name, torch.cuda.get_device_capability(index))
+        module = CudaModule(cubin, torch.device("cuda", index))
+        with _lock:
+            _modules[key] = _modules.get(key) or module
+    return _modules[key]
+
+
+def unavailable_reason(device: torch.device | str | None = None) -> str | None:
+    """None when quantroll's CUDA kernels can run on ``device``, else why not."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return "the GPU has no FP8 conversion instructions (compute capability < 8.9)"
+    if find_nvcc() is None:
+        return "nvcc not found (set CUDA_HOME or QUANTROLL_NVCC)"
+    try:
+        driver()
+    except OSError as err:
+        return f"libcuda.so.1 not loadable: {err}"
+    return None

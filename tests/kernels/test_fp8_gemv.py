@@ -1,0 +1,170 @@
+"""The CUDA decode GEMM (kernels/cuda/fp8_gemv.cu): its variants, its build, and on a GPU
+its outputs against float64 (each BF16 output float64's value rounded, up to float32
+summation slack), run to run, under CUDA-graph replay, launched early or not, and in the
+engine (issue 3's logits criterion with every decode GEMM on it)."""
+
+import math
+import re
+
+import pytest
+import torch
+
+from quantroll.kernels import cuda_jit, fp8_gemv
+
+
+def test_variants_list_matches_the_instances_in_the_source():
+    source = (cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE).read_text()
+    instances = {tuple(map(int, m)) for m in re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+)\)", source, re.M)}
+    assert instances == {(c.token_tiles, c.warps, c.unroll) for c in fp8_gemv.VARIANTS}
+    for tiles, choice in fp8_gemv.CHOICE.items():
+        assert fp8_gemv.GemvConfig(tiles, *choice) in fp8_gemv.VARIANTS
+
+
+def test_token_tiles_hold_the_batch():
+    for m in range(1, 65):
+        assert m <= 8 * fp8_gemv.token_tiles(m) < 2 * m + 8
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+@pytest.mark.parametrize("capability", [(8, 9), (9, 0)])
+def test_source_builds_for_ada_and_hopper(capability, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
+    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE, capability)
+    image = cubin.read_bytes()
+    assert all(c.kernel.encode() in image for c in fp8_gemv.VARIANTS)
+    assert cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE, capability) == cubin  # cached
+    assert [p.name for p in cubin.parent.iterdir()] == [cubin.name]  # no temporary left behind
+
+
+def test_missing_nvcc_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_jit, "find_nvcc", lambda: None)
+    with pytest.raises(cuda_jit.CompileError, match="nvcc not found: set CUDA_HOME or QUANTROLL_NVCC"):
+        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE, (9, 0))
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+def test_compile_failure_names_the_source_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.cu"
+    bad.write_text("__global__ void k() { this is not C++; }\n")
+    with pytest.raises(cuda_jit.CompileError, match="nvcc failed on broken.cu"):
+        cuda_jit.compile_cubin(bad, (9, 0))
+    assert list((tmp_path / "cache" / "cuda").iterdir()) == []
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or cuda_jit.unavailable_reason() is not None,
+                         reason="needs a CUDA GPU with FP8 conversions and nvcc")
+
+
+def _operands(m, n, k, seed=0):
+    from quantroll.formats import get_format
+    from quantroll.kernels.fp8_linear import quantize_activation_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(m, k, device="cuda", generator=g) * torch.logspace(-2, 2, k, device="cuda")).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    aq, a_s = quantize_activation_fp8(x)
+    return aq, a_s, get_format("fp8").quantize_weight(w)
+
+
+def _excess_over_rounding(aq, a_s, wq, y) -> float:
+    """max(|y - float64| - (half a BF16 ulp + 4 sqrt(K) 2^-24 sum |a||w|)): <= 0 when y is
+    the float64 value rounded to BF16 up to float32 summation error."""
+    from quantroll.formats import get_format
+
+    k = aq.shape[1]
+    a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :k]
+    w = get_format("fp8").dequantize(wq).double()
+    ref, mag = a @ w.t(), a.abs() @ w.abs().t()
+    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)
+    return ((y.double() - ref).abs() - half_ulp - 4 * math.sqrt(k) * 2.0 ** -24 * mag).max().item()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 16, 128), (5, 48, 384), (9, 272, 1152), (16, 4096, 4096), (17, 96, 256),
+                                   (33, 1024, 12288), (64, 6144, 4096)])
+def test_every_variant_rounds_the_float64_result(m, n, k):
+    aq, a_s, wq = _operands(m, n, k)
+    for cfg in fp8_gemv.VARIANTS:
+        if 8 * cfg.token_tiles < m:
+            continue
+        y = fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, cfg)
+        assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
+        assert torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
+
+
+@gpu
+@pytest.mark.gpu
+def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
+    aq, a_s, wq = _operands(12, 256, 512)
+    y = fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale)
+    assert torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s.contiguous(), wq.data, wq.scale))
+    # rows 2..9 of a larger activation: the row stride and the scale offset carry over
+    y8 = fp8_gemv.fp8_gemv(aq[2:10], a_s[2:10], wq.data, wq.scale)
+    assert _excess_over_rounding(aq[2:10], a_s[2:10], wq, y8) <= 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_graph_replay_after_a_kernel_that_writes_the_input():
+    """Launched early inside a CUDA graph right after the kernel that writes its input, it
+    must read the new input (griddepcontrol.wait), replay after replay."""
+    aq, a_s, wq = _operands(16, 4096, 4096)
+    src = aq.clone()
+    out = torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        aq.copy_(src)
+        fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, out=out)
+    for seed in range(3):
+        fresh = _operands(16, 4096, 4096, seed=seed + 1)[0]
+        src.copy_(fresh)
+        aq.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fp8_gemv.fp8_gemv(fresh, a_s, wq.data, wq.scale, early=False))
+
+
+@gpu
+@pytest.mark.gpu
+def test_fp8_gemm_takes_it_up_to_the_switch(monkeypatch):
+    from quantroll.kernels import fp8_linear
+
+    calls = []
+    real = fp8_gemv.fp8_gemv
+    monkeypatch.setattr(fp8_gemv, "fp8_gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    monkeypatch.setattr(fp8_linear, "CUDA_GEMV_MAX_M", 16)
+    for m in (1, 16, 17, 100):
+        aq, a_s, wq = _operands(m, 512, 512)
+        fp8_linear.fp8_gemm(aq, a_s, wq.data, wq.scale)
+    assert calls == [1, 16]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,batch", [("dense", 1), ("dense", 4)])
+def test_logits_criterion_holds_with_the_cuda_decode_gemm(kind, batch, tmp_path, monkeypatch):
+    """Issue 3's criterion (test_gpu_engine.py) with every decode GEMM of <= 64 rows on the
+    CUDA kernel (batch 1 is 9 rows, batch 4 is 36), and the kernel seen to run."""
+    pytest.importorskip("triton")
+    from quantroll.kernels import fp8_linear
+    from tests.engine.test_gpu_engine import test_real_fp8_logits_vs_emulation_on_the_warm_started_model as criterion
+
+    calls = []
+    real = fp8_gemv.fp8_gemv
+    monkeypatch.setattr(fp8_gemv, "fp8_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(fp8_linear, "CUDA_GEMV_MAX_M", 64)
+    criterion(kind, batch, tmp_path)
+    assert calls
+
+
+@gpu
+@pytest.mark.gpu
+def test_engine_decode_logprobs_match_a_full_forward_with_the_cuda_decode_gemm(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from quantroll.kernels import fp8_linear
+    from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
+
+    monkeypatch.setattr(fp8_linear, "CUDA_GEMV_MAX_M", 64)
+    check(tmp_path)

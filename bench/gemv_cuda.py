@@ -27,7 +27,7 @@ from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantiz
 
 FP8 = get_format("fp8")
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
-CHECK_SHAPES = [(16, 128), (48, 384), (272, 1152), (4096, 4096), (4096, 12288)]
+CHECK_SHAPES = [(16, 128), (48, 384), (96, 256), (272, 1152), (4096, 4096), (4096, 12288)]
 CHECK_M = (1, 2, 5, 8, 9, 16, 17, 31, 32, 33, 64)
 COPIES = 8
 
@@ -58,7 +58,7 @@ def correctness() -> int:
         _, aq, a_s, ws = operands(m, n, k)
         w = ws[0]
         for cfg in fp8_gemv.VARIANTS:
-            if 8 * cfg.token_tiles < m:
+            if 8 * cfg.token_tiles < m or n % cfg.rows:
                 continue
             y = fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg)
             problem = check(aq, a_s, w, y)
@@ -106,12 +106,12 @@ def timings(ms=(1, 16, 32, 64)):
         print(f"{name:8s} M={m:3d} cuBLAS bf16 {row['cublas_bf16']:6.1f} | Triton {row['triton']:6.1f} | CUDA best "
               f"{row['cuda'][best]:6.1f} {best} (no early launch {row['cuda_best_plain_launch']:6.1f}) | bytes {row['bound_us']:5.1f} | all: "
               + " ".join(f"{kname[9:]}={t:.1f}" for kname, t in row["cuda"].items()), flush=True)
-    # the variant with the lowest layer-set total per token-tile count
+    # the variant with the lowest total per token-tile count and width class
     choice = {}
-    for tiles in (1, 2, 4, 8):
+    for tiles, width in itertools.product((1, 2, 4, 8), ("narrow", "wide")):
         sums = {}
         for row in rows:
-            if fp8_gemv.token_tiles(row["m"]) != tiles:
+            if fp8_gemv.token_tiles(row["m"]) != tiles or fp8_gemv.width_class(SHAPES[row["layer"]][0]) != width:
                 continue
             for kname, t in row["cuda"].items():
                 if kname.startswith(f"fp8_gemv_mt{tiles}_"):
@@ -119,13 +119,13 @@ def timings(ms=(1, 16, 32, 64)):
         if sums:
             best = min(sums, key=sums.get)
             cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
-            choice[tiles] = (cfg.warps, cfg.unroll)
+            choice[(tiles, width)] = (cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline)
     print("\nper 8B layer set (qkv + o + gate_up + down), us:")
     for m in ms:
         bytes_us = sum(r["bound_us"] for r in rows if r["m"] == m)
         print(f"M={m:3d} cuBLAS bf16 {totals[(m, 'cublas')]:6.1f}  Triton FP8 {totals[(m, 'triton')]:6.1f}  "
               f"CUDA FP8 {totals[(m, 'cuda')]:6.1f}  FP8 bytes at 4.25 TB/s {bytes_us:5.1f}")
-    print(f"chosen (token tiles -> warps, unroll): {choice}", flush=True)
+    print(f"chosen ((token tiles, width) -> (row tiles, warps, unroll, pipeline)): {choice}", flush=True)
     return rows, choice
 
 
@@ -146,9 +146,9 @@ def engine_ab(batches, layers, max_m):
     reference_box, rows = [], []
     args.approx = ["cuda", "cuda-plain"]
     for name, value, early in (("shipped", 0, True), ("cuda", max_m, True), ("cuda-plain", max_m, False)):
-        fp8_linear.CUDA_GEMV_MAX_M, fp8_gemv.EARLY_LAUNCH = value, early
+        fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = value, early
         ab.measure(name, model, FP8, prompts, params, args, cfg, bandwidth, reference_box, rows)
-    fp8_linear.CUDA_GEMV_MAX_M, fp8_gemv.EARLY_LAUNCH = 0, True
+    fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = 0, True
     print(f"\nqwen3-8b ({cfg.num_hidden_layers} layers) fp8 decode step, CUDA GEMV for M <= {max_m}, "
           f"copy {bandwidth / 1e12:.2f} TB/s")
     for name, b, ms, xr, chk in rows:
@@ -173,7 +173,7 @@ def main():
         rows, choice = timings(tuple(int(v) for v in args.ms.split(",")))
         fp8_gemv.CHOICE.update(choice)
         if args.json:
-            json.dump({"rows": rows, "choice": choice}, open(args.json, "w"), indent=1)
+            json.dump({"rows": rows, "choice": {f"{t},{w}": v for (t, w), v in choice.items()}}, open(args.json, "w"), indent=1)
     if args.ab and not bad:
         engine_ab(args.batches, args.layers, args.max_m)
     raise SystemExit(1 if bad else 0)

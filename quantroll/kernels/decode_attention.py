@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from quantroll.kernels import fp8_gemv
+
 # Decode from the fused q/k/v projection in one launch (decode_attention_qkv) instead of
 # two (qk_norm_rope_cache + decode_attention), and hand a block-FP8 o_proj its input
 # already quantized. Measured on the H200 (Qwen3-8B shape, 2026-12-01): 0.11-0.14 ms less
@@ -83,7 +85,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         codes.stride(0), scales.stride(0), scales.stride(1),
         HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s, QUANT=quantize,
-        num_warps=4, num_stages=2,
+        RELEASE=quantize and fp8_gemv.release_producers(qkv.device), num_warps=4, num_stages=2,
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

@@ -7,13 +7,19 @@ reads the weights with 16-byte loads straight into mma.sync's registers and sums
 groups of a block's warps in shared memory, so it needs no split-K scratch, counters or
 second launch (see the source for the layout).
 
-``fp8_linear.fp8_gemm`` takes it for M <= ``CUDA_GEMV_MAX_M`` where ``supports`` holds and
-the kernel could be built (nvcc present), and logs once which decode path it uses.
+``fp8_linear.fp8_gemm`` takes it for M <= ``MAX_M`` where ``supports`` holds and the
+kernel could be built (nvcc present), and logs once which decode path it uses.
+
+Launched early (programmatic dependent launch, Hopper and newer): the kernels that
+produce a decode GEMM's input (RMSNorm, attention, silu*up; ``release_producers``)
+release it as they start, so that its blocks request their first weight bytes while the
+producer runs, then wait for it (griddepcontrol.wait) before reading the activation.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -27,37 +33,63 @@ SOURCE = "fp8_gemv.cu"
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """One compiled variant: token tiles of 8 rows (M <= 8 * token_tiles), warps per block
-    (each takes every warps-th K group of the block's 16 weight rows), K groups each warp
-    loads before it multiplies (bytes in flight)."""
+    """One compiled variant: token tiles of 8 rows (M <= 8 * token_tiles), weight tiles of
+    16 rows per block (the token codes a warp widens serve all of them), warps per block
+    (each takes every warps-th K group of the block's rows), K groups per round of loads,
+    and whether the next round's loads are issued before this round multiplies (two
+    register buffers)."""
 
     token_tiles: int
+    row_tiles: int
     warps: int
     unroll: int
+    pipeline: int = 0
 
     @property
     def kernel(self) -> str:
-        return f"fp8_gemv_mt{self.token_tiles}_w{self.warps}_u{self.unroll}"
+        return (f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}"
+                f"_p{self.pipeline}")
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.row_tiles
 
 
 # Every variant cuda/fp8_gemv.cu instantiates (keep the two lists equal: a test checks).
-VARIANTS = tuple(GemvConfig(mt, w, u) for mt, unrolls in ((1, (2, 4)), (2, (2, 4)), (4, (1, 2)), (8, (1, 2)))
-                 for w in (4, 8) for u in unrolls)
+VARIANTS = tuple(GemvConfig(*v) for v in (
+    (1, 1, 4, 2), (1, 1, 4, 4), (1, 1, 8, 2), (1, 1, 8, 4), (1, 2, 4, 2), (1, 2, 8, 2),
+    (2, 1, 4, 1), (2, 1, 4, 2), (2, 1, 8, 1), (2, 1, 8, 2), (2, 2, 4, 1), (2, 2, 4, 2), (2, 2, 8, 1), (2, 2, 8, 2),
+    (4, 1, 4, 1), (4, 1, 8, 1), (4, 2, 4, 1), (4, 2, 8, 1), (8, 1, 4, 1), (8, 1, 8, 1),
+    (1, 1, 4, 1, 1), (1, 1, 8, 1, 1), (1, 1, 4, 2, 1), (1, 1, 8, 2, 1), (2, 1, 4, 1, 1), (2, 1, 8, 1, 1),
+    (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (4, 1, 4, 1, 1)))
 
 
 def token_tiles(m: int) -> int:
     return 1 if m <= 8 else 2 if m <= 16 else 4 if m <= 32 else 8
 
 
-# token tiles -> (warps, unroll): the variant each batch size takes (bench/gemv_cuda.py).
-CHOICE: dict[int, tuple[int, int]] = {1: (8, 2), 2: (8, 2), 4: (8, 1), 8: (8, 1)}
+def width_class(n: int) -> str:
+    """Few output rows (N <= 4096: <= 256 blocks of 16 rows for 132 multiprocessors) want
+    more warps per block than many; the choice is measured per class."""
+    return "narrow" if n <= 4096 else "wide"
+
+
+# (token tiles, width class) -> (row tiles, warps, unroll, pipeline): the variant each
+# batch size and shape class takes (bench/gemv_cuda.py measures them).
+CHOICE: dict[tuple[int, str], tuple[int, int, int, int]] = {
+    (1, "narrow"): (1, 8, 2, 0), (1, "wide"): (1, 4, 2, 0), (2, "narrow"): (1, 8, 1, 0), (2, "wide"): (1, 4, 1, 0),
+    (4, "narrow"): (1, 4, 1, 0), (4, "wide"): (1, 4, 1, 0), (8, "narrow"): (1, 4, 1, 0), (8, "wide"): (1, 4, 1, 0)}
 
 
 def default_config(m: int, n: int, k: int) -> GemvConfig:
     """The variant for an M-row decode GEMM: the fewest token tiles that hold M, and the
-    warps and unroll measured best for them (``CHOICE``)."""
+    variant measured best for them and N's width class (``CHOICE``); one row tile where N
+    is not a multiple of the chosen block's rows."""
     tiles = token_tiles(m)
-    return GemvConfig(tiles, *CHOICE[tiles])
+    row_tiles, warps, unroll, pipeline = CHOICE[(tiles, width_class(n))]
+    if n % (16 * row_tiles):
+        row_tiles = 1
+    return GemvConfig(tiles, row_tiles, warps, unroll, pipeline)
 
 
 def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -70,9 +102,22 @@ def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool
             and aq.data_ptr() % 16 == 0 and wq.data_ptr() % 16 == 0)
 
 
+# Decode GEMMs of at most this many rows take this kernel where it can be built; 0: off.
+MAX_M = 0
+
 # Launch early (programmatic dependent launch): the kernel requests its first weight bytes
 # while the kernel before it finishes, then waits for it (griddepcontrol.wait).
 EARLY_LAUNCH = True
+
+
+def release_producers(device: torch.device) -> bool:
+    """Whether the kernels that feed a decode GEMM should release it at their start
+    (``griddepcontrol.launch_dependents``): only when it is this kernel, launched early, on
+    Hopper or newer, outside Triton's interpreter. Releasing is harmless for a successor
+    launched the ordinary way (it still waits for the producer to finish)."""
+    if not (MAX_M and EARLY_LAUNCH) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9 and usable(device)
 
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
@@ -81,11 +126,12 @@ def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor 
     m, k = aq.shape
     n = wq.shape[0]
     cfg = cfg or default_config(m, n, k)
-    if m > 8 * cfg.token_tiles:
-        raise ValueError(f"fp8_gemv: {m} rows exceed the {8 * cfg.token_tiles} of {cfg.kernel}")
+    if m > 8 * cfg.token_tiles or n % cfg.rows:
+        raise ValueError(f"fp8_gemv: {m} x {n} does not fit {cfg.kernel} (at most {8 * cfg.token_tiles} rows, "
+                         f"N a multiple of {cfg.rows})")
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     module = cuda_jit.load(SOURCE, aq.device)
-    module.launch(cfg.kernel, (n // 16, 1, 1), (32 * cfg.warps, 1, 1),
+    module.launch(cfg.kernel, (n // cfg.rows, 1, 1), (32 * cfg.warps, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
                   w_s.stride(1), y, y.stride(0), m, k,
                   early=(EARLY_LAUNCH if early is None else early) and torch.cuda.get_device_capability(aq.device)[0] >= 9)

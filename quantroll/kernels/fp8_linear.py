@@ -220,18 +220,13 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
     return torch._scaled_mm(aq, wq.t(), scale_a=a_s, scale_b=w_s.t(), out_dtype=out_dtype)
 
 
-# Decode GEMMs of at most this many rows take the CUDA kernel (fp8_gemv.py) where it can be
-# built; 0: off (to be set from bench/gemv_cuda.py's measurements).
-CUDA_GEMV_MAX_M = 0
-
-
 def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     """The FP8 GEMM for an activation of M rows: decode kernel, cuBLAS or prefill kernel."""
     m, k = aq.shape
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
-    if m <= CUDA_GEMV_MAX_M and fp8_gemv.supports(aq, wq, out_dtype) and fp8_gemv.usable(aq.device):
+    if m <= fp8_gemv.MAX_M and fp8_gemv.supports(aq, wq, out_dtype) and fp8_gemv.usable(aq.device):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
     if m <= 64:
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))

@@ -12,6 +12,7 @@ import torch
 
 from quantroll.kernels.counters import counters
 from quantroll.kernels.decode_attention import next_pow2
+from quantroll.kernels import fp8_gemv
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
 # The model asks for producer-quantized activations only while this is True; tests turn it
@@ -55,7 +56,8 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     q, s = fp8_output_buffers(x2.shape[0], h, x.device) if quantize else (y, y)  # placeholders without
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
                                        y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
-                                       QUANT=quantize, BLOCK=next_pow2(h, 1), STORE_Y=store_y, num_warps=8)
+                                       QUANT=quantize, BLOCK=next_pow2(h, 1), STORE_Y=store_y,
+                                       RELEASE=fp8_gemv.release_producers(x.device), num_warps=8)
     if quantize:
         return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype, y.view(x.shape) if keep_bf16 else None)
     return res.view(x.shape), y.view(x.shape)
@@ -92,7 +94,8 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
     q, s = fp8_output_buffers(g2.shape[0], inter, gate_up.device) if quantize else (y, y)
     block = 1024  # a multiple of 128: each program quantizes whole groups
     silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](
-        g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block)
+        g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block,
+        RELEASE=fp8_gemv.release_producers(gate_up.device))
     if quantize:
         return Fp8Activation(q, s, shape, gate_up.dtype)
     return y.view(shape)

@@ -14,10 +14,13 @@ from quantroll.kernels import cuda_jit, fp8_gemv
 
 def test_variants_list_matches_the_instances_in_the_source():
     source = (cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE).read_text()
-    instances = {tuple(map(int, m)) for m in re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+)\)", source, re.M)}
-    assert instances == {(c.token_tiles, c.warps, c.unroll) for c in fp8_gemv.VARIANTS}
-    for tiles, choice in fp8_gemv.CHOICE.items():
-        assert fp8_gemv.GemvConfig(tiles, *choice) in fp8_gemv.VARIANTS
+    found = re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
+    assert {tuple(map(int, m)) for m in found} == {(c.token_tiles, c.row_tiles, c.warps, c.unroll, c.pipeline)
+                                                   for c in fp8_gemv.VARIANTS}
+    assert {tiles for tiles, _ in fp8_gemv.CHOICE} == {1, 2, 4, 8}
+    for (tiles, _), (row_tiles, warps, unroll, pipeline) in fp8_gemv.CHOICE.items():
+        for rt in {row_tiles, 1}:  # the one-row-tile twin serves N that the chosen rows do not divide
+            assert fp8_gemv.GemvConfig(tiles, rt, warps, unroll, pipeline) in fp8_gemv.VARIANTS
 
 
 def test_token_tiles_hold_the_batch():
@@ -87,7 +90,7 @@ def _excess_over_rounding(aq, a_s, wq, y) -> float:
 def test_every_variant_rounds_the_float64_result(m, n, k):
     aq, a_s, wq = _operands(m, n, k)
     for cfg in fp8_gemv.VARIANTS:
-        if 8 * cfg.token_tiles < m:
+        if 8 * cfg.token_tiles < m or n % cfg.rows:
             continue
         y = fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, cfg)
         assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
@@ -134,7 +137,7 @@ def test_fp8_gemm_takes_it_up_to_the_switch(monkeypatch):
     calls = []
     real = fp8_gemv.fp8_gemv
     monkeypatch.setattr(fp8_gemv, "fp8_gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    monkeypatch.setattr(fp8_linear, "CUDA_GEMV_MAX_M", 16)
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
     for m in (1, 16, 17, 100):
         aq, a_s, wq = _operands(m, 512, 512)
         fp8_linear.fp8_gemm(aq, a_s, wq.data, wq.scale)
@@ -154,7 +157,7 @@ def test_logits_criterion_holds_with_the_cuda_decode_gemm(kind, batch, tmp_path,
     calls = []
     real = fp8_gemv.fp8_gemv
     monkeypatch.setattr(fp8_gemv, "fp8_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(fp8_linear, "CUDA_GEMV_MAX_M", 64)
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 64)
     criterion(kind, batch, tmp_path)
     assert calls
 
@@ -166,5 +169,5 @@ def test_engine_decode_logprobs_match_a_full_forward_with_the_cuda_decode_gemm(t
     from quantroll.kernels import fp8_linear
     from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
 
-    monkeypatch.setattr(fp8_linear, "CUDA_GEMV_MAX_M", 64)
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 64)
     check(tmp_path)

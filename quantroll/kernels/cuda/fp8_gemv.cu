@@ -8,7 +8,7 @@
 // staging, no ldmatrix), widens the e4m3 codes to float16 (exact) and multiplies on
 // mma.sync.m16n8k16 with float32 accumulation, so products are exact and sums are float32.
 //
-// Layout of the work: a block owns 16 weight rows and all of K; its WARPS warps take the
+// Layout of the work: a block owns 16 * RT weight rows and all of K; its WARPS warps take the
 // 128-wide K groups round-robin (group g to warp g % WARPS) and are summed through shared
 // memory in warp order at the end: one launch, no cross-block reduction, and the same
 // result on every run. The K order inside a group is free (a dot product does not care),
@@ -76,39 +76,43 @@ __device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
   return out;
 }
 
-// One 128-wide K group of one thread: rows r and r + 8 (8 words each) and, per token tile,
-// the 8 words of its token row.
-template <int MT>
+// One 128-wide K group of one thread: for each of its RT 16-row weight tiles, rows r and
+// r + 8 (8 words each), and for each of its MT token tiles, the 8 words of token row r.
+template <int MT, int RT>
 struct Group {
-  uint32_t w0[8];
-  uint32_t w1[8];
+  uint32_t w0[RT][8];
+  uint32_t w1[RT][8];
   uint32_t a[MT][8];
 };
 
-template <int MT, bool PINNED>
-__device__ __forceinline__ void load_weights(Group<MT>& grp, const uint8_t* w_row0, const uint8_t* w_row1,
+template <int MT, int RT, bool PINNED>
+__device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
                                              long long offset) {
-  Words4 v;
-  v = load_stream<PINNED>(w_row0 + offset);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) grp.w0[i] = v.w[i];
-  v = load_stream<PINNED>(w_row0 + offset + 16);
+  for (int rt = 0; rt < RT; ++rt) {
+    const uint8_t* row0 = w_row0 + 16 * rt * w_stride + offset;
+    const uint8_t* row1 = row0 + 8 * w_stride;
+    Words4 v;
+    v = load_stream<PINNED>(row0);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) grp.w0[4 + i] = v.w[i];
-  v = load_stream<PINNED>(w_row1 + offset);
+    for (int i = 0; i < 4; ++i) grp.w0[rt][i] = v.w[i];
+    v = load_stream<PINNED>(row0 + 16);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) grp.w1[i] = v.w[i];
-  v = load_stream<PINNED>(w_row1 + offset + 16);
+    for (int i = 0; i < 4; ++i) grp.w0[rt][4 + i] = v.w[i];
+    v = load_stream<PINNED>(row1);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) grp.w1[4 + i] = v.w[i];
+    for (int i = 0; i < 4; ++i) grp.w1[rt][i] = v.w[i];
+    v = load_stream<PINNED>(row1 + 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w1[rt][4 + i] = v.w[i];
+  }
 }
 
-template <int MT>
-__device__ __forceinline__ void load_tokens(Group<MT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
-  Words4 v;
+template <int MT, int RT>
+__device__ __forceinline__ void load_tokens(Group<MT, RT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {
-    v = load_cached(a_rows[tile] + offset);
+    Words4 v = load_cached(a_rows[tile] + offset);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
     v = load_cached(a_rows[tile] + offset + 16);
@@ -143,30 +147,39 @@ __device__ __forceinline__ const uint8_t* after_wait(const uint8_t* p) {
   return p;
 }
 
-// Sum of the group's code products (exact products, float32 sums) for each token tile.
-template <int MT>
-__device__ __forceinline__ void multiply_group(const Group<MT>& grp, float (&acc)[MT][4]) {
+// Sum of the group's code products (exact products, float32 sums) for each weight tile and
+// token tile; the token fragments are widened once and serve all RT weight tiles.
+template <int MT, int RT>
+__device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (&acc)[RT][MT][4]) {
 #pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
+  for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[tile][i] = 0.0f;
+    for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][tile][i] = 0.0f;
+    }
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const uint32_t a0 = e4m3x2_to_f16x2(grp.w0[j]);        // row r,     k + {0, 1}
-    const uint32_t a1 = e4m3x2_to_f16x2(grp.w1[j]);        // row r + 8, k + {0, 1}
-    const uint32_t a2 = e4m3x2_to_f16x2(grp.w0[j] >> 16);  // row r,     k + {2, 3}
-    const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[j] >> 16);  // row r + 8, k + {2, 3}
+    uint32_t b0[MT], b1[MT];
 #pragma unroll
     for (int tile = 0; tile < MT; ++tile) {
-      const uint32_t b0 = e4m3x2_to_f16x2(grp.a[tile][j]);
-      const uint32_t b1 = e4m3x2_to_f16x2(grp.a[tile][j] >> 16);
-      mma_16816(acc[tile], a0, a1, a2, a3, b0, b1);
+      b0[tile] = e4m3x2_to_f16x2(grp.a[tile][j]);        // token r, k + {0, 1}
+      b1[tile] = e4m3x2_to_f16x2(grp.a[tile][j] >> 16);  // token r, k + {2, 3}
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const uint32_t a0 = e4m3x2_to_f16x2(grp.w0[rt][j]);        // row r,     k + {0, 1}
+      const uint32_t a1 = e4m3x2_to_f16x2(grp.w1[rt][j]);        // row r + 8, k + {0, 1}
+      const uint32_t a2 = e4m3x2_to_f16x2(grp.w0[rt][j] >> 16);  // row r,     k + {2, 3}
+      const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[rt][j] >> 16);  // row r + 8, k + {2, 3}
+#pragma unroll
+      for (int tile = 0; tile < MT; ++tile) mma_16816(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
     }
   }
 }
 
-template <int MT, int WARPS, int UNROLL>
+template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE>
 __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long long a_stride,
                                          const float* __restrict__ a_s, long long a_s_stride_m,
                                          long long a_s_stride_g, const uint8_t* __restrict__ w_q,
@@ -174,18 +187,18 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
                                          long long w_s_stride_n, long long w_s_stride_g,
                                          uint16_t* __restrict__ y, long long y_stride, long long m_rows,
                                          long long k) {
-  __shared__ float partial[WARPS][16][8 * MT];
+  constexpr int ROWS = 16 * RT;  // weight rows of the block (within one 128-row scale block)
+  __shared__ float partial[WARPS][ROWS][8 * MT];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int r = lane >> 2;
   const int t = lane & 3;
-  const long long n0 = static_cast<long long>(blockIdx.x) * 16;
+  const long long n0 = static_cast<long long>(blockIdx.x) * ROWS;
   const int groups = static_cast<int>(k >> 7);
   const int last_row = static_cast<int>(m_rows) - 1;
 
   const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + 32 * t;
-  const uint8_t* w_row1 = w_row0 + 8 * w_stride;
   const uint8_t* a_rows[MT];
   int scale_rows[MT][2];
 #pragma unroll
@@ -196,70 +209,103 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
   }
   const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
 
-  float total[MT][4];
+  float total[RT][MT][4];
 #pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
+  for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) total[tile][i] = 0.0f;
+    for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) total[rt][tile][i] = 0.0f;
+    }
   }
 
-  // The first round's weight bytes are requested before waiting for the previous kernel.
-  Group<MT> grp[UNROLL];
+  // One round: UNROLL groups (first, first + WARPS, ...) of this warp.
+  constexpr int STEP = WARPS * UNROLL;
+  auto load_round = [&](Group<MT, RT> (&grp)[UNROLL], int first) {
 #pragma unroll
-  for (int u = 0; u < UNROLL; ++u) {
-    const int g = warp + u * WARPS;
-    if (g < groups) load_weights<MT, true>(grp[u], w_row0, w_row1, static_cast<long long>(g) << 7);
-  }
-  allow_next_grid();
-  wait_for_previous_grid();
-#pragma unroll
-  for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
-
-  for (int first = warp; first < groups; first += WARPS * UNROLL) {
-    if (first != warp) {
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int g = first + u * WARPS;
-        if (g < groups) load_weights<MT, false>(grp[u], w_row0, w_row1, static_cast<long long>(g) << 7);
-      }
+    for (int u = 0; u < UNROLL; ++u) {
+      const int g = first + u * WARPS;
+      if (g < groups) load_weights<MT, RT, false>(grp[u], w_row0, w_stride, static_cast<long long>(g) << 7);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
-      if (g < groups) load_tokens<MT>(grp[u], a_rows, static_cast<long long>(g) << 7);
+      if (g < groups) load_tokens<MT, RT>(grp[u], a_rows, static_cast<long long>(g) << 7);
     }
+  };
+  auto multiply_round = [&](const Group<MT, RT> (&grp)[UNROLL], int first) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
       if (g < groups) {
-        float acc[MT][4];
-        multiply_group<MT>(grp[u], acc);
+        float acc[RT][MT][4];
+        multiply_group<MT, RT>(grp[u], acc);
         const float w_scale = w_s_block[g * w_s_stride_g];
 #pragma unroll
         for (int tile = 0; tile < MT; ++tile) {
           const float s0 = a_s[scale_rows[tile][0] * a_s_stride_m + g * a_s_stride_g] * w_scale;
           const float s1 = a_s[scale_rows[tile][1] * a_s_stride_m + g * a_s_stride_g] * w_scale;
-          total[tile][0] += acc[tile][0] * s0;  // weight row r,     token 2t
-          total[tile][1] += acc[tile][1] * s1;  // weight row r,     token 2t + 1
-          total[tile][2] += acc[tile][2] * s0;  // weight row r + 8, token 2t
-          total[tile][3] += acc[tile][3] * s1;  // weight row r + 8, token 2t + 1
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            total[rt][tile][0] += acc[rt][tile][0] * s0;  // weight row r,     token 2t
+            total[rt][tile][1] += acc[rt][tile][1] * s1;  // weight row r,     token 2t + 1
+            total[rt][tile][2] += acc[rt][tile][2] * s0;  // weight row r + 8, token 2t
+            total[rt][tile][3] += acc[rt][tile][3] * s1;  // weight row r + 8, token 2t + 1
+          }
         }
       }
+    }
+  };
+
+  // The first round's weight bytes are requested before waiting for the previous kernel.
+  Group<MT, RT> cur[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int g = warp + u * WARPS;
+    if (g < groups) load_weights<MT, RT, true>(cur[u], w_row0, w_stride, static_cast<long long>(g) << 7);
+  }
+  allow_next_grid();
+  wait_for_previous_grid();
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int g = warp + u * WARPS;
+    if (g < groups) load_tokens<MT, RT>(cur[u], a_rows, static_cast<long long>(g) << 7);
+  }
+
+  if (PIPELINE) {
+    // Two register buffers: the next round's loads are in flight while this one multiplies.
+    Group<MT, RT> nxt[UNROLL];
+    for (int first = warp; first < groups; first += 2 * STEP) {
+      if (first + STEP < groups) load_round(nxt, first + STEP);
+      multiply_round(cur, first);
+      if (first + STEP >= groups) break;
+      if (first + 2 * STEP < groups) load_round(cur, first + 2 * STEP);
+      multiply_round(nxt, first + STEP);
+    }
+  } else {
+    for (int first = warp; first < groups; first += STEP) {
+      if (first != warp) load_round(cur, first);
+      multiply_round(cur, first);
     }
   }
 
 #pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
-    const int m = 2 * t + 8 * tile;
-    partial[warp][r][m] = total[tile][0];
-    partial[warp][r][m + 1] = total[tile][1];
-    partial[warp][r + 8][m] = total[tile][2];
-    partial[warp][r + 8][m + 1] = total[tile][3];
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+      const int m = 2 * t + 8 * tile;
+      partial[warp][16 * rt + r][m] = total[rt][tile][0];
+      partial[warp][16 * rt + r][m + 1] = total[rt][tile][1];
+      partial[warp][16 * rt + r + 8][m] = total[rt][tile][2];
+      partial[warp][16 * rt + r + 8][m + 1] = total[rt][tile][3];
+    }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < 16 * 8 * MT; idx += WARPS * 32) {
-    const int n = idx & 15;
-    const int m = idx >> 4;
+  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += WARPS * 32) {
+    const int n = idx % ROWS;
+    const int m = idx / ROWS;
     if (m <= last_row) {
       float sum = 0.0f;
 #pragma unroll
@@ -271,31 +317,44 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
 
 }  // namespace
 
-#define QUANTROLL_FP8_GEMV(MT, WARPS, UNROLL)                                                              \
+#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                               \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
-      fp8_gemv_mt##MT##_w##WARPS##_u##UNROLL(                                                              \
+      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                       \
           const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
           long long m_rows, long long k) {                                                                 \
-    fp8_gemv<MT, WARPS, UNROLL>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,        \
-                                w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                       \
+    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,    \
+                                    w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                   \
   }
 
 // The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them).
-QUANTROLL_FP8_GEMV(1, 4, 2)
-QUANTROLL_FP8_GEMV(1, 4, 4)
-QUANTROLL_FP8_GEMV(1, 8, 2)
-QUANTROLL_FP8_GEMV(1, 8, 4)
-QUANTROLL_FP8_GEMV(2, 4, 2)
-QUANTROLL_FP8_GEMV(2, 4, 4)
-QUANTROLL_FP8_GEMV(2, 8, 2)
-QUANTROLL_FP8_GEMV(2, 8, 4)
-QUANTROLL_FP8_GEMV(4, 4, 1)
-QUANTROLL_FP8_GEMV(4, 4, 2)
-QUANTROLL_FP8_GEMV(4, 8, 1)
-QUANTROLL_FP8_GEMV(4, 8, 2)
-QUANTROLL_FP8_GEMV(8, 4, 1)
-QUANTROLL_FP8_GEMV(8, 4, 2)
-QUANTROLL_FP8_GEMV(8, 8, 1)
-QUANTROLL_FP8_GEMV(8, 8, 2)
+QUANTROLL_FP8_GEMV(1, 1, 4, 2, 0)
+QUANTROLL_FP8_GEMV(1, 1, 4, 4, 0)
+QUANTROLL_FP8_GEMV(1, 1, 8, 2, 0)
+QUANTROLL_FP8_GEMV(1, 1, 8, 4, 0)
+QUANTROLL_FP8_GEMV(1, 2, 4, 2, 0)
+QUANTROLL_FP8_GEMV(1, 2, 8, 2, 0)
+QUANTROLL_FP8_GEMV(2, 1, 4, 1, 0)
+QUANTROLL_FP8_GEMV(2, 1, 4, 2, 0)
+QUANTROLL_FP8_GEMV(2, 1, 8, 1, 0)
+QUANTROLL_FP8_GEMV(2, 1, 8, 2, 0)
+QUANTROLL_FP8_GEMV(2, 2, 4, 1, 0)
+QUANTROLL_FP8_GEMV(2, 2, 4, 2, 0)
+QUANTROLL_FP8_GEMV(2, 2, 8, 1, 0)
+QUANTROLL_FP8_GEMV(2, 2, 8, 2, 0)
+QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0)
+QUANTROLL_FP8_GEMV(4, 1, 8, 1, 0)
+QUANTROLL_FP8_GEMV(4, 2, 4, 1, 0)
+QUANTROLL_FP8_GEMV(4, 2, 8, 1, 0)
+QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0)
+QUANTROLL_FP8_GEMV(8, 1, 8, 1, 0)
+QUANTROLL_FP8_GEMV(1, 1, 4, 1, 1)
+QUANTROLL_FP8_GEMV(1, 1, 8, 1, 1)
+QUANTROLL_FP8_GEMV(1, 1, 4, 2, 1)
+QUANTROLL_FP8_GEMV(1, 1, 8, 2, 1)
+QUANTROLL_FP8_GEMV(2, 1, 4, 1, 1)
+QUANTROLL_FP8_GEMV(2, 1, 8, 1, 1)
+QUANTROLL_FP8_GEMV(2, 2, 4, 1, 1)
+QUANTROLL_FP8_GEMV(2, 2, 8, 1, 1)
+QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1)

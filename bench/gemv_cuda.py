@@ -113,19 +113,18 @@ def timings(ms=(1, 16, 32, 64)):
         for row in rows:
             if fp8_gemv.token_tiles(row["m"]) != tiles or fp8_gemv.width_class(SHAPES[row["layer"]][0]) != width:
                 continue
-            for kname, t in row["cuda"].items():
-                if kname.startswith(f"fp8_gemv_mt{tiles}_"):
-                    sums[kname] = sums.get(kname, 0.0) + t
+            for kname, t in row["cuda"].items():  # every variant timed at this M holds it
+                sums[kname] = sums.get(kname, 0.0) + t
         if sums:
             best = min(sums, key=sums.get)
             cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
-            choice[(tiles, width)] = (cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline)
+            choice[(tiles, width)] = (cfg.token_tiles, cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline)
     print("\nper 8B layer set (qkv + o + gate_up + down), us:")
     for m in ms:
         bytes_us = sum(r["bound_us"] for r in rows if r["m"] == m)
         print(f"M={m:3d} cuBLAS bf16 {totals[(m, 'cublas')]:6.1f}  Triton FP8 {totals[(m, 'triton')]:6.1f}  "
               f"CUDA FP8 {totals[(m, 'cuda')]:6.1f}  FP8 bytes at 4.25 TB/s {bytes_us:5.1f}")
-    print(f"chosen ((token tiles, width) -> (row tiles, warps, unroll, pipeline)): {choice}", flush=True)
+    print(f"chosen ((token tiles needed, width) -> (token tiles, row tiles, warps, unroll, pipeline)): {choice}", flush=True)
     return rows, choice
 
 

@@ -61,7 +61,8 @@ VARIANTS = tuple(GemvConfig(*v) for v in (
     (2, 1, 4, 1), (2, 1, 4, 2), (2, 1, 8, 1), (2, 1, 8, 2), (2, 2, 4, 1), (2, 2, 4, 2), (2, 2, 8, 1), (2, 2, 8, 2),
     (4, 1, 4, 1), (4, 1, 8, 1), (4, 2, 4, 1), (4, 2, 8, 1), (8, 1, 4, 1), (8, 1, 8, 1),
     (1, 1, 4, 1, 1), (1, 1, 8, 1, 1), (1, 1, 4, 2, 1), (1, 1, 8, 2, 1), (2, 1, 4, 1, 1), (2, 1, 8, 1, 1),
-    (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (4, 1, 4, 1, 1)))
+    (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (4, 1, 4, 1, 1),
+    (1, 1, 2, 2, 1), (1, 2, 4, 1, 1), (1, 2, 8, 1, 1), (2, 1, 2, 1, 1), (2, 1, 2, 2, 1), (2, 1, 4, 2, 1), (2, 1, 8, 2, 1)))
 
 
 def token_tiles(m: int) -> int:
@@ -74,19 +75,23 @@ def width_class(n: int) -> str:
     return "narrow" if n <= 4096 else "wide"
 
 
-# (token tiles, width class) -> (row tiles, warps, unroll, pipeline): the variant each
-# batch size and shape class takes (bench/gemv_cuda.py measures them).
-CHOICE: dict[tuple[int, str], tuple[int, int, int, int]] = {
-    (1, "narrow"): (1, 8, 2, 0), (1, "wide"): (1, 4, 2, 0), (2, "narrow"): (1, 8, 1, 0), (2, "wide"): (1, 4, 1, 0),
-    (4, "narrow"): (1, 4, 1, 0), (4, "wide"): (1, 4, 1, 0), (8, "narrow"): (1, 4, 1, 0), (8, "wide"): (1, 4, 1, 0)}
+# (token tiles M needs, width class) -> the variant (token tiles, row tiles, warps, unroll,
+# pipeline) that batch size and shape class takes; it may hold more token tiles than M
+# needs where that measured faster (bench/gemv_cuda.py).
+# Measured 2026-12-01 over the 8B layer shapes at M = 1 and 16 (narrow: o, down; wide:
+# qkv, gate_up); the 4- and 8-tile rows are the fastest of a first sweep at M = 32 / 64,
+# where Triton is faster still (unused while MAX_M = 16).
+CHOICE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
+    (1, "narrow"): (2, 1, 8, 1, 1), (1, "wide"): (1, 2, 8, 1, 1), (2, "narrow"): (2, 1, 8, 1, 1),
+    (2, "wide"): (2, 1, 4, 1, 1), (4, "narrow"): (4, 1, 4, 1, 0), (4, "wide"): (4, 1, 4, 1, 0),
+    (8, "narrow"): (8, 1, 4, 1, 0), (8, "wide"): (8, 1, 4, 1, 0)}
 
 
 def default_config(m: int, n: int, k: int) -> GemvConfig:
-    """The variant for an M-row decode GEMM: the fewest token tiles that hold M, and the
-    variant measured best for them and N's width class (``CHOICE``); one row tile where N
-    is not a multiple of the chosen block's rows."""
-    tiles = token_tiles(m)
-    row_tiles, warps, unroll, pipeline = CHOICE[(tiles, width_class(n))]
+    """The variant for an M-row decode GEMM: measured best for the token tiles M needs and
+    N's width class (``CHOICE``); its one-row-tile twin where N is not a multiple of the
+    chosen block's rows."""
+    tiles, row_tiles, warps, unroll, pipeline = CHOICE[(token_tiles(m), width_class(n))]
     if n % (16 * row_tiles):
         row_tiles = 1
     return GemvConfig(tiles, row_tiles, warps, unroll, pipeline)
@@ -103,7 +108,10 @@ def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool
 
 
 # Decode GEMMs of at most this many rows take this kernel where it can be built; 0: off.
-MAX_M = 0
+# Measured on the H200 (bench/gemv_cuda.py, 2026-12-01): per Qwen3-8B layer set 57.6 us
+# against the Triton kernel's 65.4 at M = 1 and 66.1 against 71.8 at M = 16; slower than
+# Triton from M = 17 on (the 32- and 64-row tiles), which keeps those batches.
+MAX_M = 16
 
 # Launch early (programmatic dependent launch): the kernel requests its first weight bytes
 # while the kernel before it finishes, then waits for it (griddepcontrol.wait).

@@ -17,8 +17,9 @@ def test_variants_list_matches_the_instances_in_the_source():
     found = re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
     assert {tuple(map(int, m)) for m in found} == {(c.token_tiles, c.row_tiles, c.warps, c.unroll, c.pipeline)
                                                    for c in fp8_gemv.VARIANTS}
-    assert {tiles for tiles, _ in fp8_gemv.CHOICE} == {1, 2, 4, 8}
-    for (tiles, _), (row_tiles, warps, unroll, pipeline) in fp8_gemv.CHOICE.items():
+    assert set(fp8_gemv.CHOICE) == {(t, w) for t in (1, 2, 4, 8) for w in ("narrow", "wide")}
+    for (needed, _), (tiles, row_tiles, warps, unroll, pipeline) in fp8_gemv.CHOICE.items():
+        assert tiles >= needed
         for rt in {row_tiles, 1}:  # the one-row-tile twin serves N that the chosen rows do not divide
             assert fp8_gemv.GemvConfig(tiles, rt, warps, unroll, pipeline) in fp8_gemv.VARIANTS
 

@@ -8,8 +8,11 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
 2. Time (GPU time per call in a CUDA graph over 8 distinct weights, median of 20) each
    variant at M = 1, 16, 32, 64, the Triton kernel's shipped tiles and cuBLAS BF16;
    print the best variant per token-tile count and the per-layer-set totals.
-3. With --ab: the 8B FP8 decode step with the CUDA kernel (best variants) against the
-   shipped engine (tokens and logprobs compared first), at --batches.
+3. With --ab: the 8B FP8 decode step with every decode GEMM of <= --max-m rows on the
+   Triton kernel ("triton", the reference run), on the CUDA kernel launched early with its
+   producers releasing it ("cuda", shipped), and launched the ordinary way ("cuda-plain");
+   the tokens and logprobs of each against the first, then the steps at --batches. With
+   the timings, the variants are those the sweep just chose.
 
     python bench/gemv_cuda.py [--ab] [--batches 1,16,32,64] [--layers N] [--json out.json]
 """
@@ -129,7 +132,7 @@ def timings(ms=(1, 16, 32, 64)):
 
 
 def engine_ab(batches, layers, max_m):
-    """The shipped engine, the CUDA GEMV up to max_m rows launched early, and launched plainly."""
+    """The 8B FP8 step with the Triton decode GEMM, the CUDA one launched early, and launched plainly."""
     import bench.switch_ab as ab
     from quantroll.bench.rollout import copy_bandwidth
     from quantroll.bench.shapes import random_model, shape_config
@@ -144,10 +147,11 @@ def engine_ab(batches, layers, max_m):
     bandwidth = copy_bandwidth("cuda")
     reference_box, rows = [], []
     args.approx = ["cuda", "cuda-plain"]
-    for name, value, early in (("shipped", 0, True), ("cuda", max_m, True), ("cuda-plain", max_m, False)):
+    shipped = fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH
+    for name, value, early in (("triton", 0, True), ("cuda", max_m, True), ("cuda-plain", max_m, False)):
         fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = value, early
         ab.measure(name, model, FP8, prompts, params, args, cfg, bandwidth, reference_box, rows)
-    fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = 0, True
+    fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = shipped
     print(f"\nqwen3-8b ({cfg.num_hidden_layers} layers) fp8 decode step, CUDA GEMV for M <= {max_m}, "
           f"copy {bandwidth / 1e12:.2f} TB/s")
     for name, b, ms, xr, chk in rows:

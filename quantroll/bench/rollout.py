@@ -38,6 +38,7 @@ class RolloutResult:
     step_over_roofline: float
     weight_bytes_per_step: float
     kv_bytes_per_step: float
+    decode_gemm: str = ""  # which GEMM a decode step's linear layers took (fp8: fp8_linear.gemm_path)
 
 
 def copy_bandwidth(device, nbytes: int = 4 << 30, repeats: int = 20) -> float:
@@ -99,6 +100,19 @@ def bench_one(engine: Engine, shape: str, layers: int, precision: str, batch: in
                          step_ms / roof_ms, wb, kvb)
 
 
+def decode_gemm_label(precision: str, batch: int, cfg, device: str) -> str:
+    """The GEMM a decode step's dense linears run on: cuBLAS for BF16, fp8_linear's choice
+    for block FP8 on FP8 hardware (for the hidden x hidden shape; every Qwen3 shape of the
+    bench takes the same), "emulated" otherwise."""
+    if precision == "bf16":
+        return "cublas bf16"
+    from quantroll.kernels.fp8_linear import fp8_hardware_available, gemm_path
+
+    if precision != "fp8" or not fp8_hardware_available(device):
+        return "emulated"
+    return gemm_path(batch, cfg.hidden_size, cfg.hidden_size, torch.device(device))
+
+
 def run_rollout_bench(shape: str, layers: int | None, batches: list[int], precisions: list[str], prompt_len: int,
                       new_tokens: int, repeats: int, device: str = "cuda") -> tuple[float, list[RolloutResult]]:
     cfg = shape_config(shape, layers)
@@ -114,6 +128,7 @@ def run_rollout_bench(shape: str, layers: int | None, batches: list[int], precis
         label = engine.precision
         for batch in batches:
             r = bench_one(engine, shape, cfg.num_hidden_layers, label, batch, prompt_len, new_tokens, bandwidth, repeats)
+            r.decode_gemm = decode_gemm_label(precision, batch, cfg, device)
             print(json.dumps(asdict(r)), flush=True)
             results.append(r)
         if model is not base:
@@ -125,10 +140,11 @@ def run_rollout_bench(shape: str, layers: int | None, batches: list[int], precis
 def format_table(bandwidth: float, results: list[RolloutResult]) -> str:
     lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)",
              f"{'shape':14s} {'L':>3s} {'precision':16s} {'batch':>5s} {'prefill tok/s':>13s} {'decode tok/s':>12s} "
-             f"{'step ms':>8s} {'roof ms':>8s} {'x roof':>6s}"]
+             f"{'step ms':>8s} {'roof ms':>8s} {'x roof':>6s}  decode GEMM"]
     for r in results:
         lines.append(f"{r.shape:14s} {r.layers:3d} {r.precision:16s} {r.batch:5d} {r.prefill_tok_s:13.0f} "
-                     f"{r.decode_tok_s:12.0f} {r.decode_step_ms:8.3f} {r.roofline_step_ms:8.3f} {r.step_over_roofline:6.2f}")
+                     f"{r.decode_tok_s:12.0f} {r.decode_step_ms:8.3f} {r.roofline_step_ms:8.3f} {r.step_over_roofline:6.2f}"
+                     f"  {r.decode_gemm}")
     by = {(r.shape, r.batch, r.precision.split()[0]): r for r in results}
     for (shape, batch, prec), r in sorted(by.items()):
         if prec == "fp8" and (shape, batch, "bfloat16") in by:

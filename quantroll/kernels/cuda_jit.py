@@ -166,6 +166,9 @@ class CudaModule:
         holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
                    for a in args]
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        if torch.cuda.current_device() != self.device.index:  # the module's context must be current
+            with torch.cuda.device(self.device):
+                return self.launch(name, grid, block, *args, early=early)
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         drv = driver()
         if not early:

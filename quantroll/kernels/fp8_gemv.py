@@ -96,12 +96,15 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
     return GemvConfig(tiles, row_tiles, warps, unroll, pipeline)
 
 
+def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Shapes the kernel takes: whole 128-wide K groups, 16-row weight blocks, BF16 output,
+    M <= 64."""
+    return out_dtype == torch.bfloat16 and 1 <= m <= 64 and k % 128 == 0 and n % 16 == 0
+
+
 def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """Shapes and layouts the kernel takes: whole 128-wide K groups, 16-row weight blocks,
-    rows of codes 16-byte aligned and contiguous along K, BF16 output, M <= 64."""
-    m, k = aq.shape
-    n = wq.shape[0]
-    return (out_dtype == torch.bfloat16 and 1 <= m <= 64 and k % 128 == 0 and n % 16 == 0
+    """``supports_shape``, and rows of codes 16-byte aligned and contiguous along K."""
+    return (supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype)
             and aq.stride(1) == 1 and wq.stride(1) == 1 and aq.stride(0) % 16 == 0 and wq.stride(0) % 16 == 0
             and aq.data_ptr() % 16 == 0 and wq.data_ptr() % 16 == 0)
 

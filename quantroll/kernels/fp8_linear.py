@@ -1,9 +1,13 @@
 """The block-FP8 linear layer on Hopper: activation quantization + FP8 GEMM.
 
 Every path computes (a_q * a_s) @ (w_q * w_s)^T with 1x128 activation and 128x128 weight
-scales in float32, and they differ only in accumulation order; ``fp8_gemm`` picks one:
+scales in float32, and they differ only in accumulation order; ``fp8_gemm`` picks one
+(``gemm_path``):
 
-- decode (M <= 64): ``fp8_decode_gemm_kernel``, transposed tiles of 32 weight rows,
+- decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
+  registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
+  can build it;
+- decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed tiles of 32 weight rows,
   split-K summed in the same launch, products on mma.sync (Triton widens the FP8 codes
   to float16), float32-accurate.
   It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
@@ -220,17 +224,30 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
     return torch._scaled_mm(aq, wq.t(), scale_a=a_s, scale_b=w_s.t(), out_dtype=out_dtype)
 
 
+def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16) -> str:
+    """Which FP8 GEMM an M x N x K product on ``device`` takes (``fp8_gemm`` follows it; a
+    CUDA-kernel choice also needs 16-byte aligned rows, which every engine buffer has):
+    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
+    (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
+    if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
+        return "cuda decode"
+    if m <= 64:
+        return "triton decode"
+    return "cublas" if scaled_mm_supports(m, n, k) else "triton prefill"
+
+
 def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """The FP8 GEMM for an activation of M rows: decode kernel, cuBLAS or prefill kernel."""
+    """The FP8 GEMM for an activation of M rows (``gemm_path``)."""
     m, k = aq.shape
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
-    if m <= fp8_gemv.MAX_M and fp8_gemv.supports(aq, wq, out_dtype) and fp8_gemv.usable(aq.device):
+    path = gemm_path(m, n, k, aq.device, out_dtype)
+    if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
     if m <= 64:
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
-    if scaled_mm_supports(m, n, k):
+    if path == "cublas":
         return fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype)
     return fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype)
 

@@ -29,6 +29,36 @@ def test_token_tiles_hold_the_batch():
         assert m <= 8 * fp8_gemv.token_tiles(m) < 2 * m + 8
 
 
+def test_launch_structs_have_the_driver_layout():
+    """CUlaunchAttribute and CUlaunchConfig as cuda.h lays them out on 64-bit hosts (an id
+    padded to 8 bytes + a 64-byte value union; 7 uints, a stream, an attribute pointer, a
+    count): a mismatch would hand cuLaunchKernelEx garbage."""
+    import ctypes
+
+    assert ctypes.sizeof(cuda_jit._LaunchAttribute) == 72
+    assert cuda_jit._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(cuda_jit._LaunchConfig) == 56
+    assert (cuda_jit._LaunchConfig.stream.offset, cuda_jit._LaunchConfig.attrs.offset,
+            cuda_jit._LaunchConfig.num_attrs.offset) == (32, 40, 48)
+
+
+def test_producers_release_only_for_the_cuda_gemm_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
+    assert not fp8_gemv.release_producers(torch.device("cpu"))
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 0)
+    assert not fp8_gemv.release_producers(torch.device("cuda", 0))
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
+    monkeypatch.setattr(fp8_gemv, "EARLY_LAUNCH", False)
+    assert not fp8_gemv.release_producers(torch.device("cuda", 0))
+
+
+def test_default_config_fits_every_batch_and_width():
+    for m in range(1, 65):
+        for n in (16, 48, 96, 4096, 6144):
+            cfg = fp8_gemv.default_config(m, n, 4096)
+            assert cfg in fp8_gemv.VARIANTS and 8 * cfg.token_tiles >= m and n % cfg.rows == 0
+
+
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
 @pytest.mark.parametrize("capability", [(8, 9), (9, 0)])
 def test_source_builds_for_ada_and_hopper(capability, tmp_path, monkeypatch):

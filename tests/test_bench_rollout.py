@@ -1,0 +1,29 @@
+"""`quantroll bench rollout`'s table and the decode-GEMM label it records (the timings
+themselves run on the GPU: docs/PERFORMANCE.md)."""
+
+import torch
+
+from quantroll.bench.rollout import RolloutResult, decode_gemm_label, format_table
+from quantroll.bench.shapes import shape_config
+
+
+def _result(precision, step_ms, weight_bytes, gemm):
+    return RolloutResult("qwen3-8b", 36, precision, 16, 128, 256, 1.0, 16 / step_ms * 1e3, step_ms, 2.0, step_ms / 2.0,
+                         weight_bytes, 1e6, gemm)
+
+
+def test_table_names_the_decode_gemm_and_the_speedup_against_the_byte_ratio():
+    text = format_table(4.2e12, [_result("bfloat16", 5.0, 16e9, "cublas bf16"),
+                                 _result("fp8 (real)", 3.5, 9e9, "cuda decode")])
+    assert "cublas bf16" in text and "cuda decode" in text
+    ideal = (16e9 + 1e6) / (9e9 + 1e6)
+    assert f"fp8/bf16 decode speedup {5.0 / 3.5:.2f}x, byte ratio {ideal:.2f}x" in text
+
+
+def test_decode_gemm_label_without_fp8_hardware():
+    cfg = shape_config("qwen3-8b", 1)
+    assert decode_gemm_label("bf16", 16, cfg, "cpu") == "cublas bf16"
+    assert decode_gemm_label("fp8", 16, cfg, "cpu") == "emulated"
+    assert decode_gemm_label("nvfp4", 16, cfg, "cpu") == "emulated"
+    if not torch.cuda.is_available():
+        assert decode_gemm_label("mxfp8", 1, cfg, "cpu") == "emulated"

@@ -154,6 +154,8 @@ _usable: dict[str, bool] = {}
 def usable(device: torch.device) -> bool:
     """Whether the CUDA decode GEMM can run on ``device`` (decided once per device, by
     building and loading it); says in the log which decode GEMM the engine uses and why."""
+    if device.type != "cuda":  # CPU tensors (Triton's interpreter runs the GPU branches on them)
+        return False
     key = str(device)
     if key not in _usable:
         reason = cuda_jit.unavailable_reason(device)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.test_bf16_decode import float32_sum_bound
 from tests.interpreted import needs_triton, run_interpreted
 
 from quantroll.engine.sampling import SamplingParams, _sample_torch, gumbel_noise, reported_logprobs, sample
@@ -64,12 +65,17 @@ def compare(logits, temperature, seeds, positions, tokens, logprobs, near_tie: f
         if not abs(a - f) <= near_tie * max(1.0, abs(a)):
             problems.append(f"T={temperature} {logits.dtype} row {b}: token {tokens[b].item()} "
                             f"(score {f}) vs reference {ref_tok[b].item()} (score {a})")
-    # logprobs of the fused path's own tokens, so that a near-tie does not count twice
+    # logprobs of the fused path's own tokens, so that a near-tie does not count twice;
+    # log(sum of V exponentials) in float32 in another order: float32_sum_bound(V), plus
+    # an ulp of the logprob itself (Triton 3.8's interpreter with numpy 2.4 measured
+    # 1.14e-5 at V = 151936, over the flat 1e-5 this used to allow)
     want = reported_logprobs(logits, temperature).gather(-1, tokens[:, None])[:, 0]
-    err = (logprobs - want).abs().max().item()
-    if not err <= 1e-5:
-        problems.append(f"T={temperature} {logits.dtype}: logprob error {err}")
-    if torch.equal(tokens, ref_tok) and not (logprobs - ref_lp).abs().max().item() <= 1e-5:
+    bound = float32_sum_bound(logits.shape[-1]) + 2.0**-23 * want.abs().clamp(min=1.0)
+    err = (logprobs - want).abs()
+    if not (err <= bound).all():
+        problems.append(f"T={temperature} {logits.dtype}: logprob error {err.max().item()} over the bound "
+                        f"{bound.min().item():.2e}")
+    if torch.equal(tokens, ref_tok) and not ((logprobs - ref_lp).abs() <= bound).all():
         problems.append(f"T={temperature} {logits.dtype}: logprobs differ from the reference's")
     return problems
 

@@ -52,6 +52,12 @@ def test_producers_release_only_for_the_cuda_gemm_on_a_gpu(monkeypatch):
     assert not fp8_gemv.release_producers(torch.device("cuda", 0))
 
 
+def test_cpu_tensors_never_take_the_cuda_kernel():
+    """The interpreter tests run the engine's GPU branches on CPU tensors, also on GPU
+    machines: those must stay on the Triton path without asking the GPU anything."""
+    assert not fp8_gemv.usable(torch.device("cpu"))
+
+
 def test_default_config_fits_every_batch_and_width():
     for m in range(1, 65):
         for n in (16, 48, 96, 4096, 6144):

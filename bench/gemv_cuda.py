@@ -11,6 +11,7 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
 3. With --ab: the 8B FP8 decode step with every decode GEMM of <= --max-m rows on the
    Triton kernel ("triton", the reference run), on the CUDA kernel launched early with its
    producers releasing it ("cuda", shipped), and launched the ordinary way ("cuda-plain");
+   with the producers launched early too ("cuda+early-producers", fp8_gemv.EARLY_PRODUCERS);
    the tokens and logprobs of each against the first, then the steps at --batches. With
    the timings, the variants are those the sweep just chose.
 
@@ -146,16 +147,18 @@ def engine_ab(batches, layers, max_m):
     params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
     bandwidth = copy_bandwidth("cuda")
     reference_box, rows = [], []
-    args.approx = ["cuda", "cuda-plain"]
-    shipped = fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH
-    for name, value, early in (("triton", 0, True), ("cuda", max_m, True), ("cuda-plain", max_m, False)):
-        fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = value, early
+    variants = (("triton", 0, True, False), ("cuda", max_m, True, False), ("cuda-plain", max_m, False, False),
+                ("cuda+early-producers", max_m, True, True))
+    args.approx = [v[0] for v in variants[1:]]
+    shipped = fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH, fp8_gemv.EARLY_PRODUCERS
+    for name, value, early, producers in variants:
+        fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH, fp8_gemv.EARLY_PRODUCERS = value, early, producers
         ab.measure(name, model, FP8, prompts, params, args, cfg, bandwidth, reference_box, rows)
-    fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH = shipped
+    fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH, fp8_gemv.EARLY_PRODUCERS = shipped
     print(f"\nqwen3-8b ({cfg.num_hidden_layers} layers) fp8 decode step, CUDA GEMV for M <= {max_m}, "
           f"copy {bandwidth / 1e12:.2f} TB/s")
     for name, b, ms, xr, chk in rows:
-        print(f"{name:10s} {b:5d} {ms:8.3f} ms {xr:6.2f}x roof  {chk}")
+        print(f"{name:20s} {b:5d} {ms:8.3f} ms {xr:6.2f}x roof  {chk}")
 
 
 def main():

@@ -130,6 +130,20 @@ def release_producers(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9 and usable(device)
 
 
+# The producers launched early as well (PDL attribute; each waits for the kernel before it
+# first, then releases the GEMM): saves their launch latency after a GEMM, which releases
+# its successor once its blocks have all started. Prepared 2026-12-01, not yet measured on
+# a GPU (bench/gemv_cuda.py --ab times it as "cuda+early-producers"); off until then.
+EARLY_PRODUCERS = False
+
+
+def early_producers(device: torch.device) -> tuple[bool, dict]:
+    """(WAIT constexpr, launch keyword arguments) for a producer kernel on ``device``."""
+    if EARLY_PRODUCERS and release_producers(device):
+        return True, {"launch_pdl": True}
+    return False, {}
+
+
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
              early: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16)`` must hold."""

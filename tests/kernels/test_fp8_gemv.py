@@ -208,3 +208,17 @@ def test_engine_decode_logprobs_match_a_full_forward_with_the_cuda_decode_gemm(t
 
     monkeypatch.setattr(fp8_gemv, "MAX_M", 64)
     check(tmp_path)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["EARLY_LAUNCH", "EARLY_PRODUCERS"])
+def test_early_launches_change_no_bits_in_the_engine(name):
+    """Launching the CUDA GEMM (and, with EARLY_PRODUCERS, the kernels that feed it) ahead
+    of the kernel before it changes when work starts, never what it computes: the same
+    tokens and logprobs, bit for bit, as ordinary launches (3 prompts, CUDA graphs)."""
+    pytest.importorskip("triton")
+    from tests.engine.switches import assert_same_generations, engine_results_by_switch
+
+    results = engine_results_by_switch("fp8_gemv", name)
+    assert_same_generations(results[False], results[True])

@@ -13,10 +13,15 @@
 // memory in warp order at the end: one launch, no cross-block reduction, and the same
 // result on every run. The K order inside a group is free (a dot product does not care),
 // so each thread reads 32 contiguous bytes of its row per group and the token codes in
-// the same order: thread (r, t) = (lane / 4, lane % 4) holds weight rows r and r + 8 and
-// logical k = 32 t + 4 j + {0..3} for mma step j = 0..7, whose A slots (2t, 2t+1) take
-// k + {0, 1} and slots (2t+8, 2t+9) take k + {2, 3}; the B fragment (token codes) uses
-// the same map, token row r + 8 * tile.
+// the same order: thread (r, t) = (lane / 4, lane % 4) holds weight rows r and r + 8 (of
+// each of the block's 16-row tiles) and logical k = 32 t + 4 j + {0..3} for mma step
+// j = 0..7, whose A slots (2t, 2t+1) take k + {0, 1} and slots (2t+8, 2t+9) take
+// k + {2, 3}; the B fragment (token codes) uses the same map, token row r + 8 * tile.
+//
+// Launch: each warp requests its first round of weight bytes, lets the next kernel launch
+// and waits for the previous one (programmatic dependent launch, see fp8_gemv.py), and
+// only then reads the token codes. PIPELINE: two register buffers, the next round's loads
+// in flight while this round multiplies.
 
 #include <stdint.h>
 

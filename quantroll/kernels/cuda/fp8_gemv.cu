@@ -184,6 +184,61 @@ __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (
   }
 }
 
+// total += the group's code-product sums times their scales (token row scale x the
+// block's weight scale).
+template <int MT, int RT>
+__device__ __forceinline__ void add_scaled(float (&total)[RT][MT][4], const float (&acc)[RT][MT][4],
+                                           const float* __restrict__ a_s, const int (&scale_rows)[MT][2],
+                                           long long a_s_stride_m, long long a_s_stride_g, int g, float w_scale) {
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    const float s0 = a_s[scale_rows[tile][0] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+    const float s1 = a_s[scale_rows[tile][1] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      total[rt][tile][0] += acc[rt][tile][0] * s0;  // weight row r,     token 2t
+      total[rt][tile][1] += acc[rt][tile][1] * s1;  // weight row r,     token 2t + 1
+      total[rt][tile][2] += acc[rt][tile][2] * s0;  // weight row r + 8, token 2t
+      total[rt][tile][3] += acc[rt][tile][3] * s1;  // weight row r + 8, token 2t + 1
+    }
+  }
+}
+
+// The warps' partial sums meet in shared memory and are added in warp order (the same
+// result on every run); BF16 (round to nearest even) out for the rows that exist.
+template <int MT, int RT, int WARPS>
+__device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT][8 * MT],
+                                                 const float (&total)[RT][MT][4], uint16_t* __restrict__ y,
+                                                 long long y_stride, long long n0, int last_row) {
+  constexpr int ROWS = 16 * RT;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int r = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+      const int m = 2 * t + 8 * tile;
+      partial[warp][16 * rt + r][m] = total[rt][tile][0];
+      partial[warp][16 * rt + r][m + 1] = total[rt][tile][1];
+      partial[warp][16 * rt + r + 8][m] = total[rt][tile][2];
+      partial[warp][16 * rt + r + 8][m + 1] = total[rt][tile][3];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += WARPS * 32) {
+    const int n = idx % ROWS;
+    const int m = idx / ROWS;
+    if (m <= last_row) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) sum += partial[w][n][m];
+      y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
+    }
+  }
+}
+
 template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE>
 __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long long a_stride,
                                          const float* __restrict__ a_s, long long a_s_stride_m,
@@ -245,19 +300,8 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
       if (g < groups) {
         float acc[RT][MT][4];
         multiply_group<MT, RT>(grp[u], acc);
-        const float w_scale = w_s_block[g * w_s_stride_g];
-#pragma unroll
-        for (int tile = 0; tile < MT; ++tile) {
-          const float s0 = a_s[scale_rows[tile][0] * a_s_stride_m + g * a_s_stride_g] * w_scale;
-          const float s1 = a_s[scale_rows[tile][1] * a_s_stride_m + g * a_s_stride_g] * w_scale;
-#pragma unroll
-          for (int rt = 0; rt < RT; ++rt) {
-            total[rt][tile][0] += acc[rt][tile][0] * s0;  // weight row r,     token 2t
-            total[rt][tile][1] += acc[rt][tile][1] * s1;  // weight row r,     token 2t + 1
-            total[rt][tile][2] += acc[rt][tile][2] * s0;  // weight row r + 8, token 2t
-            total[rt][tile][3] += acc[rt][tile][3] * s1;  // weight row r + 8, token 2t + 1
-          }
-        }
+        add_scaled<MT, RT>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g,
+                           w_s_block[g * w_s_stride_g]);
       }
     }
   };
@@ -296,28 +340,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
     }
   }
 
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-    for (int tile = 0; tile < MT; ++tile) {
-      const int m = 2 * t + 8 * tile;
-      partial[warp][16 * rt + r][m] = total[rt][tile][0];
-      partial[warp][16 * rt + r][m + 1] = total[rt][tile][1];
-      partial[warp][16 * rt + r + 8][m] = total[rt][tile][2];
-      partial[warp][16 * rt + r + 8][m + 1] = total[rt][tile][3];
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += WARPS * 32) {
-    const int n = idx % ROWS;
-    const int m = idx / ROWS;
-    if (m <= last_row) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) sum += partial[w][n][m];
-      y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
-    }
-  }
+  reduce_and_store<MT, RT, WARPS>(partial, total, y, y_stride, n0, last_row);
 }
 
 }  // namespace

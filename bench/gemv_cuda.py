@@ -122,13 +122,13 @@ def timings(ms=(1, 16, 32, 64)):
         if sums:
             best = min(sums, key=sums.get)
             cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
-            choice[(tiles, width)] = (cfg.token_tiles, cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline)
+            choice[(tiles, width)] = (cfg.token_tiles, cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline, cfg.stages)
     print("\nper 8B layer set (qkv + o + gate_up + down), us:")
     for m in ms:
         bytes_us = sum(r["bound_us"] for r in rows if r["m"] == m)
         print(f"M={m:3d} cuBLAS bf16 {totals[(m, 'cublas')]:6.1f}  Triton FP8 {totals[(m, 'triton')]:6.1f}  "
               f"CUDA FP8 {totals[(m, 'cuda')]:6.1f}  FP8 bytes at 4.25 TB/s {bytes_us:5.1f}")
-    print(f"chosen ((token tiles needed, width) -> (token tiles, row tiles, warps, unroll, pipeline)): {choice}", flush=True)
+    print(f"chosen ((token tiles needed, width) -> (token tiles, row tiles, warps, unroll, pipeline, stages)): {choice}", flush=True)
     return rows, choice
 
 

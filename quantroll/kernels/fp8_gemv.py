@@ -37,16 +37,20 @@ class GemvConfig:
     16 rows per block (the token codes a warp widens serve all of them), warps per block
     (each takes every warps-th K group of the block's rows), K groups per round of loads,
     and whether the next round's loads are issued before this round multiplies (two
-    register buffers)."""
+    register buffers). ``stages`` > 0: the weight bytes staged through shared memory
+    instead, that many K groups in flight per warp (one row tile, no unroll/pipeline)."""
 
     token_tiles: int
     row_tiles: int
     warps: int
     unroll: int
     pipeline: int = 0
+    stages: int = 0
 
     @property
     def kernel(self) -> str:
+        if self.stages:
+            return f"fp8_gemv_staged_mt{self.token_tiles}_w{self.warps}_s{self.stages}"
         return (f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}"
                 f"_p{self.pipeline}")
 
@@ -61,6 +65,9 @@ VARIANTS = tuple(GemvConfig(*v) for v in (
     (1, 1, 8, 2, 1), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0), (2, 2, 8, 1, 0), (2, 1, 8, 2, 0),
     (2, 1, 8, 1, 0), (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (2, 1, 4, 2, 1), (4, 1, 4, 1, 0), (4, 1, 4, 1, 1),
     (8, 1, 4, 1, 0),
+    # staged through shared memory (prepared 2026-12-01, first run pending)
+    (1, 1, 4, 1, 0, 4), (1, 1, 4, 1, 0, 5), (1, 1, 8, 1, 0, 2), (1, 1, 2, 1, 0, 8),
+    (2, 1, 4, 1, 0, 4), (2, 1, 4, 1, 0, 5), (2, 1, 8, 1, 0, 2), (2, 1, 2, 1, 0, 8),
 ))
 
 
@@ -75,12 +82,12 @@ def width_class(n: int) -> str:
 
 
 # (token tiles M needs, width class) -> the variant (token tiles, row tiles, warps, unroll,
-# pipeline) that batch size and shape class takes; it may hold more token tiles than M
+# pipeline[, stages]) that batch size and shape class takes; it may hold more token tiles than M
 # needs where that measured faster (bench/gemv_cuda.py).
 # Measured 2026-12-01 over the 8B layer shapes at M = 1 and 16 (narrow: o, down; wide:
 # qkv, gate_up); the 4- and 8-tile rows are the fastest of a first sweep at M = 32 / 64,
 # where Triton is faster still (unused while MAX_M = 16).
-CHOICE: dict[tuple[int, str], tuple[int, int, int, int, int]] = {
+CHOICE: dict[tuple[int, str], tuple[int, ...]] = {
     (1, "narrow"): (2, 1, 8, 1, 1), (1, "wide"): (1, 2, 8, 1, 1), (2, "narrow"): (2, 1, 8, 1, 1),
     (2, "wide"): (2, 1, 4, 1, 1), (4, "narrow"): (4, 1, 4, 1, 0), (4, "wide"): (4, 1, 4, 1, 0),
     (8, "narrow"): (8, 1, 4, 1, 0), (8, "wide"): (8, 1, 4, 1, 0)}
@@ -90,10 +97,10 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
     """The variant for an M-row decode GEMM: measured best for the token tiles M needs and
     N's width class (``CHOICE``); its one-row-tile twin where N is not a multiple of the
     chosen block's rows."""
-    tiles, row_tiles, warps, unroll, pipeline = CHOICE[(token_tiles(m), width_class(n))]
-    if n % (16 * row_tiles):
-        row_tiles = 1
-    return GemvConfig(tiles, row_tiles, warps, unroll, pipeline)
+    cfg = GemvConfig(*CHOICE[(token_tiles(m), width_class(n))])
+    if n % cfg.rows:
+        cfg = GemvConfig(cfg.token_tiles, 1, cfg.warps, cfg.unroll, cfg.pipeline, cfg.stages)
+    return cfg
 
 
 def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:

@@ -16,12 +16,16 @@ def test_variants_list_matches_the_instances_in_the_source():
     source = (cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE).read_text()
     found = re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
     assert {tuple(map(int, m)) for m in found} == {(c.token_tiles, c.row_tiles, c.warps, c.unroll, c.pipeline)
-                                                   for c in fp8_gemv.VARIANTS}
+                                                   for c in fp8_gemv.VARIANTS if not c.stages}
+    staged = re.findall(r"^QUANTROLL_FP8_GEMV_STAGED\((\d+), (\d+), (\d+)\)", source, re.M)
+    assert {tuple(map(int, m)) for m in staged} == {(c.token_tiles, c.warps, c.stages)
+                                                    for c in fp8_gemv.VARIANTS if c.stages}
     assert set(fp8_gemv.CHOICE) == {(t, w) for t in (1, 2, 4, 8) for w in ("narrow", "wide")}
-    for (needed, _), (tiles, row_tiles, warps, unroll, pipeline) in fp8_gemv.CHOICE.items():
-        assert tiles >= needed
-        for rt in {row_tiles, 1}:  # the one-row-tile twin serves N that the chosen rows do not divide
-            assert fp8_gemv.GemvConfig(tiles, rt, warps, unroll, pipeline) in fp8_gemv.VARIANTS
+    for (needed, _), choice in fp8_gemv.CHOICE.items():
+        cfg = fp8_gemv.GemvConfig(*choice)
+        assert cfg.token_tiles >= needed and cfg in fp8_gemv.VARIANTS
+        # the one-row-tile twin serves N that the chosen rows do not divide
+        assert fp8_gemv.GemvConfig(*choice[:1], 1, *choice[2:]) in fp8_gemv.VARIANTS
 
 
 def test_token_tiles_hold_the_batch():

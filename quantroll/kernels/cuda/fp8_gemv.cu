@@ -343,6 +343,118 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
   reduce_and_store<MT, RT, WARPS>(partial, total, y, y_stride, n0, last_row);
 }
 
+// Asynchronous 16-byte copy global -> shared that skips L1 (cp.async.cg, sm_80+), and its
+// group bookkeeping: commit closes a group, wait_group<N> returns once at most N of the
+// most recent groups are still in flight.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// The same product with the weight bytes staged through shared memory: each warp keeps
+// STAGES of its K groups in flight as asynchronous copies (2 KB each) instead of in
+// registers, so the bytes in flight per multiprocessor are bounded by shared memory
+// (STAGES x 2 KB per warp) and not by the registers the token codes also need at 16 rows.
+// Every thread copies exactly the 64 bytes of its own fragment (rows r and r + 8, 32 bytes
+// each) and reads back only those, so no barrier is needed: cp.async.wait_group orders a
+// thread's own copies before its reads. The layout [stage][chunk][lane] of 16-byte chunks
+// keeps both the copies and the 16-byte reads free of bank conflicts. One 16-row tile per
+// block; token codes are loaded one group ahead into registers.
+template <int MT, int WARPS, int STAGES>
+__device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q, long long a_stride,
+                                                const float* __restrict__ a_s, long long a_s_stride_m,
+                                                long long a_s_stride_g, const uint8_t* __restrict__ w_q,
+                                                long long w_stride, const float* __restrict__ w_s,
+                                                long long w_s_stride_n, long long w_s_stride_g,
+                                                uint16_t* __restrict__ y, long long y_stride, long long m_rows,
+                                                long long k) {
+  static_assert(WARPS * STAGES * 2048 + WARPS * 16 * 8 * MT * 4 <= 48 * 1024, "static shared memory is 48 KB");
+  __shared__ uint4 ring[WARPS][STAGES][4][32];
+  __shared__ float partial[WARPS][16][8 * MT];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int r = lane >> 2;
+  const int t = lane & 3;
+  const long long n0 = static_cast<long long>(blockIdx.x) * 16;
+  const int groups = static_cast<int>(k >> 7);
+  const int last_row = static_cast<int>(m_rows) - 1;
+
+  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + 32 * t;
+  const uint8_t* w_row1 = w_row0 + 8 * w_stride;
+  const uint8_t* a_rows[MT];
+  int scale_rows[MT][2];
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + 32 * t;
+    scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
+    scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
+  }
+  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
+
+  float total[1][MT][4];
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) total[0][tile][i] = 0.0f;
+  }
+
+  // Group g's weight bytes into stage `slot`; always one commit, so that the count of
+  // committed groups stays STAGES + (groups consumed) and wait_copies<STAGES - 1> means
+  // "the oldest has landed".
+  auto stage_weights = [&](int slot, int g) {
+    if (g < groups) {
+      const long long offset = static_cast<long long>(g) << 7;
+      copy_async_16(&ring[warp][slot][0][lane], w_row0 + offset);
+      copy_async_16(&ring[warp][slot][1][lane], w_row0 + offset + 16);
+      copy_async_16(&ring[warp][slot][2][lane], w_row1 + offset);
+      copy_async_16(&ring[warp][slot][3][lane], w_row1 + offset + 16);
+    }
+    commit_copies();
+  };
+
+  // The first STAGES groups' weight bytes are requested before waiting for the previous kernel.
+#pragma unroll
+  for (int slot = 0; slot < STAGES; ++slot) stage_weights(slot, warp + slot * WARPS);
+  allow_next_grid();
+  wait_for_previous_grid();
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
+
+  Group<MT, 1> cur;
+  if (warp < groups) load_tokens<MT, 1>(cur, a_rows, static_cast<long long>(warp) << 7);
+  int slot = 0;
+  for (int g = warp; g < groups; g += WARPS) {
+    Group<MT, 1> next;  // the token codes of this warp's next group, in flight during the multiply
+    if (g + WARPS < groups) load_tokens<MT, 1>(next, a_rows, static_cast<long long>(g + WARPS) << 7);
+    wait_copies<STAGES - 1>();
+    const uint4 v0 = ring[warp][slot][0][lane];
+    const uint4 v1 = ring[warp][slot][1][lane];
+    const uint4 v2 = ring[warp][slot][2][lane];
+    const uint4 v3 = ring[warp][slot][3][lane];
+    cur.w0[0][0] = v0.x; cur.w0[0][1] = v0.y; cur.w0[0][2] = v0.z; cur.w0[0][3] = v0.w;
+    cur.w0[0][4] = v1.x; cur.w0[0][5] = v1.y; cur.w0[0][6] = v1.z; cur.w0[0][7] = v1.w;
+    cur.w1[0][0] = v2.x; cur.w1[0][1] = v2.y; cur.w1[0][2] = v2.z; cur.w1[0][3] = v2.w;
+    cur.w1[0][4] = v3.x; cur.w1[0][5] = v3.y; cur.w1[0][6] = v3.z; cur.w1[0][7] = v3.w;
+    float acc[1][MT][4];
+    multiply_group<MT, 1>(cur, acc);
+    add_scaled<MT, 1>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g, w_s_block[g * w_s_stride_g]);
+    stage_weights(slot, g + STAGES * WARPS);  // refill the stage just read (its bytes are in registers)
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) cur.a[tile][i] = next.a[tile][i];
+    }
+  }
+  wait_copies<0>();
+
+  reduce_and_store<MT, 1, WARPS>(partial, total, y, y_stride, n0, last_row);
+}
+
 }  // namespace
 
 #define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                               \
@@ -354,6 +466,17 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
           long long m_rows, long long k) {                                                                 \
     fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,    \
                                     w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                   \
+  }
+
+#define QUANTROLL_FP8_GEMV_STAGED(MT, WARPS, STAGES)                                                      \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
+      fp8_gemv_staged_mt##MT##_w##WARPS##_s##STAGES(                                                        \
+          const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
+          long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
+          long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
+          long long m_rows, long long k) {                                                                 \
+    fp8_gemv_staged<MT, WARPS, STAGES>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, \
+                                       w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                \
   }
 
 // The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them):
@@ -377,3 +500,12 @@ QUANTROLL_FP8_GEMV(2, 1, 4, 2, 1)
 QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0)
 QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1)
 QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0)
+// Staged through shared memory (prepared 2026-12-01, not yet run on a GPU).
+QUANTROLL_FP8_GEMV_STAGED(1, 4, 4)
+QUANTROLL_FP8_GEMV_STAGED(1, 4, 5)
+QUANTROLL_FP8_GEMV_STAGED(1, 8, 2)
+QUANTROLL_FP8_GEMV_STAGED(1, 2, 8)
+QUANTROLL_FP8_GEMV_STAGED(2, 4, 4)
+QUANTROLL_FP8_GEMV_STAGED(2, 4, 5)
+QUANTROLL_FP8_GEMV_STAGED(2, 8, 2)
+QUANTROLL_FP8_GEMV_STAGED(2, 2, 8)

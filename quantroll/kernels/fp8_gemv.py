@@ -10,6 +10,9 @@ second launch (see the source for the layout).
 ``fp8_linear.fp8_gemm`` takes it for M <= ``MAX_M`` where ``supports`` holds and the
 kernel could be built (nvcc present), and logs once which decode path it uses.
 
+The same source holds the kernel's BF16 twin (``bf16_gemv``, for linear layers without a
+format at inference; off until measured: ``BF16_MAX_M``).
+
 Launched early (programmatic dependent launch, Hopper and newer): the kernels that
 produce a decode GEMM's input (RMSNorm, attention, silu*up; ``release_producers``)
 release it as they start, so that its blocks request their first weight bytes while the
@@ -57,6 +60,12 @@ class GemvConfig:
     @property
     def rows(self) -> int:
         return 16 * self.row_tiles
+
+    @property
+    def bf16_kernel(self) -> str:
+        """The BF16 twin (bf16_gemv): same tiling, BF16 operands."""
+        return (f"bf16_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}"
+                f"_p{self.pipeline}")
 
 
 # Every variant cuda/fp8_gemv.cu instantiates (keep the two lists equal: a test checks).
@@ -127,12 +136,16 @@ MAX_M = 16
 EARLY_LAUNCH = True
 
 
+def _any_gemv_on() -> bool:
+    return bool(MAX_M or BF16_MAX_M)
+
+
 def release_producers(device: torch.device) -> bool:
     """Whether the kernels that feed a decode GEMM should release it at their start
     (``griddepcontrol.launch_dependents``): only when it is this kernel, launched early, on
     Hopper or newer, outside Triton's interpreter. Releasing is harmless for a successor
     launched the ordinary way (it still waits for the producer to finish)."""
-    if not (MAX_M and EARLY_LAUNCH) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if not (_any_gemv_on() and EARLY_LAUNCH) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9 and usable(device)
 
@@ -191,3 +204,63 @@ def usable(device: torch.device) -> bool:
             log.warning("FP8 decode GEMM: Triton kernel (the CUDA one is unavailable: %s)", reason)
         _usable[key] = reason is None
     return _usable[key]
+
+
+# --- the BF16 decode GEMM: the same kernel on BF16 operands (cuda/fp8_gemv.cu, bf16_gemv_*) ---
+
+# BF16 decode GEMMs (linear layers without a format, inference only) of at most this many
+# rows take the CUDA kernel instead of cuBLAS. Prepared 2026-12-01, not yet run on a GPU:
+# 0, off, until bench/gemv_cuda.py --bf16 has checked and timed it.
+BF16_MAX_M = 0
+
+BF16_VARIANTS = tuple(GemvConfig(*v) for v in (
+    (1, 1, 8, 1, 1), (1, 2, 8, 1, 1), (1, 1, 4, 2, 0), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0)))
+
+# as CHOICE, for the BF16 kernel (the FP8 kernel's measured choice until measured itself)
+BF16_CHOICE: dict[tuple[int, str], tuple[int, ...]] = {
+    (1, "narrow"): (1, 1, 8, 1, 1), (1, "wide"): (1, 2, 8, 1, 1), (2, "narrow"): (2, 1, 8, 1, 1),
+    (2, "wide"): (2, 1, 4, 1, 1)}
+
+
+def bf16_supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """BF16 operands, 1-16 rows, K a multiple of 64 (128-byte groups), N of 16, rows
+    contiguous along K and 16-byte aligned."""
+    m, k = x.shape
+    n = w.shape[0]
+    return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and 1 <= m <= 16 and k % 64 == 0
+            and n % 16 == 0 and x.stride(1) == 1 and w.stride(1) == 1 and (2 * x.stride(0)) % 16 == 0
+            and (2 * w.stride(0)) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+def bf16_default_config(m: int, n: int) -> GemvConfig:
+    cfg = GemvConfig(*BF16_CHOICE[(token_tiles(m), width_class(n))])
+    if n % cfg.rows:
+        cfg = GemvConfig(cfg.token_tiles, 1, cfg.warps, cfg.unroll, cfg.pipeline)
+    return cfg
+
+
+def bf16_gemv(x, w, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
+              early: bool | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = x @ w^T (float32 sums); ``bf16_supports(x, w)`` must hold."""
+    m, k = x.shape
+    n = w.shape[0]
+    cfg = cfg or bf16_default_config(m, n)
+    if m > 8 * cfg.token_tiles or n % cfg.rows:
+        raise ValueError(f"bf16_gemv: {m} x {n} does not fit {cfg.bf16_kernel}")
+    y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    module = cuda_jit.load(SOURCE, x.device)
+    module.launch(cfg.bf16_kernel, (n // cfg.rows, 1, 1), (32 * cfg.warps, 1, 1),
+                  x, 2 * x.stride(0), w, 2 * w.stride(0), y, y.stride(0), m, 2 * k,
+                  early=(EARLY_LAUNCH if early is None else early) and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return y
+
+
+def bf16_decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """QLinear's BF16 forward on the CUDA kernel when it applies (inference, <= BF16_MAX_M
+    rows, no bias, ``bf16_supports``), else None (the caller uses F.linear)."""
+    if not BF16_MAX_M or bias is not None or torch.is_grad_enabled():
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] > BF16_MAX_M or not bf16_supports(x2, weight) or not usable(x.device):
+        return None
+    return bf16_gemv(x2, weight).reshape(*x.shape[:-1], weight.shape[0])

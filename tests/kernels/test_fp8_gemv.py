@@ -76,6 +76,7 @@ def test_source_builds_for_ada_and_hopper(capability, tmp_path, monkeypatch):
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE, capability)
     image = cubin.read_bytes()
     assert all(c.kernel.encode() in image for c in fp8_gemv.VARIANTS)
+    assert all(c.bf16_kernel.encode() in image for c in fp8_gemv.BF16_VARIANTS)
     assert cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE, capability) == cubin  # cached
     assert [p.name for p in cubin.parent.iterdir()] == [cubin.name]  # no temporary left behind
 

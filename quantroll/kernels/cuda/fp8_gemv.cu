@@ -75,6 +75,15 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_16816_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
   uint16_t out;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
@@ -184,6 +193,25 @@ __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (
   }
 }
 
+// BF16 operands (bf16_gemv): a "group" is 128 bytes of a row, 64 values; a thread's 8
+// words hold k = 16 t + {0..15}, word 2j for A/B slots (2t, 2t+1) and word 2j + 1 for
+// (2t+8, 2t+9) of mma step j = 0..3. No widening, no scales: the products go straight
+// into the float32 totals.
+template <int MT, int RT>
+__device__ __forceinline__ void multiply_group_bf16(const Group<MT, RT>& grp, float (&total)[RT][MT][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int tile = 0; tile < MT; ++tile) {
+        mma_16816_bf16(total[rt][tile], grp.w0[rt][2 * j], grp.w1[rt][2 * j], grp.w0[rt][2 * j + 1],
+                       grp.w1[rt][2 * j + 1], grp.a[tile][2 * j], grp.a[tile][2 * j + 1]);
+      }
+    }
+  }
+}
+
 // total += the group's code-product sums times their scales (token row scale x the
 // block's weight scale).
 template <int MT, int RT>
@@ -239,7 +267,9 @@ __device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT
   }
 }
 
-template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE>
+// BF16: the operands are BF16 values (bf16_gemv: a_s and w_s unread, k counts bytes, so
+// a "group" is 64 values), else FP8 codes with their scales.
+template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE, bool BF16 = false>
 __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long long a_stride,
                                          const float* __restrict__ a_s, long long a_s_stride_m,
                                          long long a_s_stride_g, const uint8_t* __restrict__ w_q,
@@ -298,10 +328,14 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
       if (g < groups) {
-        float acc[RT][MT][4];
-        multiply_group<MT, RT>(grp[u], acc);
-        add_scaled<MT, RT>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g,
-                           w_s_block[g * w_s_stride_g]);
+        if (BF16) {
+          multiply_group_bf16<MT, RT>(grp[u], total);
+        } else {
+          float acc[RT][MT][4];
+          multiply_group<MT, RT>(grp[u], acc);
+          add_scaled<MT, RT>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g,
+                             w_s_block[g * w_s_stride_g]);
+        }
       }
     }
   };
@@ -479,6 +513,17 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
                                        w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                \
   }
 
+// The BF16 decode GEMM (bf16_gemv in fp8_gemv.py): y = x @ w^T on BF16 values, float32 sums;
+// strides and k in bytes.
+#define QUANTROLL_BF16_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                               \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
+      bf16_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                      \
+          const uint8_t* x, long long x_stride, const uint8_t* w, long long w_stride, uint16_t* y,         \
+          long long y_stride, long long m_rows, long long k_bytes) {                                       \
+    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE, true>(x, x_stride, nullptr, 0, 0, w, w_stride, nullptr, 0,  \
+                                                     0, y, y_stride, m_rows, k_bytes);                     \
+  }
+
 // The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them):
 // the chosen ones, their one-row-tile twins, and the runners-up of the 2026-12-01 sweep.
 QUANTROLL_FP8_GEMV(1, 1, 8, 1, 1)
@@ -509,3 +554,10 @@ QUANTROLL_FP8_GEMV_STAGED(2, 4, 4)
 QUANTROLL_FP8_GEMV_STAGED(2, 4, 5)
 QUANTROLL_FP8_GEMV_STAGED(2, 8, 2)
 QUANTROLL_FP8_GEMV_STAGED(2, 2, 8)
+// BF16 (prepared 2026-12-01, not yet run on a GPU).
+QUANTROLL_BF16_GEMV(1, 1, 8, 1, 1)
+QUANTROLL_BF16_GEMV(1, 2, 8, 1, 1)
+QUANTROLL_BF16_GEMV(1, 1, 4, 2, 0)
+QUANTROLL_BF16_GEMV(2, 1, 8, 1, 1)
+QUANTROLL_BF16_GEMV(2, 1, 4, 1, 1)
+QUANTROLL_BF16_GEMV(2, 1, 4, 2, 0)

@@ -57,14 +57,15 @@ class CompileError(RuntimeError):
 
 def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = None) -> Path:
     """The cubin of ``source`` for ``capability``, compiled once and cached by the hash of
-    the source, the flags and nvcc's version (written to a temporary name, then renamed,
-    so a crash leaves no half-written cubin)."""
+    the source, the headers beside it, the flags and nvcc's version (written to a
+    temporary name, then renamed, so a crash leaves no half-written cubin)."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CompileError("nvcc not found: set CUDA_HOME or QUANTROLL_NVCC to a CUDA toolkit >= 12.1")
-    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability)]
+    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability), f"-I{source.parent}"]
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), *flags, version]).encode()).hexdigest()[:24]
+    texts = [source.read_text()] + [h.read_text() for h in sorted(source.parent.glob("*.cuh"))]
+    key = hashlib.sha256("\0".join([*texts, *flags[:-1], version]).encode()).hexdigest()[:24]
     out = cache_dir() / f"{source.stem}-{key}.cubin"
     if out.exists():
         return out

@@ -28,6 +28,19 @@ def test_variants_list_matches_the_instances_in_the_source():
         assert fp8_gemv.GemvConfig(*choice[:1], 1, *choice[2:]) in fp8_gemv.VARIANTS
 
 
+def test_the_cuda_sources_ship_in_the_package():
+    """nvcc compiles them on the user's machine, so a wheel must carry them (package-data)."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["quantroll"]
+    sources = [p.relative_to(root / "quantroll").as_posix() for p in cuda_jit.SOURCE_DIR.iterdir() if p.is_file()]
+    assert sources and all(any(fnmatch.fnmatch(s, pat) for pat in patterns) for s in sources)
+
+
 def test_token_tiles_hold_the_batch():
     for m in range(1, 65):
         assert m <= 8 * fp8_gemv.token_tiles(m) < 2 * m + 8

@@ -1,0 +1,263 @@
+// Building blocks of the decode GEMM kernels in fp8_gemv.cu: loads, conversions, the
+// mma.sync wrappers, a thread's fragment of one K group, programmatic dependent launch,
+// asynchronous copies, and the block's final reduction. fp8_gemv.cu says how the work is
+// laid out; everything here is per thread and pure.
+
+#pragma once
+
+#include <stdint.h>
+
+namespace quantroll_gemv {
+
+struct Words4 {
+  uint32_t w[4];
+};
+
+// Weights are read once: keep them out of L1. PINNED: volatile, so that the compiler keeps
+// the load before wait_for_previous_grid (the prologue's prefetch).
+template <bool PINNED>
+__device__ __forceinline__ Words4 load_stream(const uint8_t* p) {
+  Words4 v;
+  if (PINNED) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                 : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+        : "l"(p));
+  }
+  return v;
+}
+
+// Token codes are read by every block: let L1 keep them. Not volatile (the compiler may
+// schedule it freely); its address comes from after_wait, which keeps it after the wait.
+__device__ __forceinline__ Words4 load_cached(const uint8_t* p) {
+  Words4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+      : "l"(p));
+  return v;
+}
+
+// Two e4m3 codes (low byte first) to two float16 values: exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  uint32_t out;
+  uint16_t in = static_cast<uint16_t>(pair);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(in));
+  return out;
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_16816_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
+  uint16_t out;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
+  return out;
+}
+
+// One 128-wide K group of one thread: for each of its RT 16-row weight tiles, rows r and
+// r + 8 (8 words each), and for each of its MT token tiles, the 8 words of token row r.
+template <int MT, int RT>
+struct Group {
+  uint32_t w0[RT][8];
+  uint32_t w1[RT][8];
+  uint32_t a[MT][8];
+};
+
+template <int MT, int RT, bool PINNED>
+__device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
+                                             long long offset) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const uint8_t* row0 = w_row0 + 16 * rt * w_stride + offset;
+    const uint8_t* row1 = row0 + 8 * w_stride;
+    Words4 v;
+    v = load_stream<PINNED>(row0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w0[rt][i] = v.w[i];
+    v = load_stream<PINNED>(row0 + 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w0[rt][4 + i] = v.w[i];
+    v = load_stream<PINNED>(row1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w1[rt][i] = v.w[i];
+    v = load_stream<PINNED>(row1 + 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w1[rt][4 + i] = v.w[i];
+  }
+}
+
+template <int MT, int RT>
+__device__ __forceinline__ void load_tokens(Group<MT, RT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    Words4 v = load_cached(a_rows[tile] + offset);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
+    v = load_cached(a_rows[tile] + offset + 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.a[tile][4 + i] = v.w[i];
+  }
+}
+
+// Programmatic dependent launch: when this grid was launched early (fp8_gemv.py sets the
+// attribute), wait here until the kernel before it has finished and its writes are
+// visible; without the attribute this returns at once. Everything before it may only read
+// what no earlier kernel of the step writes (the weights). Hopper and newer; on Ada the
+// launch is never early (fp8_gemv.py).
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Let the next kernel on the stream launch early, if it was launched with the attribute
+// (its blocks then take multiprocessors as ours finish, and wait for our writes).
+__device__ __forceinline__ void allow_next_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A pointer that the compiler cannot compute before this point (volatile asms keep their
+// order): loads through it stay after the wait without being volatile themselves.
+__device__ __forceinline__ const uint8_t* after_wait(const uint8_t* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
+
+// Sum of the group's code products (exact products, float32 sums) for each weight tile and
+// token tile; the token fragments are widened once and serve all RT weight tiles.
+template <int MT, int RT>
+__device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (&acc)[RT][MT][4]) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][tile][i] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t b0[MT], b1[MT];
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+      b0[tile] = e4m3x2_to_f16x2(grp.a[tile][j]);        // token r, k + {0, 1}
+      b1[tile] = e4m3x2_to_f16x2(grp.a[tile][j] >> 16);  // token r, k + {2, 3}
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const uint32_t a0 = e4m3x2_to_f16x2(grp.w0[rt][j]);        // row r,     k + {0, 1}
+      const uint32_t a1 = e4m3x2_to_f16x2(grp.w1[rt][j]);        // row r + 8, k + {0, 1}
+      const uint32_t a2 = e4m3x2_to_f16x2(grp.w0[rt][j] >> 16);  // row r,     k + {2, 3}
+      const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[rt][j] >> 16);  // row r + 8, k + {2, 3}
+#pragma unroll
+      for (int tile = 0; tile < MT; ++tile) mma_16816(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
+    }
+  }
+}
+
+// BF16 operands (bf16_gemv): a "group" is 128 bytes of a row, 64 values; a thread's 8
+// words hold k = 16 t + {0..15}, word 2j for A/B slots (2t, 2t+1) and word 2j + 1 for
+// (2t+8, 2t+9) of mma step j = 0..3. No widening, no scales: the products go straight
+// into the float32 totals.
+template <int MT, int RT>
+__device__ __forceinline__ void multiply_group_bf16(const Group<MT, RT>& grp, float (&total)[RT][MT][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int tile = 0; tile < MT; ++tile) {
+        mma_16816_bf16(total[rt][tile], grp.w0[rt][2 * j], grp.w1[rt][2 * j], grp.w0[rt][2 * j + 1],
+                       grp.w1[rt][2 * j + 1], grp.a[tile][2 * j], grp.a[tile][2 * j + 1]);
+      }
+    }
+  }
+}
+
+// total += the group's code-product sums times their scales (token row scale x the
+// block's weight scale).
+template <int MT, int RT>
+__device__ __forceinline__ void add_scaled(float (&total)[RT][MT][4], const float (&acc)[RT][MT][4],
+                                           const float* __restrict__ a_s, const int (&scale_rows)[MT][2],
+                                           long long a_s_stride_m, long long a_s_stride_g, int g, float w_scale) {
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    const float s0 = a_s[scale_rows[tile][0] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+    const float s1 = a_s[scale_rows[tile][1] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      total[rt][tile][0] += acc[rt][tile][0] * s0;  // weight row r,     token 2t
+      total[rt][tile][1] += acc[rt][tile][1] * s1;  // weight row r,     token 2t + 1
+      total[rt][tile][2] += acc[rt][tile][2] * s0;  // weight row r + 8, token 2t
+      total[rt][tile][3] += acc[rt][tile][3] * s1;  // weight row r + 8, token 2t + 1
+    }
+  }
+}
+
+// The warps' partial sums meet in shared memory and are added in warp order (the same
+// result on every run); BF16 (round to nearest even) out for the rows that exist.
+template <int MT, int RT, int WARPS>
+__device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT][8 * MT],
+                                                 const float (&total)[RT][MT][4], uint16_t* __restrict__ y,
+                                                 long long y_stride, long long n0, int last_row) {
+  constexpr int ROWS = 16 * RT;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int r = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+      const int m = 2 * t + 8 * tile;
+      partial[warp][16 * rt + r][m] = total[rt][tile][0];
+      partial[warp][16 * rt + r][m + 1] = total[rt][tile][1];
+      partial[warp][16 * rt + r + 8][m] = total[rt][tile][2];
+      partial[warp][16 * rt + r + 8][m + 1] = total[rt][tile][3];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += WARPS * 32) {
+    const int n = idx % ROWS;
+    const int m = idx / ROWS;
+    if (m <= last_row) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) sum += partial[w][n][m];
+      y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
+    }
+  }
+}
+
+// Asynchronous 16-byte copy global -> shared that skips L1 (cp.async.cg, sm_80+), and its
+// group bookkeeping: commit closes a group, wait_group<N> returns once at most N of the
+// most recent groups are still in flight.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+}  // namespace quantroll_gemv

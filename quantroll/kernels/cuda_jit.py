@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -22,6 +23,8 @@ import threading
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cuda"
 
@@ -86,7 +89,8 @@ def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = 
 class _LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union (cuda.h)."""
 
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("value_pad", ctypes.c_char * 60)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint64),
+                ("value_pad", ctypes.c_char * 56)]
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -97,6 +101,8 @@ class _LaunchConfig(ctypes.Structure):
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+REFUSED_INVALID_VALUE, REFUSED_NOT_SUPPORTED = 1, 801  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED
+early_launch_refused = False  # set once a driver refused the attribute; launches are plain from then on
 
 
 class _Driver:
@@ -164,6 +170,7 @@ class CudaModule:
                early: bool = False) -> None:
         """``early``: programmatic dependent launch (the kernel may start before the previous
         one on the stream has finished and must wait for it itself: griddepcontrol.wait)."""
+        global early_launch_refused
         holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
                    for a in args]
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
@@ -172,14 +179,21 @@ class CudaModule:
                 return self.launch(name, grid, block, *args, early=early)
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         drv = driver()
-        if not early:
+        if not early or early_launch_refused:
             drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
                       f"launching {name}")
             return
         attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
         config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
-        drv.check(drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None),
-                  f"launching {name} (programmatic dependent launch)")
+        result = drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None)
+        if result in (REFUSED_NOT_SUPPORTED, REFUSED_INVALID_VALUE):  # a driver without PDL (CUDA < 12.3)
+            if not early_launch_refused:
+                log.warning("CUDA driver refused a programmatic dependent launch (error %d): launching plainly", result)
+            early_launch_refused = True
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
+                      f"launching {name}")
+            return
+        drv.check(result, f"launching {name} (programmatic dependent launch)")
 
 
 _modules: dict[tuple[str, int], CudaModule] = {}

@@ -21,6 +21,7 @@ producer runs, then wait for it (griddepcontrol.wait) before reading the activat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ class GemvConfig:
     (each takes every warps-th K group of the block's rows), K groups per round of loads,
     and whether the next round's loads are issued before this round multiplies (two
     register buffers). ``stages`` > 0: the weight bytes staged through shared memory
-    instead, that many K groups in flight per warp (one row tile, no unroll/pipeline)."""
+    instead, that many K groups in flight per warp (one row tile, no unroll/pipeline).
+    ``sectors``: the whole-sector load layout (gemv_fragments.cuh; the staged and BF16
+    kernels always use it)."""
 
     token_tiles: int
     row_tiles: int
@@ -49,13 +52,18 @@ class GemvConfig:
     unroll: int
     pipeline: int = 0
     stages: int = 0
+    sectors: int = 0
+
+    def __post_init__(self):
+        if self.stages and (self.row_tiles, self.unroll, self.pipeline) != (1, 1, 0):
+            raise ValueError(f"{self}: the staged kernel has one row tile, no unroll and no register pipeline")
 
     @property
     def kernel(self) -> str:
         if self.stages:
             return f"fp8_gemv_staged_mt{self.token_tiles}_w{self.warps}_s{self.stages}"
         return (f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}"
-                f"_p{self.pipeline}")
+                f"_p{self.pipeline}{'_x' if self.sectors else ''}")
 
     @property
     def rows(self) -> int:
@@ -77,6 +85,9 @@ VARIANTS = tuple(GemvConfig(*v) for v in (
     # staged through shared memory (prepared 2026-12-01, first run pending)
     (1, 1, 4, 1, 0, 4), (1, 1, 4, 1, 0, 5), (1, 1, 8, 1, 0, 2), (1, 1, 2, 1, 0, 8),
     (2, 1, 4, 1, 0, 4), (2, 1, 4, 1, 0, 5), (2, 1, 8, 1, 0, 2), (2, 1, 2, 1, 0, 8),
+    # the chosen ones in the whole-sector layout (prepared 2026-12-01, first run pending)
+    (1, 1, 8, 1, 1, 0, 1), (1, 2, 8, 1, 1, 0, 1), (2, 1, 8, 1, 1, 0, 1), (2, 1, 4, 1, 1, 0, 1),
+    (2, 1, 4, 2, 0, 0, 1),
 ))
 
 
@@ -107,15 +118,13 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
     N's width class (``CHOICE``); its one-row-tile twin where N is not a multiple of the
     chosen block's rows."""
     cfg = GemvConfig(*CHOICE[(token_tiles(m), width_class(n))])
-    if n % cfg.rows:
-        cfg = GemvConfig(cfg.token_tiles, 1, cfg.warps, cfg.unroll, cfg.pipeline, cfg.stages)
-    return cfg
+    return dataclasses.replace(cfg, row_tiles=1) if n % cfg.rows else cfg
 
 
 def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
     """Shapes the kernel takes: whole 128-wide K groups, 16-row weight blocks, BF16 output,
     M <= 64."""
-    return out_dtype == torch.bfloat16 and 1 <= m <= 64 and k % 128 == 0 and n % 16 == 0
+    return out_dtype == torch.bfloat16 and 1 <= m <= 64 and k % 128 == 0 and n % 16 == 0 and n > 0
 
 
 def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -169,6 +178,11 @@ def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor 
     """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16)`` must hold."""
     m, k = aq.shape
     n = wq.shape[0]
+    if m == 0 or n == 0:
+        return out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
+    if not supports(aq, wq, torch.bfloat16) or (out is not None and out.stride(1) != 1):
+        raise ValueError(f"fp8_gemv: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs whole "
+                         "128-wide K groups, N a multiple of 16, M <= 64, rows contiguous and 16-byte aligned")
     cfg = cfg or default_config(m, n, k)
     if m > 8 * cfg.token_tiles or n % cfg.rows:
         raise ValueError(f"fp8_gemv: {m} x {n} does not fit {cfg.kernel} (at most {8 * cfg.token_tiles} rows, "
@@ -228,15 +242,13 @@ def bf16_supports(x: torch.Tensor, w: torch.Tensor) -> bool:
     m, k = x.shape
     n = w.shape[0]
     return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and 1 <= m <= 16 and k % 64 == 0
-            and n % 16 == 0 and x.stride(1) == 1 and w.stride(1) == 1 and (2 * x.stride(0)) % 16 == 0
+            and n % 16 == 0 and n > 0 and x.stride(1) == 1 and w.stride(1) == 1 and (2 * x.stride(0)) % 16 == 0
             and (2 * w.stride(0)) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
 
 
 def bf16_default_config(m: int, n: int) -> GemvConfig:
     cfg = GemvConfig(*BF16_CHOICE[(token_tiles(m), width_class(n))])
-    if n % cfg.rows:
-        cfg = GemvConfig(cfg.token_tiles, 1, cfg.warps, cfg.unroll, cfg.pipeline)
-    return cfg
+    return dataclasses.replace(cfg, row_tiles=1) if n % cfg.rows else cfg
 
 
 def bf16_gemv(x, w, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
@@ -244,6 +256,11 @@ def bf16_gemv(x, w, cfg: GemvConfig | None = None, out: torch.Tensor | None = No
     """y [M, N] bf16 = x @ w^T (float32 sums); ``bf16_supports(x, w)`` must hold."""
     m, k = x.shape
     n = w.shape[0]
+    if m == 0 or n == 0:
+        return out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    if not bf16_supports(x, w) or (out is not None and out.stride(1) != 1):
+        raise ValueError(f"bf16_gemv: {tuple(x.shape)} x {tuple(w.shape)}: the kernel needs BF16, K a multiple of "
+                         "64, N of 16, M <= 16, rows contiguous and 16-byte aligned")
     cfg = cfg or bf16_default_config(m, n)
     if m > 8 * cfg.token_tiles or n % cfg.rows:
         raise ValueError(f"bf16_gemv: {m} x {n} does not fit {cfg.bf16_kernel}")

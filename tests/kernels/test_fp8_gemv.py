@@ -16,7 +16,10 @@ def test_variants_list_matches_the_instances_in_the_source():
     source = (cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE).read_text()
     found = re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
     assert {tuple(map(int, m)) for m in found} == {(c.token_tiles, c.row_tiles, c.warps, c.unroll, c.pipeline)
-                                                   for c in fp8_gemv.VARIANTS if not c.stages}
+                                                   for c in fp8_gemv.VARIANTS if not c.stages and not c.sectors}
+    sectors = re.findall(r"^QUANTROLL_FP8_GEMV_SECTORS\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
+    assert {tuple(map(int, m)) for m in sectors} == {(c.token_tiles, c.row_tiles, c.warps, c.unroll, c.pipeline)
+                                                     for c in fp8_gemv.VARIANTS if c.sectors}
     staged = re.findall(r"^QUANTROLL_FP8_GEMV_STAGED\((\d+), (\d+), (\d+)\)", source, re.M)
     assert {tuple(map(int, m)) for m in staged} == {(c.token_tiles, c.warps, c.stages)
                                                     for c in fp8_gemv.VARIANTS if c.stages}
@@ -39,6 +42,11 @@ def test_the_cuda_sources_ship_in_the_package():
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["quantroll"]
     sources = [p.relative_to(root / "quantroll").as_posix() for p in cuda_jit.SOURCE_DIR.iterdir() if p.is_file()]
     assert sources and all(any(fnmatch.fnmatch(s, pat) for pat in patterns) for s in sources)
+
+
+def test_staged_configs_refuse_register_tiling():
+    with pytest.raises(ValueError, match="staged kernel has one row tile"):
+        fp8_gemv.GemvConfig(2, 2, 4, 1, 0, 4)
 
 
 def test_token_tiles_hold_the_batch():

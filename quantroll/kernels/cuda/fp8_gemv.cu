@@ -31,9 +31,9 @@ using namespace quantroll_gemv;
 
 // BF16: the operands are BF16 values (bf16_gemv: a_s and w_s unread, k counts bytes, so
 // a "group" is 64 values), else FP8 codes with their scales.
-template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE, bool BF16 = false>
-__device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long long a_stride,
-                                         const float* __restrict__ a_s, long long a_s_stride_m,
+template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE, bool BF16, bool SECTORS>
+__device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
+                                         const float* a_s, long long a_s_stride_m,
                                          long long a_s_stride_g, const uint8_t* __restrict__ w_q,
                                          long long w_stride, const float* __restrict__ w_s,
                                          long long w_s_stride_n, long long w_s_stride_g,
@@ -50,12 +50,12 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
   const int groups = static_cast<int>(k >> 7);
   const int last_row = static_cast<int>(m_rows) - 1;
 
-  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + 32 * t;
+  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + lane_offset<SECTORS>(t);
   const uint8_t* a_rows[MT];
   int scale_rows[MT][2];
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {
-    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + 32 * t;
+    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset<SECTORS>(t);
     scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
     scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
   }
@@ -77,12 +77,12 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
-      if (g < groups) load_weights<MT, RT, false>(grp[u], w_row0, w_stride, static_cast<long long>(g) << 7);
+      if (g < groups) load_weights<MT, RT, false, SECTORS>(grp[u], w_row0, w_stride, static_cast<long long>(g) << 7);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
-      if (g < groups) load_tokens<MT, RT>(grp[u], a_rows, static_cast<long long>(g) << 7);
+      if (g < groups) load_tokens<MT, RT, SECTORS>(grp[u], a_rows, static_cast<long long>(g) << 7);
     }
   };
   auto multiply_round = [&](const Group<MT, RT> (&grp)[UNROLL], int first) {
@@ -107,7 +107,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int g = warp + u * WARPS;
-    if (g < groups) load_weights<MT, RT, true>(cur[u], w_row0, w_stride, static_cast<long long>(g) << 7);
+    if (g < groups) load_weights<MT, RT, true, SECTORS>(cur[u], w_row0, w_stride, static_cast<long long>(g) << 7);
   }
   allow_next_grid();
   wait_for_previous_grid();
@@ -116,7 +116,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int g = warp + u * WARPS;
-    if (g < groups) load_tokens<MT, RT>(cur[u], a_rows, static_cast<long long>(g) << 7);
+    if (g < groups) load_tokens<MT, RT, SECTORS>(cur[u], a_rows, static_cast<long long>(g) << 7);
   }
 
   if (PIPELINE) {
@@ -147,10 +147,11 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* __restrict__ a_q, long l
 // each) and reads back only those, so no barrier is needed: cp.async.wait_group orders a
 // thread's own copies before its reads. The layout [stage][chunk][lane] of 16-byte chunks
 // keeps both the copies and the 16-byte reads free of bank conflicts. One 16-row tile per
-// block; token codes are loaded one group ahead into registers.
+// block; token codes are loaded one group ahead into registers; the whole-sector layout
+// (SECTORS in gemv_fragments.cuh).
 template <int MT, int WARPS, int STAGES>
-__device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q, long long a_stride,
-                                                const float* __restrict__ a_s, long long a_s_stride_m,
+__device__ __forceinline__ void fp8_gemv_staged(const uint8_t* a_q, long long a_stride,
+                                                const float* a_s, long long a_s_stride_m,
                                                 long long a_s_stride_g, const uint8_t* __restrict__ w_q,
                                                 long long w_stride, const float* __restrict__ w_s,
                                                 long long w_s_stride_n, long long w_s_stride_g,
@@ -168,13 +169,13 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
   const int groups = static_cast<int>(k >> 7);
   const int last_row = static_cast<int>(m_rows) - 1;
 
-  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + 32 * t;
+  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + lane_offset<true>(t);
   const uint8_t* w_row1 = w_row0 + 8 * w_stride;
   const uint8_t* a_rows[MT];
   int scale_rows[MT][2];
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {
-    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + 32 * t;
+    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset<true>(t);
     scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
     scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
   }
@@ -194,9 +195,9 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
     if (g < groups) {
       const long long offset = static_cast<long long>(g) << 7;
       copy_async_16(&ring[warp][slot][0][lane], w_row0 + offset);
-      copy_async_16(&ring[warp][slot][1][lane], w_row0 + offset + 16);
+      copy_async_16(&ring[warp][slot][1][lane], w_row0 + offset + second_piece<true>());
       copy_async_16(&ring[warp][slot][2][lane], w_row1 + offset);
-      copy_async_16(&ring[warp][slot][3][lane], w_row1 + offset + 16);
+      copy_async_16(&ring[warp][slot][3][lane], w_row1 + offset + second_piece<true>());
     }
     commit_copies();
   };
@@ -210,11 +211,11 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
   for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
 
   Group<MT, 1> cur;
-  if (warp < groups) load_tokens<MT, 1>(cur, a_rows, static_cast<long long>(warp) << 7);
+  if (warp < groups) load_tokens<MT, 1, true>(cur, a_rows, static_cast<long long>(warp) << 7);
   int slot = 0;
   for (int g = warp; g < groups; g += WARPS) {
     Group<MT, 1> next;  // the token codes of this warp's next group, in flight during the multiply
-    if (g + WARPS < groups) load_tokens<MT, 1>(next, a_rows, static_cast<long long>(g + WARPS) << 7);
+    if (g + WARPS < groups) load_tokens<MT, 1, true>(next, a_rows, static_cast<long long>(g + WARPS) << 7);
     wait_copies<STAGES - 1>();
     const uint4 v0 = ring[warp][slot][0][lane];
     const uint4 v1 = ring[warp][slot][1][lane];
@@ -229,10 +230,12 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
     add_scaled<MT, 1>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g, w_s_block[g * w_s_stride_g]);
     stage_weights(slot, g + STAGES * WARPS);  // refill the stage just read (its bytes are in registers)
     slot = slot + 1 == STAGES ? 0 : slot + 1;
+    if (g + WARPS < groups) {
 #pragma unroll
-    for (int tile = 0; tile < MT; ++tile) {
+      for (int tile = 0; tile < MT; ++tile) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) cur.a[tile][i] = next.a[tile][i];
+        for (int i = 0; i < 8; ++i) cur.a[tile][i] = next.a[tile][i];
+      }
     }
   }
   wait_copies<0>();
@@ -242,14 +245,17 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
 
 }  // namespace
 
-#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                               \
+#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE) QUANTROLL_FP8_GEMV_LAYOUT(MT, RT, WARPS, UNROLL, PIPELINE, false, )
+#define QUANTROLL_FP8_GEMV_SECTORS(MT, RT, WARPS, UNROLL, PIPELINE) \
+  QUANTROLL_FP8_GEMV_LAYOUT(MT, RT, WARPS, UNROLL, PIPELINE, true, _x)
+#define QUANTROLL_FP8_GEMV_LAYOUT(MT, RT, WARPS, UNROLL, PIPELINE, SECTORS, SUFFIX)                         \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
-      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                       \
+      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE##SUFFIX(                               \
           const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
           long long m_rows, long long k) {                                                                 \
-    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,    \
+    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE, false, SECTORS>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,    \
                                     w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);                   \
   }
 
@@ -271,7 +277,7 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* __restrict__ a_q,
       bf16_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                      \
           const uint8_t* x, long long x_stride, const uint8_t* w, long long w_stride, uint16_t* y,         \
           long long y_stride, long long m_rows, long long k_bytes) {                                       \
-    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE, true>(x, x_stride, nullptr, 0, 0, w, w_stride, nullptr, 0,  \
+    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE, true, true>(x, x_stride, nullptr, 0, 0, w, w_stride, nullptr, 0,  \
                                                      0, y, y_stride, m_rows, k_bytes);                     \
   }
 
@@ -305,7 +311,13 @@ QUANTROLL_FP8_GEMV_STAGED(2, 4, 4)
 QUANTROLL_FP8_GEMV_STAGED(2, 4, 5)
 QUANTROLL_FP8_GEMV_STAGED(2, 8, 2)
 QUANTROLL_FP8_GEMV_STAGED(2, 2, 8)
-// BF16 (prepared 2026-12-01, not yet run on a GPU).
+// The whole-sector layout (prepared 2026-12-01, not yet run on a GPU): the chosen variants.
+QUANTROLL_FP8_GEMV_SECTORS(1, 1, 8, 1, 1)
+QUANTROLL_FP8_GEMV_SECTORS(1, 2, 8, 1, 1)
+QUANTROLL_FP8_GEMV_SECTORS(2, 1, 8, 1, 1)
+QUANTROLL_FP8_GEMV_SECTORS(2, 1, 4, 1, 1)
+QUANTROLL_FP8_GEMV_SECTORS(2, 1, 4, 2, 0)
+// BF16, whole-sector layout (prepared 2026-12-01, not yet run on a GPU).
 QUANTROLL_BF16_GEMV(1, 1, 8, 1, 1)
 QUANTROLL_BF16_GEMV(1, 2, 8, 1, 1)
 QUANTROLL_BF16_GEMV(1, 1, 4, 2, 0)

@@ -30,14 +30,31 @@ __device__ __forceinline__ Words4 load_stream(const uint8_t* p) {
   return v;
 }
 
-// Token codes are read by every block: let L1 keep them. Not volatile (the compiler may
-// schedule it freely); its address comes from after_wait, which keeps it after the wait.
+// Token codes are read by every block: plain (coherent, L1-cached) loads, not the
+// non-coherent .nc path, whose contract (data read-only for the kernel's lifetime) an early
+// launch breaks: the previous kernel writes them while this one already runs. Not
+// volatile (the compiler may schedule it freely); its address comes from after_wait,
+// which keeps it after the wait.
 __device__ __forceinline__ Words4 load_cached(const uint8_t* p) {
   Words4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
       : "l"(p));
   return v;
+}
+
+// Where a lane's two 16-byte pieces of a row's 128-byte group sit. SECTORS: lane t reads
+// bytes 16t and 64 + 16t, so each load instruction of a quad covers two whole 32-byte
+// sectors; else (the layout measured on 2026-12-01) bytes 32t and 32t + 16, so each
+// instruction uses half of four sectors and, without L1 allocation, the second one fetches
+// them from L2 again. Either is exact: A and B use the same byte -> slot map.
+template <bool SECTORS>
+__device__ __forceinline__ int lane_offset(int t) {
+  return SECTORS ? 16 * t : 32 * t;
+}
+template <bool SECTORS>
+__device__ __forceinline__ int second_piece() {
+  return SECTORS ? 64 : 16;
 }
 
 // Two e4m3 codes (low byte first) to two float16 values: exact.
@@ -81,7 +98,7 @@ struct Group {
   uint32_t a[MT][8];
 };
 
-template <int MT, int RT, bool PINNED>
+template <int MT, int RT, bool PINNED, bool SECTORS>
 __device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
                                              long long offset) {
 #pragma unroll
@@ -92,26 +109,26 @@ __device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* 
     v = load_stream<PINNED>(row0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w0[rt][i] = v.w[i];
-    v = load_stream<PINNED>(row0 + 16);
+    v = load_stream<PINNED>(row0 + second_piece<SECTORS>());
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w0[rt][4 + i] = v.w[i];
     v = load_stream<PINNED>(row1);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w1[rt][i] = v.w[i];
-    v = load_stream<PINNED>(row1 + 16);
+    v = load_stream<PINNED>(row1 + second_piece<SECTORS>());
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w1[rt][4 + i] = v.w[i];
   }
 }
 
-template <int MT, int RT>
+template <int MT, int RT, bool SECTORS>
 __device__ __forceinline__ void load_tokens(Group<MT, RT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {
     Words4 v = load_cached(a_rows[tile] + offset);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
-    v = load_cached(a_rows[tile] + offset + 16);
+    v = load_cached(a_rows[tile] + offset + second_piece<SECTORS>());
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.a[tile][4 + i] = v.w[i];
   }
@@ -198,7 +215,7 @@ __device__ __forceinline__ void multiply_group_bf16(const Group<MT, RT>& grp, fl
 // block's weight scale).
 template <int MT, int RT>
 __device__ __forceinline__ void add_scaled(float (&total)[RT][MT][4], const float (&acc)[RT][MT][4],
-                                           const float* __restrict__ a_s, const int (&scale_rows)[MT][2],
+                                           const float* a_s, const int (&scale_rows)[MT][2],
                                            long long a_s_stride_m, long long a_s_stride_g, int g, float w_scale) {
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {

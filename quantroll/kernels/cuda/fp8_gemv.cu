@@ -42,34 +42,12 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
   constexpr int ROWS = 16 * RT;  // weight rows of the block (within one 128-row scale block)
   __shared__ float partial[WARPS][ROWS][8 * MT];
 
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int r = lane >> 2;
-  const int t = lane & 3;
-  const long long n0 = static_cast<long long>(blockIdx.x) * ROWS;
-  const int groups = static_cast<int>(k >> 7);
-  const int last_row = static_cast<int>(m_rows) - 1;
-
-  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + lane_offset<SECTORS>(t);
-  const uint8_t* a_rows[MT];
-  int scale_rows[MT][2];
-#pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
-    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset<SECTORS>(t);
-    scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
-    scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
-  }
-  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
-
+  Place<MT, SECTORS> at(ROWS, w_q, w_stride, a_q, a_stride, m_rows, k);
+  const int warp = at.warp, groups = at.groups;
+  const uint8_t* w_row0 = at.w_row0;
+  const float* w_s_block = w_s + (at.n0 >> 7) * w_s_stride_n;
   float total[RT][MT][4];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-    for (int tile = 0; tile < MT; ++tile) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) total[rt][tile][i] = 0.0f;
-    }
-  }
+  zero(total);
 
   // One round: UNROLL groups (first, first + WARPS, ...) of this warp.
   constexpr int STEP = WARPS * UNROLL;
@@ -82,7 +60,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
-      if (g < groups) load_tokens<MT, RT, SECTORS>(grp[u], a_rows, static_cast<long long>(g) << 7);
+      if (g < groups) load_tokens<MT, RT, SECTORS>(grp[u], at.a_rows, static_cast<long long>(g) << 7);
     }
   };
   auto multiply_round = [&](const Group<MT, RT> (&grp)[UNROLL], int first) {
@@ -95,7 +73,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
         } else {
           float acc[RT][MT][4];
           multiply_group<MT, RT>(grp[u], acc);
-          add_scaled<MT, RT>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g,
+          add_scaled<MT, RT>(total, acc, a_s, at.scale_rows, a_s_stride_m, a_s_stride_g, g,
                              w_s_block[g * w_s_stride_g]);
         }
       }
@@ -112,11 +90,11 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
   allow_next_grid();
   wait_for_previous_grid();
 #pragma unroll
-  for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
+  for (int tile = 0; tile < MT; ++tile) at.a_rows[tile] = after_wait(at.a_rows[tile]);
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int g = warp + u * WARPS;
-    if (g < groups) load_tokens<MT, RT, SECTORS>(cur[u], a_rows, static_cast<long long>(g) << 7);
+    if (g < groups) load_tokens<MT, RT, SECTORS>(cur[u], at.a_rows, static_cast<long long>(g) << 7);
   }
 
   if (PIPELINE) {
@@ -136,7 +114,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
     }
   }
 
-  reduce_and_store<MT, RT, WARPS>(partial, total, y, y_stride, n0, last_row);
+  reduce_and_store<MT, RT, WARPS>(partial, total, y, y_stride, at.n0, at.last_row);
 }
 
 // The same product with the weight bytes staged through shared memory: each warp keeps
@@ -161,32 +139,13 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* a_q, long long a_
   __shared__ uint4 ring[WARPS][STAGES][4][32];
   __shared__ float partial[WARPS][16][8 * MT];
 
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int r = lane >> 2;
-  const int t = lane & 3;
-  const long long n0 = static_cast<long long>(blockIdx.x) * 16;
-  const int groups = static_cast<int>(k >> 7);
-  const int last_row = static_cast<int>(m_rows) - 1;
-
-  const uint8_t* w_row0 = w_q + (n0 + r) * w_stride + lane_offset<true>(t);
+  Place<MT, true> at(16, w_q, w_stride, a_q, a_stride, m_rows, k);
+  const int lane = at.lane, warp = at.warp, groups = at.groups;
+  const uint8_t* w_row0 = at.w_row0;
   const uint8_t* w_row1 = w_row0 + 8 * w_stride;
-  const uint8_t* a_rows[MT];
-  int scale_rows[MT][2];
-#pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
-    a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset<true>(t);
-    scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
-    scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
-  }
-  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
-
+  const float* w_s_block = w_s + (at.n0 >> 7) * w_s_stride_n;
   float total[1][MT][4];
-#pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) total[0][tile][i] = 0.0f;
-  }
+  zero(total);
 
   // Group g's weight bytes into stage `slot`; always one commit, so that the count of
   // committed groups stays STAGES + (groups consumed) and wait_copies<STAGES - 1> means
@@ -208,14 +167,14 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* a_q, long long a_
   allow_next_grid();
   wait_for_previous_grid();
 #pragma unroll
-  for (int tile = 0; tile < MT; ++tile) a_rows[tile] = after_wait(a_rows[tile]);
+  for (int tile = 0; tile < MT; ++tile) at.a_rows[tile] = after_wait(at.a_rows[tile]);
 
   Group<MT, 1> cur;
-  if (warp < groups) load_tokens<MT, 1, true>(cur, a_rows, static_cast<long long>(warp) << 7);
+  if (warp < groups) load_tokens<MT, 1, true>(cur, at.a_rows, static_cast<long long>(warp) << 7);
   int slot = 0;
   for (int g = warp; g < groups; g += WARPS) {
     Group<MT, 1> next;  // the token codes of this warp's next group, in flight during the multiply
-    if (g + WARPS < groups) load_tokens<MT, 1, true>(next, a_rows, static_cast<long long>(g + WARPS) << 7);
+    if (g + WARPS < groups) load_tokens<MT, 1, true>(next, at.a_rows, static_cast<long long>(g + WARPS) << 7);
     wait_copies<STAGES - 1>();
     const uint4 v0 = ring[warp][slot][0][lane];
     const uint4 v1 = ring[warp][slot][1][lane];
@@ -227,7 +186,7 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* a_q, long long a_
     cur.w1[0][4] = v3.x; cur.w1[0][5] = v3.y; cur.w1[0][6] = v3.z; cur.w1[0][7] = v3.w;
     float acc[1][MT][4];
     multiply_group<MT, 1>(cur, acc);
-    add_scaled<MT, 1>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g, w_s_block[g * w_s_stride_g]);
+    add_scaled<MT, 1>(total, acc, a_s, at.scale_rows, a_s_stride_m, a_s_stride_g, g, w_s_block[g * w_s_stride_g]);
     stage_weights(slot, g + STAGES * WARPS);  // refill the stage just read (its bytes are in registers)
     slot = slot + 1 == STAGES ? 0 : slot + 1;
     if (g + WARPS < groups) {
@@ -240,7 +199,7 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* a_q, long long a_
   }
   wait_copies<0>();
 
-  reduce_and_store<MT, 1, WARPS>(partial, total, y, y_stride, n0, last_row);
+  reduce_and_store<MT, 1, WARPS>(partial, total, y, y_stride, at.n0, at.last_row);
 }
 
 }  // namespace

@@ -65,22 +65,23 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   return out;
 }
 
+// D += A B on the tensor cores, float32 accumulation; A, B float16 or (BF16) bfloat16 pairs.
+template <bool BF16>
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_16816_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
 }
 
 __device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
@@ -88,6 +89,49 @@ __device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
   return out;
 }
+
+template <int RT, int MT>
+__device__ __forceinline__ void zero(float (&sums)[RT][MT][4]) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sums[rt][tile][i] = 0.0f;
+    }
+  }
+}
+
+// Where one thread of a block of ROWS weight rows works: its lane and warp, fragment row r
+// and column pair t, the block's first weight row n0, the K groups, the last token row;
+// its weight row, and per token tile its token row and the two token rows whose scales it
+// applies (rows past the batch clamp to the last one: loaded, never stored).
+template <int MT, bool SECTORS>
+struct Place {
+  int lane, warp, r, t, groups, last_row;
+  long long n0;
+  const uint8_t* w_row0;
+  const uint8_t* a_rows[MT];
+  int scale_rows[MT][2];
+
+  __device__ __forceinline__ Place(int rows, const uint8_t* w_q, long long w_stride, const uint8_t* a_q,
+                                   long long a_stride, long long m_rows, long long k) {
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+    r = lane >> 2;
+    t = lane & 3;
+    n0 = static_cast<long long>(blockIdx.x) * rows;
+    groups = static_cast<int>(k >> 7);
+    last_row = static_cast<int>(m_rows) - 1;
+    w_row0 = w_q + (n0 + r) * w_stride + lane_offset<SECTORS>(t);
+#pragma unroll
+    for (int tile = 0; tile < MT; ++tile) {
+      a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset<SECTORS>(t);
+      scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
+      scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
+    }
+  }
+};
 
 // One 128-wide K group of one thread: for each of its RT 16-row weight tiles, rows r and
 // r + 8 (8 words each), and for each of its MT token tiles, the 8 words of token row r.
@@ -164,14 +208,7 @@ __device__ __forceinline__ const uint8_t* after_wait(const uint8_t* p) {
 // token tile; the token fragments are widened once and serve all RT weight tiles.
 template <int MT, int RT>
 __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (&acc)[RT][MT][4]) {
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-    for (int tile = 0; tile < MT; ++tile) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][tile][i] = 0.0f;
-    }
-  }
+  zero(acc);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     uint32_t b0[MT], b1[MT];
@@ -187,7 +224,7 @@ __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (
       const uint32_t a2 = e4m3x2_to_f16x2(grp.w0[rt][j] >> 16);  // row r,     k + {2, 3}
       const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[rt][j] >> 16);  // row r + 8, k + {2, 3}
 #pragma unroll
-      for (int tile = 0; tile < MT; ++tile) mma_16816(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
+      for (int tile = 0; tile < MT; ++tile) mma_16816<false>(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
     }
   }
 }
@@ -204,7 +241,7 @@ __device__ __forceinline__ void multiply_group_bf16(const Group<MT, RT>& grp, fl
     for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
       for (int tile = 0; tile < MT; ++tile) {
-        mma_16816_bf16(total[rt][tile], grp.w0[rt][2 * j], grp.w1[rt][2 * j], grp.w0[rt][2 * j + 1],
+        mma_16816<true>(total[rt][tile], grp.w0[rt][2 * j], grp.w1[rt][2 * j], grp.w0[rt][2 * j + 1],
                        grp.w1[rt][2 * j + 1], grp.a[tile][2 * j], grp.a[tile][2 * j + 1]);
       }
     }

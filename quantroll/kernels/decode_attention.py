@@ -78,7 +78,6 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
     else:
         out = torch.empty(b, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
         codes, scales = out, out.view(b, heads * head_dim)  # placeholders (strides read, never stored to)
-    wait, early = fp8_gemv.early_producers(qkv.device)
     decode_attention_qkv_kernel[(b, kv_heads)](
         qkv, q_norm_w, k_norm_w, cos2, sin2, k_cache, v_cache, rows, positions, out, codes, scales,
         eps, head_dim**-0.5,
@@ -86,7 +85,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         codes.stride(0), scales.stride(0), scales.stride(1),
         HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s, QUANT=quantize,
-        RELEASE=fp8_gemv.release_producers(qkv.device), WAIT=wait, num_warps=4, num_stages=2, **early,
+        num_warps=4, num_stages=2, **fp8_gemv.producer_launch(qkv.device),
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

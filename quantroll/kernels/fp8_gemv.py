@@ -166,11 +166,13 @@ def release_producers(device: torch.device) -> bool:
 EARLY_PRODUCERS = False
 
 
-def early_producers(device: torch.device) -> tuple[bool, dict]:
-    """(WAIT constexpr, launch keyword arguments) for a producer kernel on ``device``."""
-    if EARLY_PRODUCERS and release_producers(device):
-        return True, {"launch_pdl": True}
-    return False, {}
+def producer_launch(device: torch.device) -> dict:
+    """The keyword arguments a producer kernel's launch on ``device`` takes: its RELEASE
+    and WAIT constexprs and, launched early, the PDL attribute."""
+    release = release_producers(device)
+    if release and EARLY_PRODUCERS:
+        return {"RELEASE": True, "WAIT": True, "launch_pdl": True}
+    return {"RELEASE": release, "WAIT": False}
 
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,

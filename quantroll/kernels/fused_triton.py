@@ -65,8 +65,8 @@ def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps
                        STORE_Y: tl.constexpr = True, RELEASE: tl.constexpr = False, WAIT: tl.constexpr = False):
     """One row per program. QUANT: y also goes out as FP8 codes (q) and scales (s); STORE_Y:
     y goes out in BF16 (both: a MoE block routes on the BF16 values, its experts read
-    the codes). RELEASE: let the next kernel launch now (fp8_gemv.release_producers); WAIT:
-    launched early, wait for the previous kernel first (fp8_gemv.early_producers)."""
+    the codes). RELEASE: let the next kernel launch now; WAIT:
+    launched early, wait for the previous kernel first (both: fp8_gemv.producer_launch)."""
     if WAIT:
         gdc_wait()
     if RELEASE:
@@ -142,8 +142,8 @@ def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, Q
                     RELEASE: tl.constexpr = False, WAIT: tl.constexpr = False):
     """Program (row, block of BLOCK outputs). QUANT: y goes out as FP8 codes (q) and scales
     (s) instead of BF16; BLOCK is then a multiple of 128 so that blocks hold whole groups.
-    RELEASE: let the next kernel launch now (fp8_gemv.release_producers); WAIT: launched
-    early, wait for the previous kernel first (fp8_gemv.early_producers)."""
+    RELEASE: let the next kernel launch now; WAIT: launched
+    early, wait for the previous kernel first (both: fp8_gemv.producer_launch)."""
     if WAIT:
         gdc_wait()
     if RELEASE:

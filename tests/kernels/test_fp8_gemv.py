@@ -75,6 +75,8 @@ def test_producers_release_only_for_the_cuda_gemm_on_a_gpu(monkeypatch):
     monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
     monkeypatch.setattr(fp8_gemv, "EARLY_LAUNCH", False)
     assert not fp8_gemv.release_producers(torch.device("cuda", 0))
+    monkeypatch.setattr(fp8_gemv, "EARLY_PRODUCERS", True)  # never early where nothing is released
+    assert fp8_gemv.producer_launch(torch.device("cpu")) == {"RELEASE": False, "WAIT": False}
 
 
 def test_cpu_tensors_never_take_the_cuda_kernel():

@@ -162,8 +162,8 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
     qk_norm_rope_cache_kernel does for its GROUP q heads and its k/v head, then what
     decode_attention_kernel does for them, over positions 0..positions[b]. QUANT: the
     output goes out as FP8 codes (oq) and 1x128 scales (os) of its BF16 values, one group
-    per head (D == 128), instead of BF16 (o). RELEASE: let the next kernel launch now; WAIT: launched early, wait for the previous kernel first
-    (both: fp8_gemv.producer_launch)."""
+    per head (D == 128), instead of BF16 (o). RELEASE: let the next kernel launch now;
+    WAIT: launched early, wait for the previous kernel first (both: fp8_gemv.producer_launch)."""
     tl.static_assert(not QUANT or D == 128, "QUANT needs one 1x128 group per head")
     if WAIT:
         gdc_wait()

@@ -13,23 +13,16 @@ against cuBLAS, on Qwen3-8B's layer shapes; correctness first (as bench/gemv_cud
 """
 import argparse
 import itertools
-import math
 
 import torch
 
-from bench.gemv_cuda import SHAPES
+from bench.gemv_cuda import SHAPES, repeat_and_graph_problem
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.kernels import fp8_gemv
+from tests.engine.test_bf16_decode import excess_over_bf16_rounding
 
 CHECK_SHAPES = [(16, 64), (48, 192), (96, 256), (272, 1152), (4096, 4096), (4096, 12288)]
 COPIES = 8
-
-
-def excess(x, w, y) -> float:
-    ref = x.double() @ w.double().t()
-    mag = x.double().abs() @ w.double().abs().t()
-    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)
-    return ((y.double() - ref).abs() - half_ulp - 4 * math.sqrt(x.shape[1]) * 2.0 ** -24 * mag).max().item()
 
 
 def correctness() -> int:
@@ -41,17 +34,9 @@ def correctness() -> int:
             if 8 * cfg.token_tiles < m or n % cfg.rows:
                 continue
             y = fp8_gemv.bf16_gemv(x, w, cfg)
-            problem = None if excess(x, w, y) <= 0 else f"max excess {excess(x, w, y):.2e}"
-            if problem is None and not torch.equal(y, fp8_gemv.bf16_gemv(x, w, cfg, early=False)):
-                problem = "differs between two calls"
-            if problem is None:
-                out = torch.empty_like(y)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fp8_gemv.bf16_gemv(x, w, cfg, out=out)
-                graph.replay()
-                torch.cuda.synchronize()
-                problem = None if torch.equal(out, y) else "graph replay differs from the eager call"
+            excess = excess_over_bf16_rounding(y, x.double(), w.double())
+            problem = (f"max excess {excess:.2e}" if excess > 0
+                       else repeat_and_graph_problem(lambda **kw: fp8_gemv.bf16_gemv(x, w, cfg, **kw), y))
             if problem:
                 bad += 1
                 print(f"BAD {cfg.bf16_kernel} M={m} N={n} K={k}: {problem}", flush=True)
@@ -91,27 +76,12 @@ def timings():
 
 
 def engine_ab(batches, layers):
-    import bench.switch_ab as ab
-    from quantroll.bench.rollout import copy_bandwidth
-    from quantroll.bench.shapes import random_model, shape_config
-    from quantroll.engine import SamplingParams
+    """The 8B BF16 step on cuBLAS and on the CUDA kernel for <= 16 rows (bench/switch_ab.py)."""
+    from bench.switch_ab import run_variants
 
-    cfg = shape_config("qwen3-8b", layers)
-    model = random_model(cfg, "cuda")
-    args = argparse.Namespace(approx=["cuda"], batches=batches, precision="bf16", shape="qwen3-8b", repeats=2,
-                              device="cuda")
-    prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
-    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
-    bandwidth = copy_bandwidth("cuda")
-    reference_box, rows = [], []
-    shipped = fp8_gemv.BF16_MAX_M
-    for name, value in (("cublas", 0), ("cuda", 16)):
-        fp8_gemv.BF16_MAX_M = value
-        ab.measure(name, model, None, prompts, params, args, cfg, bandwidth, reference_box, rows)
-    fp8_gemv.BF16_MAX_M = shipped
-    print(f"\nqwen3-8b ({cfg.num_hidden_layers} layers) bf16 decode step, copy {bandwidth / 1e12:.2f} TB/s")
-    for name, b, ms, xr, chk in rows:
-        print(f"{name:8s} {b:5d} {ms:8.3f} ms {xr:6.2f}x roof  {chk}")
+    gemv = "quantroll.kernels.fp8_gemv"
+    run_variants([("cublas", [(gemv, "BF16_MAX_M", 0)]), ("cuda", [(gemv, "BF16_MAX_M", 16)])], ["cuda"],
+                 "qwen3-8b", layers, batches, precision="bf16")
 
 
 def main():

@@ -20,14 +20,14 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
 import argparse
 import itertools
 import json
-import math
 
 import torch
 
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.formats import get_format
-from quantroll.kernels import fp8_gemv, fp8_linear
+from quantroll.kernels import fp8_gemv
 from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantize_activation_fp8
+from tests.engine.test_bf16_decode import excess_over_bf16_rounding
 
 FP8 = get_format("fp8")
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -46,14 +46,22 @@ def operands(m, n, k, copies=1):
 def check(aq, a_s, w, y) -> str | None:
     """None if y (BF16) is float64's value rounded, up to float32-summation slack."""
     a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :aq.shape[1]]
-    wd = FP8.dequantize(w).double()
-    ref = a @ wd.t()
-    mag = a.abs() @ wd.abs().t()
-    k = aq.shape[1]
-    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)  # 2^(e-1) * 2^-8
-    bound = half_ulp + 4 * math.sqrt(k) * 2.0 ** -24 * mag
-    excess = ((y.double() - ref).abs() - bound).max().item()
+    excess = excess_over_bf16_rounding(y, a, FP8.dequantize(w).double())
     return None if excess <= 0 else f"max excess over the bound {excess:.3e}"
+
+
+def repeat_and_graph_problem(run, y) -> str | None:
+    """None if run() gives y's bits again when launched plainly and from a CUDA-graph
+    replay (run takes out= and early=)."""
+    if not torch.equal(y, run(early=False)):
+        return "differs between two calls"
+    out = torch.empty_like(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    return None if torch.equal(out, y) else "graph replay differs from the eager call"
 
 
 def correctness() -> int:
@@ -65,18 +73,8 @@ def correctness() -> int:
             if 8 * cfg.token_tiles < m or n % cfg.rows:
                 continue
             y = fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg)
-            problem = check(aq, a_s, w, y)
-            if problem is None and not torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg)):
-                problem = "differs between two calls"
-            if problem is None:
-                out = torch.empty_like(y)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg, out=out)
-                graph.replay()
-                torch.cuda.synchronize()
-                if not torch.equal(out, y):
-                    problem = "graph replay differs from the eager call"
+            problem = check(aq, a_s, w, y) or repeat_and_graph_problem(
+                lambda **kw: fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg, **kw), y)
             if problem:
                 bad += 1
                 print(f"BAD {cfg.kernel} M={m} N={n} K={k}: {problem}", flush=True)
@@ -133,32 +131,16 @@ def timings(ms=(1, 16, 32, 64)):
 
 
 def engine_ab(batches, layers, max_m):
-    """The 8B FP8 step with the Triton decode GEMM, the CUDA one launched early, and launched plainly."""
-    import bench.switch_ab as ab
-    from quantroll.bench.rollout import copy_bandwidth
-    from quantroll.bench.shapes import random_model, shape_config
-    from quantroll.engine import SamplingParams
+    """The 8B FP8 step with the Triton decode GEMM, the CUDA one launched early, launched
+    plainly, and with its producers launched early too (bench/switch_ab.py's machinery)."""
+    from bench.switch_ab import run_variants
 
-    cfg = shape_config("qwen3-8b", layers)
-    model = random_model(cfg, "cuda", fmt=FP8)
-    args = argparse.Namespace(approx=["cuda"], batches=batches, precision="fp8", shape="qwen3-8b", repeats=2,
-                              device="cuda")
-    prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
-    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
-    bandwidth = copy_bandwidth("cuda")
-    reference_box, rows = [], []
-    variants = (("triton", 0, True, False), ("cuda", max_m, True, False), ("cuda-plain", max_m, False, False),
-                ("cuda+early-producers", max_m, True, True))
-    args.approx = [v[0] for v in variants[1:]]
-    shipped = fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH, fp8_gemv.EARLY_PRODUCERS
-    for name, value, early, producers in variants:
-        fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH, fp8_gemv.EARLY_PRODUCERS = value, early, producers
-        ab.measure(name, model, FP8, prompts, params, args, cfg, bandwidth, reference_box, rows)
-    fp8_gemv.MAX_M, fp8_gemv.EARLY_LAUNCH, fp8_gemv.EARLY_PRODUCERS = shipped
-    print(f"\nqwen3-8b ({cfg.num_hidden_layers} layers) fp8 decode step, CUDA GEMV for M <= {max_m}, "
-          f"copy {bandwidth / 1e12:.2f} TB/s")
-    for name, b, ms, xr, chk in rows:
-        print(f"{name:20s} {b:5d} {ms:8.3f} ms {xr:6.2f}x roof  {chk}")
+    gemv = "quantroll.kernels.fp8_gemv"
+    variants = [("triton", [(gemv, "MAX_M", 0)]),
+                ("cuda", [(gemv, "MAX_M", max_m)]),
+                ("cuda-plain", [(gemv, "MAX_M", max_m), (gemv, "EARLY_LAUNCH", False)]),
+                ("cuda+early-producers", [(gemv, "MAX_M", max_m), (gemv, "EARLY_PRODUCERS", True)])]
+    run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
 
 
 def main():

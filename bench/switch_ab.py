@@ -56,10 +56,21 @@ def main():
     p.add_argument("--device", default="cuda", help="cuda (what it is for); cpu only to smoke-test the script")
     args = p.parse_args()
     variants = [("shipped", [])] + [parse_variant(v) for v in args.variant]
-    cfg = shape_config(args.shape, args.layers)
-    fmt = get_format("fp8") if args.precision == "fp8" else None  # None: the BF16 engine
-    model = random_model(cfg, args.device, fmt=fmt)
-    bandwidth = copy_bandwidth(args.device) if args.device == "cuda" else 1e11  # (a CPU smoke run: any figure)
+    run_variants(variants, args.approx, args.shape, args.layers, args.batches, args.repeats, args.precision,
+                 args.device)
+
+
+def run_variants(variants, approx, shape="qwen3-8b", layers=None, batches="1,16,64", repeats=2, precision="fp8",
+                 device="cuda") -> list:
+    """Each (name, settings) variant on one random model of ``shape``: its tokens against the
+    first variant's (bit for bit, or by ``approx_check`` for names in ``approx``), then its
+    decode step at each batch; prints the table and returns its rows."""
+    args = argparse.Namespace(approx=approx, batches=batches, repeats=repeats, precision=precision, device=device,
+                              shape=shape)
+    cfg = shape_config(shape, layers)
+    fmt = get_format("fp8") if precision == "fp8" else None  # None: the BF16 engine
+    model = random_model(cfg, device, fmt=fmt)
+    bandwidth = copy_bandwidth(device) if device == "cuda" else 1e11  # (a CPU smoke run: any figure)
     prompts = [list(range(1 + 50 * i, 60 + 50 * i + 7 * i)) for i in range(4)]
     params = SamplingParams(temperature=1.0, max_new_tokens=16, stop_token_ids=(), seed=11)
     reference_box, rows = [], []
@@ -72,11 +83,13 @@ def main():
             rows.append((name, 0, float("nan"), float("nan"), f"FAILED {type(e).__name__}"))
         finally:
             apply(settings, previous)
-    print(f"\n{args.shape} ({cfg.num_hidden_layers} layers) {args.precision} decode step, "
+    width = max(12, *(len(name) for name, _ in variants))
+    print(f"\n{shape} ({cfg.num_hidden_layers} layers) {precision} decode step, "
           f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    print(f"{'variant':12s} {'batch':>5s} {'step ms':>8s} {'x roof':>6s}  check")
+    print(f"{'variant':{width}s} {'batch':>5s} {'step ms':>8s} {'x roof':>6s}  check")
     for name, b, ms, xr, check in rows:
-        print(f"{name:12s} {b:5d} {ms:8.3f} {xr:6.2f}  {check}")
+        print(f"{name:{width}s} {b:5d} {ms:8.3f} {xr:6.2f}  {check}")
+    return rows
 
 
 def approx_check(reference, out) -> str:

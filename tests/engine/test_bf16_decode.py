@@ -25,6 +25,15 @@ def float32_sum_bound(k: int) -> float:
     return 4 * k**0.5 * 2**-24
 
 
+def excess_over_bf16_rounding(y: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> float:
+    """max(|y - a w^T| - (half a BF16 ulp of a w^T + float32_sum_bound(K) |a| |w|^T)) for
+    float64 operands a [M, K], w [N, K]: <= 0 when the BF16 output y is the float64 product
+    rounded, up to float32 summation error (the CUDA decode GEMMs' check)."""
+    ref, mag = a @ w.t(), a.abs() @ w.abs().t()
+    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)  # 2^(e-1) * 2^-8
+    return ((y.double() - ref).abs() - half_ulp - float32_sum_bound(a.shape[1]) * mag).max().item()
+
+
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double().cpu() - ref).norm() / ref.norm()).item()
 

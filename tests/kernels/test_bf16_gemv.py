@@ -3,7 +3,6 @@ default, fp8_gemv.BF16_MAX_M = 0): its variants, when QLinear takes it, and on a
 outputs against float64 (half a BF16 ulp plus float32-summation slack), run to run and
 under graph replay, and QLinear's forward with it on."""
 
-import math
 import re
 
 import pytest
@@ -40,10 +39,9 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available() or cuda_jit.unavailable_r
 
 
 def _excess(x, w, y) -> float:
-    ref = x.double() @ w.double().t()
-    mag = x.double().abs() @ w.double().abs().t()
-    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)
-    return ((y.double() - ref).abs() - half_ulp - 4 * math.sqrt(x.shape[1]) * 2.0 ** -24 * mag).max().item()
+    from tests.engine.test_bf16_decode import excess_over_bf16_rounding
+
+    return excess_over_bf16_rounding(y, x.double(), w.double())
 
 
 @gpu

@@ -3,7 +3,6 @@ its outputs against float64 (each BF16 output float64's value rounded, up to flo
 summation slack), run to run, under CUDA-graph replay, launched early or not, and in the
 engine (issue 3's logits criterion with every decode GEMM on it)."""
 
-import math
 import re
 
 import pytest
@@ -136,16 +135,12 @@ def _operands(m, n, k, seed=0):
 
 
 def _excess_over_rounding(aq, a_s, wq, y) -> float:
-    """max(|y - float64| - (half a BF16 ulp + 4 sqrt(K) 2^-24 sum |a||w|)): <= 0 when y is
-    the float64 value rounded to BF16 up to float32 summation error."""
+    """excess_over_bf16_rounding on the dequantized FP8 operands."""
     from quantroll.formats import get_format
+    from tests.engine.test_bf16_decode import excess_over_bf16_rounding
 
-    k = aq.shape[1]
-    a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :k]
-    w = get_format("fp8").dequantize(wq).double()
-    ref, mag = a @ w.t(), a.abs() @ w.abs().t()
-    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)
-    return ((y.double() - ref).abs() - half_ulp - 4 * math.sqrt(k) * 2.0 ** -24 * mag).max().item()
+    a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :aq.shape[1]]
+    return excess_over_bf16_rounding(y, a, get_format("fp8").dequantize(wq).double())
 
 
 @gpu
@@ -216,7 +211,6 @@ def test_logits_criterion_holds_with_the_cuda_decode_gemm(kind, batch, tmp_path,
     """Issue 3's criterion (test_gpu_engine.py) with every decode GEMM of <= 64 rows on the
     CUDA kernel (batch 1 is 9 rows, batch 4 is 36), and the kernel seen to run."""
     pytest.importorskip("triton")
-    from quantroll.kernels import fp8_linear
     from tests.engine.test_gpu_engine import test_real_fp8_logits_vs_emulation_on_the_warm_started_model as criterion
 
     calls = []
@@ -231,7 +225,6 @@ def test_logits_criterion_holds_with_the_cuda_decode_gemm(kind, batch, tmp_path,
 @pytest.mark.gpu
 def test_engine_decode_logprobs_match_a_full_forward_with_the_cuda_decode_gemm(tmp_path, monkeypatch):
     pytest.importorskip("triton")
-    from quantroll.kernels import fp8_linear
     from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
 
     monkeypatch.setattr(fp8_gemv, "MAX_M", 64)

@@ -7,9 +7,9 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
 - decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
   registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
   can build it;
-- decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed tiles of 32 weight rows,
-  split-K summed in the same launch, products on mma.sync (Triton widens the FP8 codes
-  to float16), float32-accurate.
+- decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
+  tiles of 32 weight rows, split-K summed in the same launch, products on mma.sync
+  (Triton widens the FP8 codes to float16), float32-accurate.
   It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
   faster than BF16 at M = 16-64.
 - prefill on shapes cuBLAS verified (``scaled_mm_supports``): torch._scaled_mm with

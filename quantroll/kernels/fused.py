@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from quantroll.kernels import fp8_gemv
 from quantroll.kernels.counters import counters
 from quantroll.kernels.decode_attention import next_pow2
-from quantroll.kernels import fp8_gemv
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
 # The model asks for producer-quantized activations only while this is True; tests turn it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from quantroll.kernels import fp8_gemv
@@ -14,6 +16,34 @@ from quantroll.kernels import fp8_gemv
 # and rotary arithmetic of the two kernels differently (last bits of q and k); both sit
 # the same distance from a float64 step (tests/engine/test_decode_attention_fused.py).
 FUSE_QKV_ATTENTION = True
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Launch shape of the one-launch decode attention: keys per loop step, warps, and
+    software-pipeline stages of the key loop. One program per (sequence, KV head) walks
+    all of that sequence's keys."""
+
+    block_s: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# Measured on the H200 (bench/attention_tiles.py, 2026-12-01; Qwen3-8B heads, ~256 keys per
+# sequence): with at most one program per SM (batch 16: 128 pairs) a third pipeline stage
+# takes the kernel from 14.4-14.8 to 12.0-12.1 us (8B FP8 step 3.43-3.47 -> 3.41-3.43 ms);
+# with four per SM (batch 64) it costs 25.2 -> 30.0 us, so it stays at two there. More warps,
+# other key blocks, and keys split over programs with a merging launch were slower.
+ONE_WAVE_TILES = AttentionTiles(num_stages=3)
+MANY_WAVE_TILES = AttentionTiles()
+TILES: AttentionTiles | None = None  # one shape for every batch (benchmarks); None: tiles_for
+
+
+def tiles_for(pairs: int, sms: int) -> AttentionTiles:
+    """The launch shape for ``pairs`` (sequence, KV head) programs on ``sms`` SMs."""
+    if TILES is not None:
+        return TILES
+    return ONE_WAVE_TILES if pairs <= sms else MANY_WAVE_TILES
 
 
 def next_pow2(n: int, floor: int) -> int:
@@ -53,14 +83,14 @@ def fuses_qkv(head_dim: int) -> bool:
 def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: torch.Tensor, eps: float,
                          cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          rows: torch.Tensor, positions: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
-                         quantize: bool = False, block_s: int = 64):
+                         quantize: bool = False, tiles: AttentionTiles | None = None):
     """One decode token per sequence, in one launch: qkv [B, (H + 2 Hkv) D] -> the
     attention output [B, H, D], as ``decode_attention(qk_norm_rope_cache(...), ...,
     positions + 1)`` computes it (the same function, same cache writes at (rows[b],
     positions[b]); rows[b] must be b, the row the attention reads; see FUSE_QKV_ATTENTION
     for the bits). With ``quantize`` (head_dim 128) the
     output comes as the Fp8Activation [B, H*D] that quantize_activation_fp8 would make of
-    it, for a block-FP8 o_proj."""
+    it, for a block-FP8 o_proj. ``tiles``: the launch shape (default ``tiles_for``)."""
     from quantroll.kernels.decode_attention_triton import decode_attention_qkv_kernel
     from quantroll.kernels.fp8_linear import Fp8Activation
     from quantroll.kernels.fused import FP8_GROUP, fp8_output_buffers
@@ -71,6 +101,9 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         raise ValueError(f"decode_attention_qkv quantizes one {FP8_GROUP}-group per head, head_dim is {head_dim}")
     b = qkv.shape[0]
     group = heads // kv_heads
+    if tiles is None:
+        sms = torch.cuda.get_device_properties(qkv.device).multi_processor_count if qkv.is_cuda else 1
+        tiles = tiles_for(b * kv_heads, sms)
     cos2, sin2 = cos.reshape(b, -1), sin.reshape(b, -1)
     if quantize:
         codes, scales = fp8_output_buffers(b, heads * head_dim, qkv.device)
@@ -84,8 +117,8 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         qkv.stride(0), cos2.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         codes.stride(0), scales.stride(0), scales.stride(1),
-        HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=block_s, QUANT=quantize,
-        num_warps=4, num_stages=2, **fp8_gemv.producer_launch(qkv.device),
+        HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=tiles.block_s,
+        QUANT=quantize, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **fp8_gemv.producer_launch(qkv.device),
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

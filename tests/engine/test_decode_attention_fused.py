@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.switches import switched
 from tests.interpreted import needs_new_interpreter, needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,6 +259,20 @@ def check_decode_step_interpreted() -> None:
 @needs_new_interpreter
 def test_fused_decode_attention_under_interpreter():
     run_interpreted([__file__], "fused decode attention ok", timeout=300)
+
+
+def test_attention_tiles_follow_the_waves():
+    """A third pipeline stage while the (sequence, KV head) programs fit one wave of SMs
+    (measured faster there, slower beyond: decode_attention.ONE_WAVE_TILES); TILES forces
+    one shape."""
+    from quantroll.kernels import decode_attention as attention
+
+    assert attention.tiles_for(128, 132).num_stages == 3  # Qwen3-8B, batch 16
+    assert attention.tiles_for(133, 132).num_stages == 2
+    assert attention.tiles_for(512, 132) == attention.AttentionTiles()  # batch 64
+    forced = attention.AttentionTiles(block_s=32, num_warps=8, num_stages=1)
+    with switched(attention, "TILES", forced):
+        assert attention.tiles_for(128, 132) == attention.tiles_for(512, 132) == forced
 
 
 def test_switch_is_on_by_default():

@@ -40,7 +40,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
                                          uint16_t* __restrict__ y, long long y_stride, long long m_rows,
                                          long long k) {
   constexpr int ROWS = 16 * RT;  // weight rows of the block (within one 128-row scale block)
-  __shared__ float partial[WARPS][ROWS][8 * MT];
+  __shared__ float partial[WARPS][ROWS][partial_row<MT>()];
 
   Place<MT, SECTORS> at(ROWS, w_q, w_stride, a_q, a_stride, m_rows, k);
   const int warp = at.warp, groups = at.groups;
@@ -135,9 +135,9 @@ __device__ __forceinline__ void fp8_gemv_staged(const uint8_t* a_q, long long a_
                                                 long long w_s_stride_n, long long w_s_stride_g,
                                                 uint16_t* __restrict__ y, long long y_stride, long long m_rows,
                                                 long long k) {
-  static_assert(WARPS * STAGES * 2048 + WARPS * 16 * 8 * MT * 4 <= 48 * 1024, "static shared memory is 48 KB");
+  static_assert(WARPS * STAGES * 2048 + WARPS * 16 * partial_row<MT>() * 4 <= 48 * 1024, "static shared memory is 48 KB");
   __shared__ uint4 ring[WARPS][STAGES][4][32];
-  __shared__ float partial[WARPS][16][8 * MT];
+  __shared__ float partial[WARPS][16][partial_row<MT>()];
 
   Place<MT, true> at(16, w_q, w_stride, a_q, a_stride, m_rows, k);
   const int lane = at.lane, warp = at.warp, groups = at.groups;

@@ -268,10 +268,19 @@ __device__ __forceinline__ void add_scaled(float (&total)[RT][MT][4], const floa
   }
 }
 
+// A weight row's partial sums in shared memory: its 8 MT token columns and one word of
+// padding, so that the reduction's reads (consecutive threads, consecutive weight rows)
+// land in distinct banks; unpadded they were 8-way bank conflicts at 16 token rows
+// (Nsight Compute on the H200, 2026-12-01), paid once per block at its end.
+template <int MT>
+__host__ __device__ constexpr int partial_row() {
+  return 8 * MT + 1;
+}
+
 // The warps' partial sums meet in shared memory and are added in warp order (the same
 // result on every run); BF16 (round to nearest even) out for the rows that exist.
 template <int MT, int RT, int WARPS>
-__device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT][8 * MT],
+__device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT][partial_row<MT>()],
                                                  const float (&total)[RT][MT][4], uint16_t* __restrict__ y,
                                                  long long y_stride, long long n0, int last_row) {
   constexpr int ROWS = 16 * RT;

@@ -27,6 +27,7 @@ present.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -178,6 +179,13 @@ def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmC
 WGMMA_F16_FROM_M: int | None = None
 
 
+# Decode batches of 17-64 rows on long-K weights (K >= 3 N: Qwen3-8B's down_proj) take 64
+# weight rows per program with float16 dots (still mma.sync on 2 warps, as accurate):
+# measured on the H200 (bench/gemm_f16_tokens.py, 2026-12-01) at 20.7 against 28.3 us at
+# M = 32 and 28.9 against 30.6 at M = 64. None: the 32-row tiles for every shape.
+LONG_K_DECODE: DecodeGemmConfig | None = DecodeGemmConfig(block_n=64, dot_f16=True, num_warps=2, num_stages=3)
+
+
 def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
     (bench/gemm_decode.py, docs/PERFORMANCE.md): 32 weight rows per program and two warps,
@@ -187,6 +195,9 @@ def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     splits)."""
     if WGMMA_F16_FROM_M is not None and m >= WGMMA_F16_FROM_M:
         return wgmma_f16_config(n, k)
+    if LONG_K_DECODE is not None and m > 16 and k >= 3 * n:
+        bn = LONG_K_DECODE.block_n
+        return dataclasses.replace(LONG_K_DECODE, split_k=splits_to_fill((n + bn - 1) // bn, k, 512))
     return DecodeGemmConfig(block_n=32, split_k=splits_to_fill((n + 31) // 32, k, 512), dot_f16=False, num_warps=2,
                             num_stages=5 if m == 1 else 3)
 

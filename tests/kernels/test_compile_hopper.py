@@ -34,6 +34,9 @@ CASES = [
        dict(BLOCK_M=bm, BLOCK_N=32, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
             IMPRECISE_ACC=32), dict(num_warps=2, num_stages=stages))
       for bm, split, stages in ((16, 1, 5), (16, 4, 3), (64, 4, 3))],
+    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", DECODE_GEMM_POINTERS,  # fp8_linear.LONG_K_DECODE
+       dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, K_BLOCKS_PER_SPLIT=12, SPLIT=8, DOT_F16=True, IMPRECISE_ACC=32),
+       dict(num_warps=2, num_stages=3)) for bm in (32, 64)],
     *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", {**DECODE_GEMM_POINTERS, "a_ptr": "bf16", "as_ptr": "bf16",
                                                      "w_ptr": "bf16", "ws_ptr": "bf16"},
        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,

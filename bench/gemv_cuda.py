@@ -10,8 +10,7 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
    print the best variant per token-tile count and the per-layer-set totals.
 3. With --ab: the 8B FP8 decode step with every decode GEMM of <= --max-m rows on the
    Triton kernel ("triton", the reference run), on the CUDA kernel launched early with its
-   producers releasing it ("cuda", shipped), and launched the ordinary way ("cuda-plain");
-   with the producers launched early too ("cuda+early-producers", fp8_gemv.EARLY_PRODUCERS);
+   producers releasing it ("cuda", shipped), and launched the ordinary way ("cuda-plain"):
    the tokens and logprobs of each against the first, then the steps at --batches. With
    the timings, the variants are those the sweep just chose.
 
@@ -120,26 +119,25 @@ def timings(ms=(1, 16, 32, 64)):
         if sums:
             best = min(sums, key=sums.get)
             cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
-            choice[(tiles, width)] = (cfg.token_tiles, cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline, cfg.stages)
+            choice[(tiles, width)] = (cfg.token_tiles, cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline)
     print("\nper 8B layer set (qkv + o + gate_up + down), us:")
     for m in ms:
         bytes_us = sum(r["bound_us"] for r in rows if r["m"] == m)
         print(f"M={m:3d} cuBLAS bf16 {totals[(m, 'cublas')]:6.1f}  Triton FP8 {totals[(m, 'triton')]:6.1f}  "
               f"CUDA FP8 {totals[(m, 'cuda')]:6.1f}  FP8 bytes at 4.25 TB/s {bytes_us:5.1f}")
-    print(f"chosen ((token tiles needed, width) -> (token tiles, row tiles, warps, unroll, pipeline, stages)): {choice}", flush=True)
+    print(f"chosen ((token tiles needed, width) -> (token tiles, row tiles, warps, unroll, pipeline)): {choice}", flush=True)
     return rows, choice
 
 
 def engine_ab(batches, layers, max_m):
-    """The 8B FP8 step with the Triton decode GEMM, the CUDA one launched early, launched
-    plainly, and with its producers launched early too (bench/switch_ab.py's machinery)."""
+    """The 8B FP8 step with the Triton decode GEMM, the CUDA one launched early, and the
+    CUDA one launched plainly (bench/switch_ab.py's machinery)."""
     from bench.switch_ab import run_variants
 
     gemv = "quantroll.kernels.fp8_gemv"
     variants = [("triton", [(gemv, "MAX_M", 0)]),
                 ("cuda", [(gemv, "MAX_M", max_m)]),
-                ("cuda-plain", [(gemv, "MAX_M", max_m), (gemv, "EARLY_LAUNCH", False)]),
-                ("cuda+early-producers", [(gemv, "MAX_M", max_m), (gemv, "EARLY_PRODUCERS", True)])]
+                ("cuda-plain", [(gemv, "MAX_M", max_m), (gemv, "EARLY_LAUNCH", False)])]
     run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
 
 

@@ -101,16 +101,13 @@ def bench_one(engine: Engine, shape: str, layers: int, precision: str, batch: in
 
 
 def decode_gemm_label(precision: str, batch: int, cfg, device: str) -> str:
-    """The GEMM a decode step's dense linears run on: for BF16 cuBLAS or quantroll's CUDA
-    kernel (fp8_gemv.BF16_MAX_M), for block FP8 on FP8 hardware fp8_linear's choice (for the
-    hidden x hidden shape; every Qwen3 shape of the bench takes the same), "emulated"
-    otherwise."""
-    from quantroll.kernels import fp8_gemv
+    """The GEMM a decode step's dense linears run on: cuBLAS for BF16, for block FP8 on FP8
+    hardware fp8_linear's choice (for the hidden x hidden shape; every Qwen3 shape of the
+    bench takes the same), "emulated" otherwise."""
     from quantroll.kernels.fp8_linear import fp8_hardware_available, gemm_path
 
     if precision == "bf16":
-        on_cuda = device != "cpu" and batch <= fp8_gemv.BF16_MAX_M and fp8_gemv.usable(torch.device(device))
-        return "cuda bf16" if on_cuda else "cublas bf16"
+        return "cublas bf16"
     if precision != "fp8" or not fp8_hardware_available(device):
         return "emulated"
     return gemm_path(batch, cfg.hidden_size, cfg.hidden_size, torch.device(device))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from quantroll.kernels.fused_triton import _quant_fp8_groups
 
@@ -157,16 +157,14 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
                                 s_t, s_ct, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh, s_oqb, s_osb, s_osg,
                                 HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
                                 G_PAD: tl.constexpr, BLOCK_S: tl.constexpr, QUANT: tl.constexpr,
-                                RELEASE: tl.constexpr = False, WAIT: tl.constexpr = False):
+                                RELEASE: tl.constexpr = False):
     """Program (sequence b, KV head kvh) for the token of b at positions[b]: what
     qk_norm_rope_cache_kernel does for its GROUP q heads and its k/v head, then what
     decode_attention_kernel does for them, over positions 0..positions[b]. QUANT: the
     output goes out as FP8 codes (oq) and 1x128 scales (os) of its BF16 values, one group
-    per head (D == 128), instead of BF16 (o). RELEASE: let the next kernel launch now;
-    WAIT: launched early, wait for the previous kernel first (both: fp8_gemv.producer_launch)."""
+    per head (D == 128), instead of BF16 (o). RELEASE: let the next kernel (a decode GEMM
+    launched early) launch now (fp8_gemv.producer_launch)."""
     tl.static_assert(not QUANT or D == 128, "QUANT needs one 1x128 group per head")
-    if WAIT:
-        gdc_wait()
     if RELEASE:
         gdc_launch_dependents()
     b = tl.program_id(0)

@@ -10,9 +10,6 @@ second launch (see the source for the layout).
 ``fp8_linear.fp8_gemm`` takes it for M <= ``MAX_M`` where ``supports`` holds and the
 kernel could be built (nvcc present), and logs once which decode path it uses.
 
-The same source holds the kernel's BF16 twin (``bf16_gemv``, for linear layers without a
-format at inference; off until measured: ``BF16_MAX_M``).
-
 Launched early (programmatic dependent launch, Hopper and newer): the kernels that
 produce a decode GEMM's input (RMSNorm, attention, silu*up; ``release_producers``)
 release it as they start, so that its blocks request their first weight bytes while the
@@ -41,53 +38,31 @@ class GemvConfig:
     16 rows per block (the token codes a warp widens serve all of them), warps per block
     (each takes every warps-th K group of the block's rows), K groups per round of loads,
     and whether the next round's loads are issued before this round multiplies (two
-    register buffers). ``stages`` > 0: the weight bytes staged through shared memory
-    instead, that many K groups in flight per warp (one row tile, no unroll/pipeline).
-    ``sectors``: the whole-sector load layout (gemv_fragments.cuh; the staged and BF16
-    kernels always use it)."""
+    register buffers)."""
 
     token_tiles: int
     row_tiles: int
     warps: int
     unroll: int
     pipeline: int = 0
-    stages: int = 0
-    sectors: int = 0
-
-    def __post_init__(self):
-        if self.stages and (self.row_tiles, self.unroll, self.pipeline) != (1, 1, 0):
-            raise ValueError(f"{self}: the staged kernel has one row tile, no unroll and no register pipeline")
 
     @property
     def kernel(self) -> str:
-        if self.stages:
-            return f"fp8_gemv_staged_mt{self.token_tiles}_w{self.warps}_s{self.stages}"
-        return (f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}"
-                f"_p{self.pipeline}{'_x' if self.sectors else ''}")
+        return f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}"
 
     @property
     def rows(self) -> int:
         return 16 * self.row_tiles
 
-    @property
-    def bf16_kernel(self) -> str:
-        """The BF16 twin (bf16_gemv): same tiling, BF16 operands."""
-        return (f"bf16_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}"
-                f"_p{self.pipeline}")
-
 
 # Every variant cuda/fp8_gemv.cu instantiates (keep the two lists equal: a test checks).
+# Measured and removed (2026-12-01, docs/PERFORMANCE.md session 8): weights staged through
+# shared memory with cp.async (slower everywhere) and a whole-sector load layout (a tie).
 VARIANTS = tuple(GemvConfig(*v) for v in (
     (1, 1, 8, 1, 1), (1, 2, 8, 1, 1), (1, 2, 8, 2, 0), (1, 1, 8, 2, 0), (1, 2, 4, 2, 0), (1, 2, 4, 1, 1),
     (1, 1, 8, 2, 1), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0), (2, 2, 8, 1, 0), (2, 1, 8, 2, 0),
     (2, 1, 8, 1, 0), (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (2, 1, 4, 2, 1), (4, 1, 4, 1, 0), (4, 1, 4, 1, 1),
     (8, 1, 4, 1, 0),
-    # staged through shared memory (prepared 2026-12-01, first run pending)
-    (1, 1, 4, 1, 0, 4), (1, 1, 4, 1, 0, 5), (1, 1, 8, 1, 0, 2), (1, 1, 2, 1, 0, 8),
-    (2, 1, 4, 1, 0, 4), (2, 1, 4, 1, 0, 5), (2, 1, 8, 1, 0, 2), (2, 1, 2, 1, 0, 8),
-    # the chosen ones in the whole-sector layout (prepared 2026-12-01, first run pending)
-    (1, 1, 8, 1, 1, 0, 1), (1, 2, 8, 1, 1, 0, 1), (2, 1, 8, 1, 1, 0, 1), (2, 1, 4, 1, 1, 0, 1),
-    (2, 1, 4, 2, 0, 0, 1),
 ))
 
 
@@ -102,7 +77,7 @@ def width_class(n: int) -> str:
 
 
 # (token tiles M needs, width class) -> the variant (token tiles, row tiles, warps, unroll,
-# pipeline[, stages]) that batch size and shape class takes; it may hold more token tiles than M
+# pipeline) that batch size and shape class takes; it may hold more token tiles than M
 # needs where that measured faster (bench/gemv_cuda.py).
 # Measured 2026-12-01 over the 8B layer shapes at M = 1 and 16 (narrow: o, down; wide:
 # qkv, gate_up); the 4- and 8-tile rows are the fastest of a first sweep at M = 32 / 64,
@@ -145,34 +120,21 @@ MAX_M = 16
 EARLY_LAUNCH = True
 
 
-def _any_gemv_on() -> bool:
-    return bool(MAX_M or BF16_MAX_M)
-
-
 def release_producers(device: torch.device) -> bool:
     """Whether the kernels that feed a decode GEMM should release it at their start
     (``griddepcontrol.launch_dependents``): only when it is this kernel, launched early, on
     Hopper or newer, outside Triton's interpreter. Releasing is harmless for a successor
     launched the ordinary way (it still waits for the producer to finish)."""
-    if not (_any_gemv_on() and EARLY_LAUNCH) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if not (MAX_M and EARLY_LAUNCH) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9 and usable(device)
 
 
-# The producers launched early as well (PDL attribute; each waits for the kernel before it
-# first, then releases the GEMM): saves their launch latency after a GEMM, which releases
-# its successor once its blocks have all started. Prepared 2026-12-01, not yet measured on
-# a GPU (bench/gemv_cuda.py --ab times it as "cuda+early-producers"); off until then.
-EARLY_PRODUCERS = False
-
-
 def producer_launch(device: torch.device) -> dict:
     """The keyword arguments a producer kernel's launch on ``device`` takes: its RELEASE
-    and WAIT constexprs and, launched early, the PDL attribute."""
-    release = release_producers(device)
-    if release and EARLY_PRODUCERS:
-        return {"RELEASE": True, "WAIT": True, "launch_pdl": True}
-    return {"RELEASE": release, "WAIT": False}
+    constexpr. (Launching the producers early too, waiting first and then releasing, was
+    measured slower on the H200, 2026-12-01, and removed.)"""
+    return {"RELEASE": release_producers(device)}
 
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
@@ -220,66 +182,3 @@ def usable(device: torch.device) -> bool:
             log.warning("FP8 decode GEMM: Triton kernel (the CUDA one is unavailable: %s)", reason)
         _usable[key] = reason is None
     return _usable[key]
-
-
-# --- the BF16 decode GEMM: the same kernel on BF16 operands (cuda/fp8_gemv.cu, bf16_gemv_*) ---
-
-# BF16 decode GEMMs (linear layers without a format, inference only) of at most this many
-# rows take the CUDA kernel instead of cuBLAS. Prepared 2026-12-01, not yet run on a GPU:
-# 0, off, until bench/gemv_cuda.py --bf16 has checked and timed it.
-BF16_MAX_M = 0
-
-BF16_VARIANTS = tuple(GemvConfig(*v) for v in (
-    (1, 1, 8, 1, 1), (1, 2, 8, 1, 1), (1, 1, 4, 2, 0), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0)))
-
-# as CHOICE, for the BF16 kernel (the FP8 kernel's measured choice until measured itself)
-BF16_CHOICE: dict[tuple[int, str], tuple[int, ...]] = {
-    (1, "narrow"): (1, 1, 8, 1, 1), (1, "wide"): (1, 2, 8, 1, 1), (2, "narrow"): (2, 1, 8, 1, 1),
-    (2, "wide"): (2, 1, 4, 1, 1)}
-
-
-def bf16_supports(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """BF16 operands, 1-16 rows, K a multiple of 64 (128-byte groups), N of 16, rows
-    contiguous along K and 16-byte aligned."""
-    m, k = x.shape
-    n = w.shape[0]
-    return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and 1 <= m <= 16 and k % 64 == 0
-            and n % 16 == 0 and n > 0 and x.stride(1) == 1 and w.stride(1) == 1 and (2 * x.stride(0)) % 16 == 0
-            and (2 * w.stride(0)) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
-
-
-def bf16_default_config(m: int, n: int) -> GemvConfig:
-    cfg = GemvConfig(*BF16_CHOICE[(token_tiles(m), width_class(n))])
-    return dataclasses.replace(cfg, row_tiles=1) if n % cfg.rows else cfg
-
-
-def bf16_gemv(x, w, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
-              early: bool | None = None) -> torch.Tensor:
-    """y [M, N] bf16 = x @ w^T (float32 sums); ``bf16_supports(x, w)`` must hold."""
-    m, k = x.shape
-    n = w.shape[0]
-    if m == 0 or n == 0:
-        return out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    if not bf16_supports(x, w) or (out is not None and out.stride(1) != 1):
-        raise ValueError(f"bf16_gemv: {tuple(x.shape)} x {tuple(w.shape)}: the kernel needs BF16, K a multiple of "
-                         "64, N of 16, M <= 16, rows contiguous and 16-byte aligned")
-    cfg = cfg or bf16_default_config(m, n)
-    if m > 8 * cfg.token_tiles or n % cfg.rows:
-        raise ValueError(f"bf16_gemv: {m} x {n} does not fit {cfg.bf16_kernel}")
-    y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    module = cuda_jit.load(SOURCE, x.device)
-    module.launch(cfg.bf16_kernel, (n // cfg.rows, 1, 1), (32 * cfg.warps, 1, 1),
-                  x, 2 * x.stride(0), w, 2 * w.stride(0), y, y.stride(0), m, 2 * k,
-                  early=(EARLY_LAUNCH if early is None else early) and torch.cuda.get_device_capability(x.device)[0] >= 9)
-    return y
-
-
-def bf16_decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """QLinear's BF16 forward on the CUDA kernel when it applies (inference, <= BF16_MAX_M
-    rows, no bias, ``bf16_supports``), else None (the caller uses F.linear)."""
-    if not BF16_MAX_M or bias is not None or torch.is_grad_enabled():
-        return None
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.shape[0] > BF16_MAX_M or not bf16_supports(x2, weight) or not usable(x.device):
-        return None
-    return bf16_gemv(x2, weight).reshape(*x.shape[:-1], weight.shape[0])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal float32, as in fp8_gemm_triton.py
 
@@ -62,13 +62,11 @@ def _store_fp8_groups(y, ok, q_row_ptr, s_row_ptr, s_sg, g0, n_groups, BLOCK: tl
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps, s_x, s_d, s_r, s_y, s_q, s_sm, s_sg,
                        HAS_DELTA: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr,
-                       STORE_Y: tl.constexpr = True, RELEASE: tl.constexpr = False, WAIT: tl.constexpr = False):
+                       STORE_Y: tl.constexpr = True, RELEASE: tl.constexpr = False):
     """One row per program. QUANT: y also goes out as FP8 codes (q) and scales (s); STORE_Y:
     y goes out in BF16 (both: a MoE block routes on the BF16 values, its experts read
-    the codes). RELEASE: let the next kernel launch now; WAIT:
-    launched early, wait for the previous kernel first (both: fp8_gemv.producer_launch)."""
-    if WAIT:
-        gdc_wait()
+    the codes). RELEASE: let the next kernel (a decode GEMM launched early) launch now
+    (fp8_gemv.producer_launch)."""
     if RELEASE:
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -139,13 +137,11 @@ def qk_norm_rope_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, 
 
 @triton.jit
 def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, QUANT: tl.constexpr, BLOCK: tl.constexpr,
-                    RELEASE: tl.constexpr = False, WAIT: tl.constexpr = False):
+                    RELEASE: tl.constexpr = False):
     """Program (row, block of BLOCK outputs). QUANT: y goes out as FP8 codes (q) and scales
     (s) instead of BF16; BLOCK is then a multiple of 128 so that blocks hold whole groups.
-    RELEASE: let the next kernel launch now; WAIT: launched
-    early, wait for the previous kernel first (both: fp8_gemv.producer_launch)."""
-    if WAIT:
-        gdc_wait()
+    RELEASE: let the next kernel (a decode GEMM launched early) launch now
+    (fp8_gemv.producer_launch)."""
     if RELEASE:
         gdc_launch_dependents()
     row = tl.program_id(0)

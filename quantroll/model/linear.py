@@ -95,12 +95,6 @@ class QLinear(torch.nn.Module):
 
             return quantized_forward_linear(x, self.weight, self.bias, self.train_format, self.train_real_fp8)
         if self.format is None:
-            if x.is_cuda:  # decode-size BF16 products may take quantroll's CUDA kernel (off by default)
-                from quantroll.kernels.fp8_gemv import bf16_decode_linear
-
-                y = bf16_decode_linear(x, self.weight, self.bias)
-                if y is not None:
-                    return y
             return F.linear(x, self.weight, self.bias)
         return BACKENDS[self.backend](self, x)
 

@@ -49,20 +49,20 @@ CASES = [
       for bm, bn, split in ((16, 32, 1), (16, 32, 4), (64, 64, 2))],
     *[("fused_triton", "add_rmsnorm_kernel", {"x_ptr": "bf16", "d_ptr": "bf16", "w_ptr": "bf16", "res_ptr": "bf16",
                                               "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
-       dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y, RELEASE=quant, WAIT=quant), dict(num_warps=8))
+       dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y, RELEASE=quant), dict(num_warps=8))
       for quant, store_y in ((False, True), (True, False), (True, True))],
     ("fused_triton", "qk_norm_rope_cache_kernel", {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
                                                                        "sin_ptr", "q_ptr", "kc_ptr", "vc_ptr")}
      | {"row_ptr": "i64", "pos_ptr": "i64"}, dict(HQ=32, HKV=8, D=128), dict(num_warps=1)),
     *[("fused_triton", "silu_mul_kernel", {"gu_ptr": "bf16", "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
-       dict(QUANT=quant, BLOCK=1024, RELEASE=quant, WAIT=quant), {}) for quant in (False, True)],
+       dict(QUANT=quant, BLOCK=1024, RELEASE=quant), {}) for quant in (False, True)],
     ("decode_attention_triton", "decode_attention_kernel", {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16",
                                                             "len_ptr": "i64", "o_ptr": "bf16"},
      dict(HEAD_DIM=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_S=64), dict(num_warps=4, num_stages=2)),
     *[("decode_attention_triton", "decode_attention_qkv_kernel",
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "o_ptr")}
        | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32"},
-       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, RELEASE=quant, WAIT=quant),
+       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, RELEASE=quant),
        dict(num_warps=4, num_stages=2))
       for quant in (False, True)],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
@@ -128,7 +128,7 @@ def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options)
         assert "cp.async" in compiled.asm["ptx"], "no asynchronous copies: the K loop is not pipelined"
     ptx = compiled.asm["ptx"]  # programmatic dependent launch: present exactly when asked for (fp8_gemv.py)
     assert ("griddepcontrol.launch_dependents" in ptx) == bool(constexprs.get("RELEASE"))
-    assert ("griddepcontrol.wait" in ptx) == bool(constexprs.get("WAIT"))
+    assert "griddepcontrol.wait" not in ptx  # only the CUDA decode GEMM waits
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 64), (64, 64), (64, 128)])

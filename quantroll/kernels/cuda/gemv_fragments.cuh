@@ -1,6 +1,6 @@
 // Building blocks of the decode GEMM kernels in fp8_gemv.cu: loads, conversions, the
-// mma.sync wrappers, a thread's fragment of one K group, programmatic dependent launch,
-// asynchronous copies, and the block's final reduction. fp8_gemv.cu says how the work is
+// mma.sync wrapper, a thread's fragment of one K group, programmatic dependent launch,
+// and the block's final reduction. fp8_gemv.cu says how the work is
 // laid out; everything here is per thread and pure.
 
 #pragma once
@@ -43,19 +43,11 @@ __device__ __forceinline__ Words4 load_cached(const uint8_t* p) {
   return v;
 }
 
-// Where a lane's two 16-byte pieces of a row's 128-byte group sit. SECTORS: lane t reads
-// bytes 16t and 64 + 16t, so each load instruction of a quad covers two whole 32-byte
-// sectors; else (the layout measured on 2026-12-01) bytes 32t and 32t + 16, so each
-// instruction uses half of four sectors and, without L1 allocation, the second one fetches
-// them from L2 again. Either is exact: A and B use the same byte -> slot map.
-template <bool SECTORS>
-__device__ __forceinline__ int lane_offset(int t) {
-  return SECTORS ? 16 * t : 32 * t;
-}
-template <bool SECTORS>
-__device__ __forceinline__ int second_piece() {
-  return SECTORS ? 64 : 16;
-}
+// Where a lane's two 16-byte pieces of a row's 128-byte group sit: bytes 32t and 32t + 16
+// (each load instruction of a lane quad then uses half of four 32-byte sectors; a layout
+// reading whole sectors, 16t and 64 + 16t, measured the same on the H200, 2026-12-01).
+__device__ __forceinline__ int lane_offset(int t) { return 32 * t; }
+constexpr int SECOND_PIECE = 16;
 
 // Two e4m3 codes (low byte first) to two float16 values: exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
@@ -65,23 +57,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   return out;
 }
 
-// D += A B on the tensor cores, float32 accumulation; A, B float16 or (BF16) bfloat16 pairs.
-template <bool BF16>
+// D += A B on the tensor cores: float16 pairs, float32 accumulation.
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
-  if constexpr (BF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
@@ -106,7 +89,7 @@ __device__ __forceinline__ void zero(float (&sums)[RT][MT][4]) {
 // and column pair t, the block's first weight row n0, the K groups, the last token row;
 // its weight row, and per token tile its token row and the two token rows whose scales it
 // applies (rows past the batch clamp to the last one: loaded, never stored).
-template <int MT, bool SECTORS>
+template <int MT>
 struct Place {
   int lane, warp, r, t, groups, last_row;
   long long n0;
@@ -123,10 +106,10 @@ struct Place {
     n0 = static_cast<long long>(blockIdx.x) * rows;
     groups = static_cast<int>(k >> 7);
     last_row = static_cast<int>(m_rows) - 1;
-    w_row0 = w_q + (n0 + r) * w_stride + lane_offset<SECTORS>(t);
+    w_row0 = w_q + (n0 + r) * w_stride + lane_offset(t);
 #pragma unroll
     for (int tile = 0; tile < MT; ++tile) {
-      a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset<SECTORS>(t);
+      a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset(t);
       scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
       scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
     }
@@ -142,7 +125,7 @@ struct Group {
   uint32_t a[MT][8];
 };
 
-template <int MT, int RT, bool PINNED, bool SECTORS>
+template <int MT, int RT, bool PINNED>
 __device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
                                              long long offset) {
 #pragma unroll
@@ -153,26 +136,26 @@ __device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* 
     v = load_stream<PINNED>(row0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w0[rt][i] = v.w[i];
-    v = load_stream<PINNED>(row0 + second_piece<SECTORS>());
+    v = load_stream<PINNED>(row0 + SECOND_PIECE);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w0[rt][4 + i] = v.w[i];
     v = load_stream<PINNED>(row1);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w1[rt][i] = v.w[i];
-    v = load_stream<PINNED>(row1 + second_piece<SECTORS>());
+    v = load_stream<PINNED>(row1 + SECOND_PIECE);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.w1[rt][4 + i] = v.w[i];
   }
 }
 
-template <int MT, int RT, bool SECTORS>
+template <int MT, int RT>
 __device__ __forceinline__ void load_tokens(Group<MT, RT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {
     Words4 v = load_cached(a_rows[tile] + offset);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
-    v = load_cached(a_rows[tile] + offset + second_piece<SECTORS>());
+    v = load_cached(a_rows[tile] + offset + SECOND_PIECE);
 #pragma unroll
     for (int i = 0; i < 4; ++i) grp.a[tile][4 + i] = v.w[i];
   }
@@ -224,26 +207,7 @@ __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (
       const uint32_t a2 = e4m3x2_to_f16x2(grp.w0[rt][j] >> 16);  // row r,     k + {2, 3}
       const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[rt][j] >> 16);  // row r + 8, k + {2, 3}
 #pragma unroll
-      for (int tile = 0; tile < MT; ++tile) mma_16816<false>(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
-    }
-  }
-}
-
-// BF16 operands (bf16_gemv): a "group" is 128 bytes of a row, 64 values; a thread's 8
-// words hold k = 16 t + {0..15}, word 2j for A/B slots (2t, 2t+1) and word 2j + 1 for
-// (2t+8, 2t+9) of mma step j = 0..3. No widening, no scales: the products go straight
-// into the float32 totals.
-template <int MT, int RT>
-__device__ __forceinline__ void multiply_group_bf16(const Group<MT, RT>& grp, float (&total)[RT][MT][4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-      for (int tile = 0; tile < MT; ++tile) {
-        mma_16816<true>(total[rt][tile], grp.w0[rt][2 * j], grp.w1[rt][2 * j], grp.w0[rt][2 * j + 1],
-                       grp.w1[rt][2 * j + 1], grp.a[tile][2 * j], grp.a[tile][2 * j + 1]);
-      }
+      for (int tile = 0; tile < MT; ++tile) mma_16816(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
     }
   }
 }
@@ -311,16 +275,5 @@ __device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT
     }
   }
 }
-
-// Asynchronous 16-byte copy global -> shared that skips L1 (cp.async.cg, sm_80+), and its
-// group bookkeeping: commit closes a group, wait_group<N> returns once at most N of the
-// most recent groups are still in flight.
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 }  // namespace quantroll_gemv

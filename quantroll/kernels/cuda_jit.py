@@ -49,23 +49,27 @@ def find_nvcc() -> str | None:
     return None
 
 
-def arch_flag(capability: tuple[int, int]) -> str:
+def arch_flag(capability: tuple[int, int], arch_specific: bool = False) -> str:
+    """nvcc's target; ``arch_specific``: the architecture-specific variant (sm_90a: the
+    warpgroup MMA), whose cubin runs on that exact architecture only."""
     major, minor = capability
-    return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
+    arch = f"{major}{minor}{'a' if arch_specific else ''}"
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
 class CompileError(RuntimeError):
     pass
 
 
-def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = None) -> Path:
+def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = None,
+                  arch_specific: bool = False) -> Path:
     """The cubin of ``source`` for ``capability``, compiled once and cached by the hash of
     the source, the headers beside it, the flags and nvcc's version (written to a
     temporary name, then renamed, so a crash leaves no half-written cubin)."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CompileError("nvcc not found: set CUDA_HOME or QUANTROLL_NVCC to a CUDA toolkit >= 12.1")
-    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability), f"-I{source.parent}"]
+    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability, arch_specific), f"-I{source.parent}"]
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     texts = [source.read_text()] + [h.read_text() for h in sorted(source.parent.glob("*.cuh"))]
     key = hashlib.sha256("\0".join([*texts, *flags[:-1], version]).encode()).hexdigest()[:24]
@@ -199,15 +203,17 @@ class CudaModule:
 _modules: dict[tuple[str, int], CudaModule] = {}
 
 
-def load(source_name: str, device: torch.device) -> CudaModule:
-    """The module of ``cuda/<source_name>`` on ``device`` (compiled and loaded once)."""
+def load(source_name: str, device: torch.device, arch_specific: bool = False) -> CudaModule:
+    """The module of ``cuda/<source_name>`` on ``device`` (compiled and loaded once);
+    ``arch_specific``: compiled for the device's exact architecture (sm_90a)."""
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (source_name, index)
     with _lock:
         module = _modules.get(key)
     if module is None:
-        cubin = compile_cubin(SOURCE_DIR / source_name, torch.cuda.get_device_capability(index))
+        cubin = compile_cubin(SOURCE_DIR / source_name, torch.cuda.get_device_capability(index),
+                              arch_specific=arch_specific)
         module = CudaModule(cubin, torch.device("cuda", index))
         with _lock:
             _modules[key] = _modules.get(key) or module

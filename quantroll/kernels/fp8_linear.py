@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.kernels import fp8_gemv
+from quantroll.kernels import fp8_gemv, fp8_wgmma
 from quantroll.kernels.counters import counters
 from quantroll.model.linear import BACKENDS
 
@@ -238,10 +238,14 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
 def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16) -> str:
     """Which FP8 GEMM an M x N x K product on ``device`` takes (``fp8_gemm`` follows it; a
     CUDA-kernel choice also needs 16-byte aligned rows, which every engine buffer has):
-    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
-    (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
+    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "cuda wgmma" (fp8_wgmma, fp8_wgmma.FROM_M
+    <= M <= 64; off by default), "triton decode" (M <= 64), "cublas" (torch._scaled_mm on
+    the shapes verified for it) or "triton prefill"."""
     if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
         return "cuda decode"
+    if (fp8_wgmma.FROM_M and fp8_wgmma.FROM_M <= m and fp8_wgmma.supports_shape(m, n, k, out_dtype)
+            and fp8_wgmma.usable(device)):
+        return "cuda wgmma"
     if m <= 64:
         return "triton decode"
     return "cublas" if scaled_mm_supports(m, n, k) else "triton prefill"
@@ -256,6 +260,8 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     path = gemm_path(m, n, k, aq.device, out_dtype)
     if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
+    if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype):
+        return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s)
     if m <= 64:
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
     if path == "cublas":

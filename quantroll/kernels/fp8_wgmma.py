@@ -1,0 +1,124 @@
+"""The block-FP8 decode GEMM for 17-64 rows on Hopper's float16 warpgroup MMA
+(cuda/fp8_wgmma.cu, sm_90a).
+
+Same contract as the other decode GEMMs (fp8_gemv.py, fp8_linear.fp8_gemm_decode): codes
+[M, K] e4m3 with 1x128 scales, weight codes [N, K] with 128x128 scales, BF16 output,
+float32-accurate (exact float16 products of the codes, float32 sums), the same result on
+every run. Blocks of 64 (or 128) weight rows; K split over blocks where N alone gives too
+few, the splits' float32 partials added in split order by a second launch.
+
+PREPARED 2026-12-01, NOT YET RUN ON A GPU: off (``FROM_M = 0``) until the device tests
+(tests/kernels/test_fp8_wgmma.py) pass and ``python bench/wgmma_decode.py`` has timed it
+against the Triton decode GEMM, which at 64 rows is bound by mma.sync throughput.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.kernels import cuda_jit, fp8_gemv
+
+log = logging.getLogger(__name__)
+
+SOURCE = "fp8_wgmma.cu"
+MAX_M = 64  # the kernel's token tile
+
+# Decode GEMMs of FROM_M..MAX_M rows take this kernel where it can run; 0: off.
+FROM_M = 0
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """Warpgroups per block (64 weight rows each, sharing the block's float16 tokens) and
+    K groups (of 128) per split."""
+
+    warpgroups: int
+    groups_per_split: int
+
+    @property
+    def kernel(self) -> str:
+        return f"fp8_wgmma_wg{self.warpgroups}"
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.warpgroups
+
+
+# Blocks a launch should have, to keep every SM's weight stream busy (132 on the H200).
+TARGET_BLOCKS = 264
+
+
+def default_config(n: int, k: int, warpgroups: int = 1) -> WgmmaConfig:
+    """K split until ``TARGET_BLOCKS`` blocks (whole 128-groups per split). One warpgroup
+    per block by default: at 162 registers a thread, three such blocks fit an SM, so the
+    384 blocks of an 8B gate_up are all resident at once; two (the float16 tokens serve 128
+    rows) are a variant for bench/wgmma_decode.py."""
+    groups = k // 128
+    tiles = n // (64 * warpgroups)
+    splits = min(groups, max(1, -(-TARGET_BLOCKS // tiles)))
+    return WgmmaConfig(warpgroups, -(-groups // splits))
+
+
+def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
+    return out_dtype == torch.bfloat16 and 1 <= m <= MAX_M and k % 128 == 0 and k > 0 and n % 64 == 0 and n > 0
+
+
+def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """``supports_shape``, and rows of codes 16-byte aligned and contiguous along K."""
+    return (supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype)
+            and aq.stride(1) == 1 and wq.stride(1) == 1 and aq.stride(0) % 16 == 0 and wq.stride(0) % 16 == 0
+            and aq.data_ptr() % 16 == 0 and wq.data_ptr() % 16 == 0)
+
+
+_usable: dict[str, bool] = {}
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the kernel can run on ``device``: an sm_90 GPU (the cubin is sm_90a, which
+    runs on that architecture only), nvcc, and a successful build; decided once per device
+    and logged."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    key = str(device)
+    if key not in _usable:
+        reason = cuda_jit.unavailable_reason(device)
+        if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
+            reason = "the warpgroup MMA kernel is built for sm_90a (Hopper) only"
+        if reason is None:
+            try:
+                cuda_jit.load(SOURCE, device, arch_specific=True)
+            except (cuda_jit.CompileError, RuntimeError, OSError) as err:
+                reason = f"building {SOURCE} failed: {err}"
+        if reason is not None:
+            log.warning("FP8 decode GEMM, 17-64 rows: Triton kernel (the warpgroup one is unavailable: %s)", reason)
+        _usable[key] = reason is None
+    return _usable[key]
+
+
+def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tensor | None = None,
+              early: bool | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16)`` must hold."""
+    m, k = aq.shape
+    n = wq.shape[0]
+    if not supports(aq, wq, torch.bfloat16) or (out is not None and out.stride(1) != 1):
+        raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs 1-64 "
+                         "rows, whole 128-wide K groups, N a multiple of 64, rows contiguous and 16-byte aligned")
+    cfg = cfg or default_config(n, k)
+    if n % cfg.rows:
+        raise ValueError(f"fp8_wgmma: N = {n} is not a multiple of {cfg.kernel}'s {cfg.rows} rows")
+    splits = -(-(k // 128) // cfg.groups_per_split)
+    y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
+    partial = torch.empty(splits, m, n, dtype=torch.float32, device=aq.device) if splits > 1 else y
+    module = cuda_jit.load(SOURCE, aq.device, arch_specific=True)
+    early = fp8_gemv.EARLY_LAUNCH if early is None else early
+    module.launch(cfg.kernel, (n // cfg.rows, splits, 1), (128 * cfg.warpgroups, 1, 1),
+                  aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
+                  w_s.stride(1), y, y.stride(0), partial, m, k, cfg.groups_per_split, early=early)
+    if splits > 1:
+        module.launch("fp8_wgmma_reduce", (-(-(m * n) // 256), 1, 1), (256, 1, 1), partial, splits, m, n, y,
+                      y.stride(0))
+    return y

@@ -1,0 +1,112 @@
+"""The warpgroup-MMA decode GEMM for 17-64 rows (kernels/cuda/fp8_wgmma.cu, sm_90a; off
+by default, fp8_wgmma.FROM_M = 0): its launch shapes and build here; on an sm_90 GPU its
+outputs against float64 (each BF16 output float64's value rounded, up to float32
+summation slack), run to run, under CUDA-graph replay right after the kernel that writes
+its input, and in the engine (issue 3's logits criterion, decode logprobs)."""
+
+import pytest
+import torch
+
+from quantroll.kernels import cuda_jit, fp8_gemv, fp8_wgmma
+from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
+
+
+def test_launch_shapes_hand_worked():
+    """264 blocks wanted: Qwen3-8B qkv (96 tiles of 64 rows) in 3 splits of 11/11/10
+    groups, o (64 tiles, 32 groups) in 5 of 7 (the last 4), gate_up (384 tiles) unsplit,
+    down (64 tiles, 96 groups) in 5 of 20 (the last 16)."""
+    assert fp8_wgmma.default_config(6144, 4096) == fp8_wgmma.WgmmaConfig(1, 11)
+    assert fp8_wgmma.default_config(4096, 4096) == fp8_wgmma.WgmmaConfig(1, 7)
+    assert fp8_wgmma.default_config(24576, 4096) == fp8_wgmma.WgmmaConfig(1, 32)
+    assert fp8_wgmma.default_config(4096, 12288) == fp8_wgmma.WgmmaConfig(1, 20)
+    assert fp8_wgmma.default_config(64, 128) == fp8_wgmma.WgmmaConfig(1, 1)
+    assert fp8_wgmma.default_config(4096, 4096, warpgroups=2) == fp8_wgmma.WgmmaConfig(2, 4)  # 32 tiles, 8 splits
+
+
+def test_shapes_the_kernel_takes():
+    assert fp8_wgmma.supports_shape(64, 4096, 4096) and fp8_wgmma.supports_shape(17, 64, 128)
+    assert not fp8_wgmma.supports_shape(65, 4096, 4096)  # the token tile is 64
+    assert not fp8_wgmma.supports_shape(32, 4096 + 16, 4096)  # 64-row blocks
+    assert not fp8_wgmma.supports_shape(32, 4096, 4096 + 64)  # whole 128-groups
+    assert not fp8_wgmma.supports_shape(32, 4096, 4096, torch.float32)
+
+
+def test_off_by_default_and_never_on_cpu_tensors():
+    assert fp8_wgmma.FROM_M == 0  # until the device has measured it (docs/PERFORMANCE.md)
+    assert not fp8_wgmma.usable(torch.device("cpu"))
+
+
+def test_arch_specific_target_flag():
+    assert cuda_jit.arch_flag((9, 0), arch_specific=True) == "-gencode=arch=compute_90a,code=sm_90a"
+    assert cuda_jit.arch_flag((9, 0)) == "-gencode=arch=compute_90,code=sm_90"
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+def test_source_builds_for_hopper_with_warpgroup_mma(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
+    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (9, 0), arch_specific=True)
+    image = cubin.read_bytes()
+    for name in ("fp8_wgmma_wg1", "fp8_wgmma_wg2", "fp8_wgmma_reduce"):
+        assert name.encode() in image
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                         or cuda_jit.unavailable_reason() is not None,
+                         reason="needs an sm_90 GPU (Hopper) and nvcc")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(17, 64, 128), (33, 192, 384), (64, 1024, 12288), (64, 6144, 4096),
+                                   (40, 4096, 4096), (1, 128, 256)])
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_rounds_the_float64_result_and_repeats(m, n, k, warpgroups):
+    if n % (64 * warpgroups):
+        pytest.skip("N is not a multiple of the block's rows")
+    aq, a_s, wq = _operands(m, n, k)
+    for cfg in {fp8_wgmma.default_config(n, k, warpgroups), fp8_wgmma.WgmmaConfig(warpgroups, k // 128)}:  # split, not
+        y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
+        assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
+        assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
+
+
+@gpu
+@pytest.mark.gpu
+def test_graph_replay_after_a_kernel_that_writes_the_input():
+    aq, a_s, wq = _operands(48, 4096, 4096)
+    src = aq.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        aq.copy_(src)
+        out = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale)
+    for seed in range(3):
+        fresh = _operands(48, 4096, 4096, seed=seed + 1)[0]
+        src.copy_(fresh)
+        aq.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fp8_wgmma.fp8_wgmma(fresh, a_s, wq.data, wq.scale, early=False))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,batch", [("dense", 4), ("moe", 4)])
+def test_logits_criterion_with_the_warpgroup_decode_gemm(kind, batch, tmp_path, monkeypatch):
+    """Issue 3's criterion with every decode GEMM of 1-64 rows on this kernel (4 prompts
+    are 36 rows)."""
+    from tests.engine.test_gpu_engine import test_real_fp8_logits_vs_emulation_on_the_warm_started_model as check
+
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 0)
+    monkeypatch.setattr(fp8_wgmma, "FROM_M", 1)
+    check(kind, batch, tmp_path)
+
+
+@gpu
+@pytest.mark.gpu
+def test_engine_decode_logprobs_match_a_full_forward(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
+
+    monkeypatch.setattr(fp8_gemv, "MAX_M", 0)
+    monkeypatch.setattr(fp8_wgmma, "FROM_M", 1)
+    check(tmp_path)

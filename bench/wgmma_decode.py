@@ -7,11 +7,12 @@ shipped Triton decode GEMM on Qwen3-8B's layer shapes; correctness first.
    bit-equal across two calls and under CUDA-graph replay. Exit 1 on any miss.
 2. Time (GPU time per call in a CUDA graph over 8 distinct weights, median of 20) at
    M = 32 and 64: the Triton kernel's shipped tiles, and the kernel with blocks wanted per
-   launch (fp8_wgmma.TARGET_BLOCKS) 132 / 264 / 528, one or two warpgroups.
+   launch (fp8_wgmma.TARGET_BLOCKS) 132 / 264 / 528 and each compiled (warpgroups, groups
+   in flight) pair.
 3. With --ab: the 8B FP8 decode step at --batches with fp8_wgmma.FROM_M = 17 against
    off (bench/switch_ab.py's machinery; tokens compared first).
 
-    python bench/wgmma_decode.py [--ab] [--batches 32,64] [--layers N]
+    python bench/wgmma_decode.py [--quick] [--ab] [--batches 32,64] [--layers N]
 """
 import argparse
 import itertools
@@ -27,15 +28,18 @@ CHECK_SHAPES = [(64, 128), (192, 384), (1024, 12288), (4096, 4096), (6144, 4096)
 CHECK_M = (17, 32, 33, 64)
 
 
+TARGETS = (132, 264, 528)
+
+
 def shapes_for(n, k):
     """(label, config) launch shapes for an N x K weight."""
     out = []
-    for target, wg in itertools.product((132, 264, 528), (1, 2)):
+    for target, (wg, depth) in itertools.product(TARGETS, fp8_wgmma.VARIANTS):
         if n % (64 * wg):
             continue
         fp8_wgmma.TARGET_BLOCKS, saved = target, fp8_wgmma.TARGET_BLOCKS
         try:
-            out.append((f"t{target}_wg{wg}", fp8_wgmma.default_config(n, k, wg)))
+            out.append((f"t{target}_wg{wg}_d{depth}", fp8_wgmma.default_config(n, k, wg, depth)))
         finally:
             fp8_wgmma.TARGET_BLOCKS = saved
     return out
@@ -82,13 +86,17 @@ def main():
     p.add_argument("--batches", default="32,64")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--skip-timings", action="store_true")
+    p.add_argument("--quick", action="store_true", help="M = 64 and 264 blocks wanted only (check and timings)")
     args = p.parse_args()
+    global CHECK_M, CHECK_SHAPES, TARGETS
+    if args.quick:
+        CHECK_M, CHECK_SHAPES, TARGETS = (64,), [(4096, 4096), (4096, 12288)], (264,)
     torch.manual_seed(0)
     if not fp8_wgmma.usable(torch.device("cuda")):
         raise SystemExit("the warpgroup decode GEMM cannot run here (see the warning above)")
     bad = correctness()
     if not bad and not args.skip_timings:
-        timings()
+        timings((64,) if args.quick else (32, 64))
     if args.ab and not bad:
         from bench.switch_ab import run_variants
 

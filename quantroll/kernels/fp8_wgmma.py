@@ -33,34 +33,40 @@ FROM_M = 0
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """Warpgroups per block (64 weight rows each, sharing the block's float16 tokens) and
-    K groups (of 128) per split."""
+    """Warpgroups per block (64 weight rows each, sharing the block's float16 tokens), K
+    groups (of 128) per split, and K groups of weights and tokens in flight per thread."""
 
     warpgroups: int
     groups_per_split: int
+    depth: int = 2
 
     @property
     def kernel(self) -> str:
-        return f"fp8_wgmma_wg{self.warpgroups}"
+        return f"fp8_wgmma_wg{self.warpgroups}_d{self.depth}"
 
     @property
     def rows(self) -> int:
         return 64 * self.warpgroups
 
 
+# The compiled (warpgroups, depth) pairs (cuda/fp8_wgmma.cu instantiates them; a test checks).
+VARIANTS = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2))
+
 # Blocks a launch should have, to keep every SM's weight stream busy (132 on the H200).
 TARGET_BLOCKS = 264
 
 
-def default_config(n: int, k: int, warpgroups: int = 1) -> WgmmaConfig:
+def default_config(n: int, k: int, warpgroups: int = 1, depth: int = 2) -> WgmmaConfig:
     """K split until ``TARGET_BLOCKS`` blocks (whole 128-groups per split). One warpgroup
     per block by default: at 162 registers a thread, three such blocks fit an SM, so the
     384 blocks of an 8B gate_up are all resident at once; two (the float16 tokens serve 128
-    rows) are a variant for bench/wgmma_decode.py."""
+    rows) are a variant for bench/wgmma_decode.py, as are 1-4 groups in flight (measured
+    2026-12-01 with one: correct, but slower than the Triton kernel, 135.6 against 104.7 us
+    per 8B layer set at M = 64; deeper pipelines not yet timed)."""
     groups = k // 128
     tiles = n // (64 * warpgroups)
     splits = min(groups, max(1, -(-TARGET_BLOCKS // tiles)))
-    return WgmmaConfig(warpgroups, -(-groups // splits))
+    return WgmmaConfig(warpgroups, -(-groups // splits), depth)
 
 
 def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -108,6 +114,8 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
         raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs 1-64 "
                          "rows, whole 128-wide K groups, N a multiple of 64, rows contiguous and 16-byte aligned")
     cfg = cfg or default_config(n, k)
+    if (cfg.warpgroups, cfg.depth) not in VARIANTS:
+        raise ValueError(f"fp8_wgmma: {cfg} is not compiled (VARIANTS)")
     if n % cfg.rows:
         raise ValueError(f"fp8_wgmma: N = {n} is not a multiple of {cfg.kernel}'s {cfg.rows} rows")
     splits = -(-(k // 128) // cfg.groups_per_split)

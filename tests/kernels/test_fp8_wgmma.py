@@ -15,12 +15,12 @@ def test_launch_shapes_hand_worked():
     """264 blocks wanted: Qwen3-8B qkv (96 tiles of 64 rows) in 3 splits of 11/11/10
     groups, o (64 tiles, 32 groups) in 5 of 7 (the last 4), gate_up (384 tiles) unsplit,
     down (64 tiles, 96 groups) in 5 of 20 (the last 16)."""
-    assert fp8_wgmma.default_config(6144, 4096) == fp8_wgmma.WgmmaConfig(1, 11)
-    assert fp8_wgmma.default_config(4096, 4096) == fp8_wgmma.WgmmaConfig(1, 7)
-    assert fp8_wgmma.default_config(24576, 4096) == fp8_wgmma.WgmmaConfig(1, 32)
-    assert fp8_wgmma.default_config(4096, 12288) == fp8_wgmma.WgmmaConfig(1, 20)
-    assert fp8_wgmma.default_config(64, 128) == fp8_wgmma.WgmmaConfig(1, 1)
-    assert fp8_wgmma.default_config(4096, 4096, warpgroups=2) == fp8_wgmma.WgmmaConfig(2, 4)  # 32 tiles, 8 splits
+    assert fp8_wgmma.default_config(6144, 4096) == fp8_wgmma.WgmmaConfig(1, 11, 2)
+    assert fp8_wgmma.default_config(4096, 4096) == fp8_wgmma.WgmmaConfig(1, 7, 2)
+    assert fp8_wgmma.default_config(24576, 4096) == fp8_wgmma.WgmmaConfig(1, 32, 2)
+    assert fp8_wgmma.default_config(4096, 12288) == fp8_wgmma.WgmmaConfig(1, 20, 2)
+    assert fp8_wgmma.default_config(64, 128) == fp8_wgmma.WgmmaConfig(1, 1, 2)
+    assert fp8_wgmma.default_config(4096, 4096, warpgroups=2) == fp8_wgmma.WgmmaConfig(2, 4, 2)  # 32 tiles, 8 splits
 
 
 def test_shapes_the_kernel_takes():
@@ -46,8 +46,17 @@ def test_source_builds_for_hopper_with_warpgroup_mma(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (9, 0), arch_specific=True)
     image = cubin.read_bytes()
-    for name in ("fp8_wgmma_wg1", "fp8_wgmma_wg2", "fp8_wgmma_reduce"):
-        assert name.encode() in image
+    for wg, depth in fp8_wgmma.VARIANTS:
+        assert fp8_wgmma.WgmmaConfig(wg, 1, depth).kernel.encode() in image
+    assert b"fp8_wgmma_reduce" in image
+
+
+def test_variants_list_matches_the_instances_in_the_source():
+    import re
+
+    source = (cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE).read_text()
+    found = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+)\)", source, re.M)
+    assert sorted(tuple(map(int, m)) for m in found) == sorted(fp8_wgmma.VARIANTS)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
@@ -59,12 +68,13 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 64, 128), (33, 192, 384), (64, 1024, 12288), (64, 6144, 4096),
                                    (40, 4096, 4096), (1, 128, 256)])
-@pytest.mark.parametrize("warpgroups", [1, 2])
-def test_rounds_the_float64_result_and_repeats(m, n, k, warpgroups):
+@pytest.mark.parametrize("warpgroups,depth", [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)])
+def test_rounds_the_float64_result_and_repeats(m, n, k, warpgroups, depth):
     if n % (64 * warpgroups):
         pytest.skip("N is not a multiple of the block's rows")
     aq, a_s, wq = _operands(m, n, k)
-    for cfg in {fp8_wgmma.default_config(n, k, warpgroups), fp8_wgmma.WgmmaConfig(warpgroups, k // 128)}:  # split, not
+    for cfg in {fp8_wgmma.default_config(n, k, warpgroups, depth),
+                fp8_wgmma.WgmmaConfig(warpgroups, k // 128, depth)}:  # split, and not
         y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
         assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
         assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg

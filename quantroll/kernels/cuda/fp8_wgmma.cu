@@ -120,7 +120,7 @@ struct TokenStage {
   }
 };
 
-template <int WG>
+template <int WG, int DEPTH>
 __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride, const float* a_s,
                                           long long a_s_stride_m, long long a_s_stride_g,
                                           const uint8_t* __restrict__ w_q, long long w_stride,
@@ -147,65 +147,80 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
 #pragma unroll
   for (int i = 0; i < 32; ++i) total[i] = 0.0f;
 
-  // The first group's weight bytes are requested before waiting for the previous kernel.
-  Group<1, 1> w_cur, w_next;
-  if (g0 < g1) load_weights<1, 1, true>(w_cur, w_row0, w_stride, static_cast<long long>(g0) << 7);
+  // DEPTH groups of weights (registers) and of tokens (registers, until they go to shared
+  // memory the group before their MMAs) in flight; the weights are requested before
+  // waiting for the previous kernel. Ring slot d holds groups g0 + d, g0 + d + DEPTH, ...
+  Group<1, 1> w[DEPTH];
+  TokenStage<THREADS> tok[DEPTH];
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d) {
+    if (g0 + d < g1) load_weights<1, 1, true>(w[d], w_row0, w_stride, static_cast<long long>(g0 + d) << 7);
+  }
   allow_next_grid();
   wait_for_previous_grid();
   const uint8_t* tokens = after_wait(a_q);
-  TokenStage<THREADS> stage;
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d) {
+    if (g0 + d < g1) tok[d].load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g0 + d, m_rows);
+  }
   if (g0 < g1) {
-    stage.load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g0, m_rows);
-    stage.store(b_tiles[0], token_scales[0]);
+    tok[0].store(b_tiles[0], token_scales[0]);
+    if (g0 + DEPTH < g1) tok[0].load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g0 + DEPTH, m_rows);
   }
   fence_shared_for_mma();
   __syncthreads();
 
-  for (int g = g0; g < g1; ++g) {
-    const int buf = (g - g0) & 1;
-    // A fragments of the 8 steps (registers written before the fence that orders them
-    // for the warpgroup MMA)
-    uint32_t a[8][4];
+  for (int base = g0; base < g1; base += DEPTH) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      a[j][0] = e4m3x2_to_f16x2(w_cur.w0[0][j]);        // row r,     slots 2t, 2t + 1
-      a[j][1] = e4m3x2_to_f16x2(w_cur.w1[0][j]);        // row r + 8, slots 2t, 2t + 1
-      a[j][2] = e4m3x2_to_f16x2(w_cur.w0[0][j] >> 16);  // row r,     slots 2t + 8, 2t + 9
-      a[j][3] = e4m3x2_to_f16x2(w_cur.w1[0][j] >> 16);  // row r + 8, slots 2t + 8, 2t + 9
-    }
-    float acc[32];
+    for (int d = 0; d < DEPTH; ++d) {
+      const int g = base + d;
+      if (g >= g1) break;
+      const int buf = (g - g0) & 1;
+      // A fragments of the 8 steps (written before the fence that orders them for the MMA)
+      uint32_t a[8][4];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-    wgmma_fence();
-    const uint32_t b_base = shared_address(b_tiles[buf]);
+      for (int j = 0; j < 8; ++j) {
+        a[j][0] = e4m3x2_to_f16x2(w[d].w0[0][j]);        // row r,     slots 2t, 2t + 1
+        a[j][1] = e4m3x2_to_f16x2(w[d].w1[0][j]);        // row r + 8, slots 2t, 2t + 1
+        a[j][2] = e4m3x2_to_f16x2(w[d].w0[0][j] >> 16);  // row r,     slots 2t + 8, 2t + 9
+        a[j][3] = e4m3x2_to_f16x2(w[d].w1[0][j] >> 16);  // row r + 8, slots 2t + 8, 2t + 9
+      }
+      if (g + DEPTH < g1) load_weights<1, 1, false>(w[d], w_row0, w_stride, static_cast<long long>(g + DEPTH) << 7);
+      float acc[32];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wgmma_64x64x16(acc, a[j][0], a[j][1], a[j][2], a[j][3], b_descriptor(b_base + j * STEP_BYTES), j);
-    wgmma_commit();
-    // the next group's weights and tokens are in flight while the MMAs run
-    if (g + 1 < g1) {
-      load_weights<1, 1, false>(w_next, w_row0, w_stride, static_cast<long long>(g + 1) << 7);
-      stage.load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g + 1, m_rows);
-    }
-    wgmma_wait_all();
-    // acc[4 c + e]: row r (e < 2) or r + 8, token column 8 c + 2 t + (e & 1)
-    const float w_scale = w_s_block[g * w_s_stride_g];
+      for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+      wgmma_fence();
+      const uint32_t b_base = shared_address(b_tiles[buf]);
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float s0 = token_scales[buf][8 * c + 2 * t] * w_scale;
-      const float s1 = token_scales[buf][8 * c + 2 * t + 1] * w_scale;
-      total[4 * c + 0] += acc[4 * c + 0] * s0;
-      total[4 * c + 1] += acc[4 * c + 1] * s1;
-      total[4 * c + 2] += acc[4 * c + 2] * s0;
-      total[4 * c + 3] += acc[4 * c + 3] * s1;
+      for (int j = 0; j < 8; ++j) {
+        wgmma_64x64x16(acc, a[j][0], a[j][1], a[j][2], a[j][3], b_descriptor(b_base + j * STEP_BYTES), j);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      // acc[4 c + e]: row r (e < 2) or r + 8, token column 8 c + 2 t + (e & 1)
+      const float w_scale = w_s_block[g * w_s_stride_g];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float s0 = token_scales[buf][8 * c + 2 * t] * w_scale;
+        const float s1 = token_scales[buf][8 * c + 2 * t + 1] * w_scale;
+        total[4 * c + 0] += acc[4 * c + 0] * s0;
+        total[4 * c + 1] += acc[4 * c + 1] * s1;
+        total[4 * c + 2] += acc[4 * c + 2] * s0;
+        total[4 * c + 3] += acc[4 * c + 3] * s1;
+      }
+      if (g + 1 < g1) {
+        // group g + 1's tokens (ring slot d + 1) into the other buffer, last read by group
+        // g - 1's MMAs, which every thread waited for before the previous barrier; the
+        // slot then takes group g + 1 + DEPTH
+        const int NEXT = (d + 1) % DEPTH;  // static after unrolling
+        tok[NEXT].store(b_tiles[buf ^ 1], token_scales[buf ^ 1]);
+        if (g + 1 + DEPTH < g1) {
+          tok[NEXT].load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g + 1 + DEPTH, m_rows);
+        }
+      }
+      fence_shared_for_mma();
+      __syncthreads();
     }
-    if (g + 1 < g1) {
-      // buffer buf ^ 1 was last read by group g - 1's MMAs, which every thread has waited
-      // for before the barrier of group g
-      stage.store(b_tiles[buf ^ 1], token_scales[buf ^ 1]);
-      w_cur = w_next;
-    }
-    fence_shared_for_mma();
-    __syncthreads();
   }
 
   // Out: BF16 (one split) or this split's float32 partial, token columns that exist.
@@ -228,17 +243,21 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA(WG)                                                                             \
-  extern "C" __global__ void __launch_bounds__(128 * WG) fp8_wgmma_wg##WG(                                  \
+#define QUANTROLL_FP8_WGMMA(WG, DEPTH)                                                                      \
+  extern "C" __global__ void __launch_bounds__(128 * WG) fp8_wgmma_wg##WG##_d##DEPTH(                       \
       const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m, long long a_s_stride_g, \
       const uint8_t* w_q, long long w_stride, const float* w_s, long long w_s_stride_n, long long w_s_stride_g, \
       uint16_t* y, long long y_stride, float* partial, long long m_rows, long long k, long long groups_per_split) { \
-    fp8_wgmma<WG>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n, w_s_stride_g, \
-                  y, y_stride, partial, m_rows, k, groups_per_split);                                        \
+    fp8_wgmma<WG, DEPTH>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n,   \
+                         w_s_stride_g, y, y_stride, partial, m_rows, k, groups_per_split);                   \
   }
 
-QUANTROLL_FP8_WGMMA(1)
-QUANTROLL_FP8_WGMMA(2)
+// (warpgroups, groups in flight): the variants fp8_wgmma.py's VARIANTS names
+QUANTROLL_FP8_WGMMA(1, 1)
+QUANTROLL_FP8_WGMMA(1, 2)
+QUANTROLL_FP8_WGMMA(1, 3)
+QUANTROLL_FP8_WGMMA(1, 4)
+QUANTROLL_FP8_WGMMA(2, 2)
 
 // The splits' float32 partials [splits, M, N] added in split order, BF16 (round to nearest
 // even) out: one thread per output.

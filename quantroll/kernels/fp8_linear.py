@@ -7,6 +7,8 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
 - decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
   registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
   can build it;
+- decode, 17-64 rows, when ``fp8_wgmma.FROM_M`` is set (off: prepared, not yet faster):
+  the CUDA kernel of fp8_wgmma.py on the float16 warpgroup MMA, float32-accurate;
 - decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
   tiles of 32 weight rows, split-K summed in the same launch, products on mma.sync
   (Triton widens the FP8 codes to float16), float32-accurate.

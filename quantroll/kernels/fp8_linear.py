@@ -10,7 +10,8 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
 - decode, 17-64 rows, when ``fp8_wgmma.FROM_M`` is set (off: prepared, not yet faster):
   the CUDA kernel of fp8_wgmma.py on the float16 warpgroup MMA, float32-accurate;
 - decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
-  tiles of 32 weight rows, split-K summed in the same launch, products on mma.sync
+  tiles of 32 weight rows (64 on long-K weights at 17-64 rows, ``LONG_K_DECODE``), split-K
+  summed in the same launch, products on mma.sync
   (Triton widens the FP8 codes to float16), float32-accurate.
   It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
   faster than BF16 at M = 16-64.

@@ -38,7 +38,7 @@ class WgmmaConfig:
 
     warpgroups: int
     groups_per_split: int
-    depth: int = 2
+    depth: int = 1
 
     @property
     def kernel(self) -> str:
@@ -50,19 +50,21 @@ class WgmmaConfig:
 
 
 # The compiled (warpgroups, depth) pairs (cuda/fp8_wgmma.cu instantiates them; a test checks).
-VARIANTS = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2))
+VARIANTS = ((1, 1), (1, 2), (1, 3), (2, 2))  # 4 in flight: 255 registers and a spill
 
 # Blocks a launch should have, to keep every SM's weight stream busy (132 on the H200).
 TARGET_BLOCKS = 264
 
 
-def default_config(n: int, k: int, warpgroups: int = 1, depth: int = 2) -> WgmmaConfig:
+def default_config(n: int, k: int, warpgroups: int = 1, depth: int = 1) -> WgmmaConfig:
     """K split until ``TARGET_BLOCKS`` blocks (whole 128-groups per split). One warpgroup
-    per block by default: at 162 registers a thread, three such blocks fit an SM, so the
-    384 blocks of an 8B gate_up are all resident at once; two (the float16 tokens serve 128
-    rows) are a variant for bench/wgmma_decode.py, as are 1-4 groups in flight (measured
-    2026-12-01 with one: correct, but slower than the Triton kernel, 135.6 against 104.7 us
-    per 8B layer set at M = 64; deeper pipelines not yet timed)."""
+    and one K group in flight per thread by default: at ~165 registers three such blocks
+    fit an SM, so the 384 blocks of an 8B gate_up are all resident at once (2-3 groups in
+    flight take 206-246 registers: two blocks per SM). Two warpgroups per block (the
+    float16 tokens serve 128 rows) and the deeper pipelines are variants for
+    bench/wgmma_decode.py. Measured 2026-12-01 (a first version with one group in flight):
+    correct, but slower than the Triton kernel (135.6 against 104.7 us per 8B layer set at
+    M = 64); the deeper pipelines are not yet timed."""
     groups = k // 128
     tiles = n // (64 * warpgroups)
     splits = min(groups, max(1, -(-TARGET_BLOCKS // tiles)))

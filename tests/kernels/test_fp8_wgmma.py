@@ -15,12 +15,12 @@ def test_launch_shapes_hand_worked():
     """264 blocks wanted: Qwen3-8B qkv (96 tiles of 64 rows) in 3 splits of 11/11/10
     groups, o (64 tiles, 32 groups) in 5 of 7 (the last 4), gate_up (384 tiles) unsplit,
     down (64 tiles, 96 groups) in 5 of 20 (the last 16)."""
-    assert fp8_wgmma.default_config(6144, 4096) == fp8_wgmma.WgmmaConfig(1, 11, 2)
-    assert fp8_wgmma.default_config(4096, 4096) == fp8_wgmma.WgmmaConfig(1, 7, 2)
-    assert fp8_wgmma.default_config(24576, 4096) == fp8_wgmma.WgmmaConfig(1, 32, 2)
-    assert fp8_wgmma.default_config(4096, 12288) == fp8_wgmma.WgmmaConfig(1, 20, 2)
-    assert fp8_wgmma.default_config(64, 128) == fp8_wgmma.WgmmaConfig(1, 1, 2)
-    assert fp8_wgmma.default_config(4096, 4096, warpgroups=2) == fp8_wgmma.WgmmaConfig(2, 4, 2)  # 32 tiles, 8 splits
+    assert fp8_wgmma.default_config(6144, 4096) == fp8_wgmma.WgmmaConfig(1, 11, 1)
+    assert fp8_wgmma.default_config(4096, 4096) == fp8_wgmma.WgmmaConfig(1, 7, 1)
+    assert fp8_wgmma.default_config(24576, 4096) == fp8_wgmma.WgmmaConfig(1, 32, 1)
+    assert fp8_wgmma.default_config(4096, 12288) == fp8_wgmma.WgmmaConfig(1, 20, 1)
+    assert fp8_wgmma.default_config(64, 128) == fp8_wgmma.WgmmaConfig(1, 1, 1)
+    assert fp8_wgmma.default_config(4096, 4096, warpgroups=2, depth=2) == fp8_wgmma.WgmmaConfig(2, 4, 2)  # 8 splits
 
 
 def test_shapes_the_kernel_takes():
@@ -68,7 +68,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 64, 128), (33, 192, 384), (64, 1024, 12288), (64, 6144, 4096),
                                    (40, 4096, 4096), (1, 128, 256)])
-@pytest.mark.parametrize("warpgroups,depth", [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)])
+@pytest.mark.parametrize("warpgroups,depth", fp8_wgmma.VARIANTS)
 def test_rounds_the_float64_result_and_repeats(m, n, k, warpgroups, depth):
     if n % (64 * warpgroups):
         pytest.skip("N is not a multiple of the block's rows")
@@ -78,6 +78,22 @@ def test_rounds_the_float64_result_and_repeats(m, n, k, warpgroups, depth):
         y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
         assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
         assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("depth", [1, 3])
+def test_scales_in_either_layout_a_row_slice_and_an_output_buffer(depth):
+    """The scales' strides, a row slice of the codes (row stride and scale offset carry
+    over) and ``out=``, split and not."""
+    aq, a_s, wq = _operands(40, 256, 1024)
+    for cfg in (fp8_wgmma.WgmmaConfig(1, 8, depth), fp8_wgmma.WgmmaConfig(1, 3, depth)):
+        y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
+        assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s.contiguous(), wq.data, wq.scale, cfg)), cfg
+        out = torch.empty_like(y)
+        assert fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, out=out) is out and torch.equal(out, y), cfg
+        part = fp8_wgmma.fp8_wgmma(aq[2:30], a_s[2:30], wq.data, wq.scale, cfg)
+        assert _excess_over_rounding(aq[2:30], a_s[2:30], wq, part) <= 0, cfg
 
 
 @gpu

@@ -52,6 +52,19 @@ __device__ __forceinline__ uint64_t b_descriptor(uint32_t address) {
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// Registers that the next wgmma reads (A fragments, the accumulator) defined here, before
+// wgmma_fence: an empty volatile asm that "modifies" them keeps the compiler from sinking
+// their producers below the fence (the pattern of CUTLASS's warpgroup_fence_operand).
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // Shared-memory writes of ordinary stores made visible to the warpgroup MMA (async proxy).
@@ -189,6 +202,9 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
       float acc[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) pin(a[j]);
+      pin(acc);
       wgmma_fence();
       const uint32_t b_base = shared_address(b_tiles[buf]);
 #pragma unroll
@@ -196,6 +212,16 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
         wgmma_64x64x16(acc, a[j][0], a[j][1], a[j][2], a[j][3], b_descriptor(b_base + j * STEP_BYTES), j);
       }
       wgmma_commit();
+      if (g + 1 < g1) {
+        // while the MMAs run: group g + 1's tokens (ring slot d + 1) into the other buffer,
+        // last read by group g - 1's MMAs, which every thread waited for before the
+        // previous barrier; the slot then takes group g + 1 + DEPTH
+        const int NEXT = (d + 1) % DEPTH;  // static after unrolling
+        tok[NEXT].store(b_tiles[buf ^ 1], token_scales[buf ^ 1]);
+        if (g + 1 + DEPTH < g1) {
+          tok[NEXT].load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g + 1 + DEPTH, m_rows);
+        }
+      }
       wgmma_wait_all();
       // acc[4 c + e]: row r (e < 2) or r + 8, token column 8 c + 2 t + (e & 1)
       const float w_scale = w_s_block[g * w_s_stride_g];
@@ -208,16 +234,10 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
         total[4 * c + 2] += acc[4 * c + 2] * s0;
         total[4 * c + 3] += acc[4 * c + 3] * s1;
       }
-      if (g + 1 < g1) {
-        // group g + 1's tokens (ring slot d + 1) into the other buffer, last read by group
-        // g - 1's MMAs, which every thread waited for before the previous barrier; the
-        // slot then takes group g + 1 + DEPTH
-        const int NEXT = (d + 1) % DEPTH;  // static after unrolling
-        tok[NEXT].store(b_tiles[buf ^ 1], token_scales[buf ^ 1]);
-        if (g + 1 + DEPTH < g1) {
-          tok[NEXT].load(tokens, a_stride, a_s, a_s_stride_m, a_s_stride_g, g + 1 + DEPTH, m_rows);
-        }
-      }
+      // Note (not measured): fence.proxy.async compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S;
+      // if the MEMBAR drains this thread's loads still in flight, groups in flight beyond
+      // one buy nothing, and the tokens would have to reach shared memory through the async
+      // proxy (e.g. producers writing float16 codes in B's layout, bulk-copied) instead.
       fence_shared_for_mma();
       __syncthreads();
     }
@@ -256,7 +276,6 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
 QUANTROLL_FP8_WGMMA(1, 1)
 QUANTROLL_FP8_WGMMA(1, 2)
 QUANTROLL_FP8_WGMMA(1, 3)
-QUANTROLL_FP8_WGMMA(1, 4)
 QUANTROLL_FP8_WGMMA(2, 2)
 
 // The splits' float32 partials [splits, M, N] added in split order, BF16 (round to nearest

@@ -7,9 +7,10 @@ float32-accurate (exact float16 products of the codes, float32 sums), the same r
 every run. Blocks of 64 (or 128) weight rows; K split over blocks where N alone gives too
 few, the splits' float32 partials added in split order by a second launch.
 
-PREPARED 2026-12-01, NOT YET RUN ON A GPU: off (``FROM_M = 0``) until the device tests
-(tests/kernels/test_fp8_wgmma.py) pass and ``python bench/wgmma_decode.py`` has timed it
-against the Triton decode GEMM, which at 64 rows is bound by mma.sync throughput.
+Off (``FROM_M = 0``): a first version was correct on the H200 but slower than the Triton
+decode GEMM (2026-12-01, docs/PERFORMANCE.md); the current one (deeper pipelines) has not
+run on a GPU yet: tests/kernels/test_fp8_wgmma.py, then ``python bench/wgmma_decode.py``
+against the Triton kernel, which at 64 rows is bound by mma.sync throughput.
 """
 
 from __future__ import annotations

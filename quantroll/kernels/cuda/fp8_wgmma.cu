@@ -1,7 +1,9 @@
 // Block-FP8 decode GEMM for 17-64 token rows on Hopper's warpgroup MMA (sm_90a only):
 // y = (a_q * a_s) @ (w_q * w_s)^T, 1x128 activation scales, 128x128 weight scales, BF16
-// output, float32-accurate. PREPARED 2026-12-01, NOT YET RUN ON A GPU (fp8_wgmma.py keeps
-// it off until the device tests and bench/wgmma_decode.py have passed and timed it).
+// output, float32-accurate. Off (fp8_wgmma.py): a first version (one K group in flight,
+// tokens widened after the MMAs) was correct on the H200 but slower than the Triton kernel
+// (2026-12-01); this one (1-3 groups in flight, tokens widened during the MMAs) has not
+// run on a GPU yet (tests/kernels/test_fp8_wgmma.py, bench/wgmma_decode.py).
 //
 // Why: at 64 rows the mma.sync kernels (Triton's and fp8_gemv.cu's) are bound by mma.sync
 // throughput (~290 TFLOP/s on gate_up), twice the time of the weight bytes; the FP8

@@ -3,7 +3,7 @@
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
-#   WGMMA_F16_AB=1        also run bench/decode_wgmma.py (float16 warpgroup MMA for decode batches 2-64; experimental)
+#   WGMMA_AB=1            also run bench/wgmma_decode.py --ab (the CUDA float16 warpgroup GEMM, 17-64 rows; off)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SWITCH_AB_OTHERS=1    the BF16 8B step (shipped) and the MoE shape with the silu epilogue
 #   BF16_GEMM_AB=1        the BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS per 8B layer shape
@@ -31,8 +31,8 @@ if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \
   2>&1 | tee "$OUT/rollout_8b.log" | grep -v '^{'
 fi
-if [ "${WGMMA_F16_AB:-0}" = 1 ]; then
-  timeout "${T_WGMMA:-480}" python3 bench/decode_wgmma.py 2>&1 | grep -v Warn | tee "$OUT/decode_wgmma.log" | tail -40
+if [ "${WGMMA_AB:-0}" = 1 ]; then
+  timeout "${T_WGMMA:-480}" python3 bench/wgmma_decode.py --ab 2>&1 | grep -v Warn | tee "$OUT/wgmma_decode.log" | tail -40
 fi
 if [ "${FUSED_ATTENTION_AB:-0}" = 1 ]; then
   python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_fused_attention.log" | grep -v '^{'
@@ -49,9 +49,8 @@ fi
 if [ "${SWITCH_AB:-0}" = 1 ]; then
   timeout "${T_SWITCH:-560}" python3 bench/switch_ab.py --batches 1,16,64 \
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \
-    --variant wgmma:fp8_linear.WGMMA_F16_FROM_M=17 \
-    --variant silu+wgmma:gate_up_silu.FUSE_SILU_EPILOGUE=True,fp8_linear.WGMMA_F16_FROM_M=17 \
-    --approx wgmma --approx silu+wgmma 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
+    --variant wgmma:fp8_wgmma.FROM_M=17 \
+    --approx wgmma 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
 fi
 if [ "${SWITCH_AB_OTHERS:-0}" = 1 ]; then
   timeout "${T_BF16_SWITCH:-300}" python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \

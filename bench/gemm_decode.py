@@ -95,7 +95,7 @@ def main():
                 for bn, sk, st, nw in itertools.product((16, 32), (1, 2, 4, 8), (3, 5), (2, 4))]
     variants += [DecodeGemmConfig(block_n=64, split_k=sk, dot_f16=f16, num_stages=3)
                  for sk, f16 in itertools.product((1, 2, 4, 8), (True, False))]
-    # 4 warps, float16-widened codes: the float16 warpgroup MMA (float32-accurate; wgmma_f16_config)
+    # 4 warps, float16-widened codes: the float16 warpgroup MMA (float32-accurate)
     variants += [DecodeGemmConfig(block_n=bn, split_k=sk, dot_f16=True, num_stages=st, num_warps=4)
                  for bn, sk, st in itertools.product((64, 128), (1, 2, 4, 8), (3, 4))]
     for (name, (n, k)), m in itertools.product(SHAPES.items(), (1, 16, 64)):

@@ -175,13 +175,6 @@ def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmC
     return y
 
 
-# Decode batches of at least this many rows take the float16 warpgroup MMA
-# (wgmma_f16_config). None: off. Measured on the H200 (2026-12-01): as accurate as the
-# shipped tiles but slower at every 8B layer shape at M = 64 (layer 149.5 vs 105.9 us; the
-# 8B FP8 step at batch 64 6.91 vs 5.46 ms), so it stays off (docs/PERFORMANCE.md).
-WGMMA_F16_FROM_M: int | None = None
-
-
 # Decode batches of 17-64 rows on long-K weights (K >= 3 N: Qwen3-8B's down_proj) take 64
 # weight rows per program with float16 dots (still mma.sync on 2 warps, as accurate):
 # measured on the H200 (bench/gemm_f16_tokens.py, 2026-12-01) at 20.7 against 28.3 us at
@@ -195,9 +188,8 @@ def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
     which Triton compiles to mma.sync on the FP8 codes widened to float16 (sm_90 PTX of
     Triton 3.6 and 3.8; float32-accurate, 1e-7 from float64, where the FP8 warpgroup MMA
     lands 4.5e-5 away), and split-K until >= 512 programs stream the weights (at most 8
-    splits)."""
-    if WGMMA_F16_FROM_M is not None and m >= WGMMA_F16_FROM_M:
-        return wgmma_f16_config(n, k)
+    splits). (Triton's float16 warpgroup MMA on 4 warps, as accurate, was slower at every
+    8B shape at 64 rows: 149.5 vs 105.9 us per layer set, 2026-12-01; removed.)"""
     if LONG_K_DECODE is not None and m > 16 and k >= 3 * n:
         bn = LONG_K_DECODE.block_n
         return dataclasses.replace(LONG_K_DECODE, split_k=splits_to_fill((n + bn - 1) // bn, k, 512))
@@ -212,19 +204,6 @@ def splits_to_fill(tiles: int, k: int, target: int) -> int:
     while tiles * split < target and split < 8 and k_blocks // (split * 2) >= 2:
         split *= 2
     return split
-
-
-def wgmma_f16_config(n: int, k: int, target: int = 256, stages: int = 3, block_n: int = 64) -> DecodeGemmConfig:
-    """The decode GEMM on the float16 warpgroup MMA: 64 (or 128) weight rows per program on
-    4 warps, the FP8 weight codes widened to float16 in registers and fed to wgmma as its
-    register operand (the tokens' codes, widened, from shared memory); float16 products of
-    e4m3 codes are exact and wgmma accumulates them in float32, so this is as accurate as
-    the mma.sync path (device test: <= 1e-6 from float64), unlike the FP8 wgmma whose
-    narrower accumulation failed issue 3's logits criterion (PERFORMANCE.md). Split-K
-    until ``target`` programs (at most 8 splits). For batches of 17-64, where the mma.sync
-    path is compute-bound (~290 TFLOP/s on gate_up at M = 64)."""
-    split = splits_to_fill((n + block_n - 1) // block_n, k, target)
-    return DecodeGemmConfig(block_n=block_n, split_k=split, dot_f16=True, num_warps=4, num_stages=stages)
 
 
 def scaled_mm_supports(m: int, n: int, k: int) -> bool:

@@ -48,13 +48,13 @@ def _assert_same(one, two, label) -> None:
 
 def check_configs(device: str, hidden: int, inter: int, rows=(1, 5, 16, 20)) -> None:
     from quantroll.kernels import gate_up_silu as gus
-    from quantroll.kernels.fp8_linear import DecodeGemmConfig, _tile_counters, decode_config, wgmma_f16_config
+    from quantroll.kernels.fp8_linear import DecodeGemmConfig, _tile_counters, decode_config
     from quantroll.kernels.fused import group_counters
 
     for m in rows:
         act, w, ws = _case(device, m, hidden, inter, seed=m)
         cfgs = [None, DecodeGemmConfig(block_n=16, split_k=2), DecodeGemmConfig(split_k=1),
-                DecodeGemmConfig(split_k=4), wgmma_f16_config(2 * inter, hidden)]
+                DecodeGemmConfig(split_k=4), DecodeGemmConfig(block_n=64, split_k=2, dot_f16=True, num_warps=4)]
         for cfg in cfgs:
             want = _two_launches(act, w, ws, cfg or decode_config(2 * inter, hidden, m))
             for _ in range(2):  # counters reset themselves

@@ -131,25 +131,14 @@ def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options)
     assert "griddepcontrol.wait" not in ptx  # only the CUDA decode GEMM waits
 
 
-@pytest.mark.parametrize("block_m,block_n", [(16, 64), (64, 64), (64, 128)])
-def test_wgmma_f16_decode_config_multiplies_on_the_float16_warpgroup_mma(block_m, block_n):
-    """wgmma_f16_config's tiles (4 warps, DOT_F16) lower to wgmma on float16 operands with
-    the widened weight codes in registers (no second trip through shared memory), and the
-    default 2-warp tiles to mma.sync on float16: both accumulate exact float16 products in
-    float32, which the FP8 wgmma (e4m3 operands) does not."""
-    import re
-
-    from quantroll.kernels.fp8_linear import wgmma_f16_config
-
-    cfg = wgmma_f16_config(6144, 4096, block_n=block_n)
-    pointers = DECODE_GEMM_POINTERS
-    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // cfg.split_k,
-                  SPLIT=cfg.split_k, DOT_F16=cfg.dot_f16, IMPRECISE_ACC=32)
-    ptx = _compile("fp8_gemm_triton", "fp8_decode_gemm_kernel", pointers, consts,
-                   dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)).asm["ptx"]
-    mmas = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.f16\.f16 \{[^}]*\}, \{", ptx))
-    assert mmas == {str(block_m)}, sorted(set(re.findall(r"(?:wgmma|mma)\S*", ptx)))
-    assert "cp.async" in ptx
-    shipped = _compile("fp8_gemm_triton", "fp8_decode_gemm_kernel", pointers, {**consts, "BLOCK_N": 32, "DOT_F16": False},
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_decode_tiles_multiply_on_float16_mma_sync(block_m):
+    """The decode tiles (2 warps: 32 rows with FP8 dots, 64 with float16 dots) lower to
+    mma.sync on float16 operands: exact float16 products of the codes summed in float32,
+    which the FP8 warpgroup MMA (e4m3 operands, narrower accumulation) is not."""
+    for block_n, dot_f16 in ((32, False), (64, True)):
+        consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=8, SPLIT=4, DOT_F16=dot_f16,
+                      IMPRECISE_ACC=32)
+        ptx = _compile("fp8_gemm_triton", "fp8_decode_gemm_kernel", DECODE_GEMM_POINTERS, consts,
                        dict(num_warps=2, num_stages=3)).asm["ptx"]
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in shipped and "wgmma" not in shipped
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "wgmma" not in ptx, (block_n, dot_f16)

@@ -36,6 +36,22 @@ def test_off_by_default_and_never_on_cpu_tensors():
     assert not fp8_wgmma.usable(torch.device("cpu"))
 
 
+def test_dispatch_takes_it_for_17_to_64_rows_when_on(monkeypatch):
+    """fp8_linear.gemm_path: with FROM_M = 17 and the kernel usable, 17-64 rows of a
+    supported shape take it; 16 rows, 65 rows and N not a multiple of 64 do not."""
+    from quantroll.kernels import fp8_linear
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(fp8_wgmma, "usable", lambda device: True)
+    monkeypatch.setattr(fp8_gemv, "usable", lambda device: False)  # nvcc-less: the Triton kernel below 17
+    assert fp8_linear.gemm_path(32, 4096, 4096, cuda) == "triton decode"  # off by default
+    monkeypatch.setattr(fp8_wgmma, "FROM_M", 17)
+    assert [fp8_linear.gemm_path(m, 4096, 4096, cuda) for m in (16, 17, 64)] == [
+        "triton decode", "cuda wgmma", "cuda wgmma"]
+    assert fp8_linear.gemm_path(65, 4096, 4096, cuda) != "cuda wgmma"
+    assert fp8_linear.gemm_path(32, 4096 + 16, 4096, cuda) == "triton decode"
+
+
 def test_arch_specific_target_flag():
     assert cuda_jit.arch_flag((9, 0), arch_specific=True) == "-gencode=arch=compute_90a,code=sm_90a"
     assert cuda_jit.arch_flag((9, 0)) == "-gencode=arch=compute_90,code=sm_90"

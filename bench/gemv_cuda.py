@@ -63,6 +63,13 @@ def repeat_and_graph_problem(run, y) -> str | None:
     return None if torch.equal(out, y) else "graph replay differs from the eager call"
 
 
+def variant_problem(aq, a_s, w, run) -> str | None:
+    """None if run() (a GEMM taking out= and early=) rounds the float64 product and repeats
+    its bits plainly and under graph replay, else what is wrong."""
+    y = run()
+    return check(aq, a_s, w, y) or repeat_and_graph_problem(run, y)
+
+
 def correctness() -> int:
     bad = 0
     for (n, k), m in itertools.product(CHECK_SHAPES, CHECK_M):
@@ -71,9 +78,7 @@ def correctness() -> int:
         for cfg in fp8_gemv.VARIANTS:
             if 8 * cfg.token_tiles < m or n % cfg.rows:
                 continue
-            y = fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg)
-            problem = check(aq, a_s, w, y) or repeat_and_graph_problem(
-                lambda **kw: fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg, **kw), y)
+            problem = variant_problem(aq, a_s, w, lambda **kw: fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg, **kw))
             if problem:
                 bad += 1
                 print(f"BAD {cfg.kernel} M={m} N={n} K={k}: {problem}", flush=True)

@@ -19,7 +19,7 @@ import itertools
 
 import torch
 
-from bench.gemv_cuda import COPIES, SHAPES, check, operands, repeat_and_graph_problem
+from bench.gemv_cuda import COPIES, SHAPES, operands, variant_problem
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.kernels import fp8_wgmma
 from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode
@@ -51,9 +51,7 @@ def correctness() -> int:
         _, aq, a_s, ws = operands(m, n, k)
         w = ws[0]
         for label, cfg in shapes_for(n, k) + [("unsplit", fp8_wgmma.WgmmaConfig(1, k // 128))]:
-            y = fp8_wgmma.fp8_wgmma(aq, a_s, w.data, w.scale, cfg)
-            problem = check(aq, a_s, w, y) or repeat_and_graph_problem(
-                lambda **kw: fp8_wgmma.fp8_wgmma(aq, a_s, w.data, w.scale, cfg, **kw), y)
+            problem = variant_problem(aq, a_s, w, lambda **kw: fp8_wgmma.fp8_wgmma(aq, a_s, w.data, w.scale, cfg, **kw))
             if problem:
                 bad += 1
                 print(f"BAD {label} {cfg} M={m} N={n} K={k}: {problem}", flush=True)

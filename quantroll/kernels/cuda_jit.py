@@ -233,3 +233,32 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     except OSError as err:
         return f"libcuda.so.1 not loadable: {err}"
     return None
+
+
+_usable: dict[tuple[str, str], bool] = {}
+
+
+def usable(source_name: str, device: torch.device, what: str, fallback: str, arch_specific: bool = False) -> bool:
+    """Whether the kernels of ``cuda/<source_name>`` can run on ``device``: a CUDA device
+    (not under Triton's interpreter, which runs the GPU branches on CPU tensors), the
+    requirements of ``unavailable_reason``, the exact architecture for an ``arch_specific``
+    build (sm_90a runs on sm_90 only), and a successful build and load. Decided once per
+    source and device, and logged: "<what>: CUDA kernel ..." or "<what>: <fallback> (...)"."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    key = (source_name, str(device))
+    if key not in _usable:
+        reason = unavailable_reason(device)
+        if reason is None and arch_specific and torch.cuda.get_device_capability(device) != (9, 0):
+            reason = f"{source_name} is built for sm_90a (Hopper) only"
+        if reason is None:
+            try:
+                load(source_name, device, arch_specific=arch_specific)
+            except (CompileError, RuntimeError, OSError) as err:
+                reason = f"building {source_name} failed: {err}"
+        if reason is None:
+            log.info("%s: CUDA kernel %s on %s", what, source_name, device)
+        else:
+            log.warning("%s: %s (the CUDA kernel is unavailable: %s)", what, fallback, reason)
+        _usable[key] = reason is None
+    return _usable[key]

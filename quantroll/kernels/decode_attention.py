@@ -118,7 +118,8 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         codes.stride(0), scales.stride(0), scales.stride(1),
         HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=tiles.block_s,
-        QUANT=quantize, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **fp8_gemv.producer_launch(qkv.device),
+        QUANT=quantize, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        RELEASE=fp8_gemv.release_producers(qkv.device),
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

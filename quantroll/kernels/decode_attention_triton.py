@@ -163,7 +163,7 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
     decode_attention_kernel does for them, over positions 0..positions[b]. QUANT: the
     output goes out as FP8 codes (oq) and 1x128 scales (os) of its BF16 values, one group
     per head (D == 128), instead of BF16 (o). RELEASE: let the next kernel (a decode GEMM
-    launched early) launch now (fp8_gemv.producer_launch)."""
+    launched early) launch now (fp8_gemv.release_producers)."""
     tl.static_assert(not QUANT or D == 128, "QUANT needs one 1x128 group per head")
     if RELEASE:
         gdc_launch_dependents()

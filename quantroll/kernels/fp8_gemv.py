@@ -19,15 +19,11 @@ producer runs, then wait for it (griddepcontrol.wait) before reading the activat
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
 from quantroll.kernels import cuda_jit
-
-log = logging.getLogger(__name__)
 
 SOURCE = "fp8_gemv.cu"
 
@@ -102,11 +98,16 @@ def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat
     return out_dtype == torch.bfloat16 and 1 <= m <= 64 and k % 128 == 0 and n % 16 == 0 and n > 0
 
 
-def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """``supports_shape``, and rows of codes 16-byte aligned and contiguous along K."""
-    return (supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype)
-            and aq.stride(1) == 1 and wq.stride(1) == 1 and aq.stride(0) % 16 == 0 and wq.stride(0) % 16 == 0
+def rows_loadable(aq: torch.Tensor, wq: torch.Tensor) -> bool:
+    """Rows of codes contiguous along K and 16-byte aligned: what the CUDA kernels' 16-byte
+    loads need (this one's and fp8_wgmma's)."""
+    return (aq.stride(1) == 1 and wq.stride(1) == 1 and aq.stride(0) % 16 == 0 and wq.stride(0) % 16 == 0
             and aq.data_ptr() % 16 == 0 and wq.data_ptr() % 16 == 0)
+
+
+def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """``supports_shape`` and ``rows_loadable``."""
+    return supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype) and rows_loadable(aq, wq)
 
 
 # Decode GEMMs of at most this many rows take this kernel where it can be built; 0: off.
@@ -123,18 +124,10 @@ EARLY_LAUNCH = True
 def release_producers(device: torch.device) -> bool:
     """Whether the kernels that feed a decode GEMM should release it at their start
     (``griddepcontrol.launch_dependents``): only when it is this kernel, launched early, on
-    Hopper or newer, outside Triton's interpreter. Releasing is harmless for a successor
-    launched the ordinary way (it still waits for the producer to finish)."""
-    if not (MAX_M and EARLY_LAUNCH) or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9 and usable(device)
-
-
-def producer_launch(device: torch.device) -> dict:
-    """The keyword arguments a producer kernel's launch on ``device`` takes: its RELEASE
-    constexpr. (Launching the producers early too, waiting first and then releasing, was
-    measured slower on the H200, 2026-12-01, and removed.)"""
-    return {"RELEASE": release_producers(device)}
+    Hopper or newer, outside Triton's interpreter (``usable`` is False there). Releasing is
+    harmless for a successor launched the ordinary way (it still waits for the producer to
+    finish). The producers pass it as their RELEASE constexpr."""
+    return bool(MAX_M and EARLY_LAUNCH) and usable(device) and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
@@ -160,25 +153,7 @@ def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor 
     return y
 
 
-_usable: dict[str, bool] = {}
-
-
 def usable(device: torch.device) -> bool:
-    """Whether the CUDA decode GEMM can run on ``device`` (decided once per device, by
-    building and loading it); says in the log which decode GEMM the engine uses and why."""
-    if device.type != "cuda":  # CPU tensors (Triton's interpreter runs the GPU branches on them)
-        return False
-    key = str(device)
-    if key not in _usable:
-        reason = cuda_jit.unavailable_reason(device)
-        if reason is None:
-            try:
-                cuda_jit.load(SOURCE, device)
-            except (cuda_jit.CompileError, RuntimeError, OSError) as err:
-                reason = f"building {SOURCE} failed: {err}"
-        if reason is None:
-            log.info("FP8 decode GEMM: CUDA kernel %s on %s", SOURCE, device)
-        else:
-            log.warning("FP8 decode GEMM: Triton kernel (the CUDA one is unavailable: %s)", reason)
-        _usable[key] = reason is None
-    return _usable[key]
+    """Whether the CUDA decode GEMM can run on ``device`` (cuda_jit.usable: decided once per
+    device, by building and loading it; the log says which decode GEMM the engine uses)."""
+    return cuda_jit.usable(SOURCE, device, "FP8 decode GEMM", "Triton kernel")

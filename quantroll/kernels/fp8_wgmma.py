@@ -15,15 +15,11 @@ against the Triton kernel, which at 64 rows is bound by mma.sync throughput.
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
 from quantroll.kernels import cuda_jit, fp8_gemv
-
-log = logging.getLogger(__name__)
 
 SOURCE = "fp8_wgmma.cu"
 MAX_M = 64  # the kernel's token tile
@@ -77,35 +73,14 @@ def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat
 
 
 def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """``supports_shape``, and rows of codes 16-byte aligned and contiguous along K."""
-    return (supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype)
-            and aq.stride(1) == 1 and wq.stride(1) == 1 and aq.stride(0) % 16 == 0 and wq.stride(0) % 16 == 0
-            and aq.data_ptr() % 16 == 0 and wq.data_ptr() % 16 == 0)
-
-
-_usable: dict[str, bool] = {}
+    """``supports_shape`` and fp8_gemv.rows_loadable (the same 16-byte loads)."""
+    return supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype) and fp8_gemv.rows_loadable(aq, wq)
 
 
 def usable(device: torch.device) -> bool:
-    """Whether the kernel can run on ``device``: an sm_90 GPU (the cubin is sm_90a, which
-    runs on that architecture only), nvcc, and a successful build; decided once per device
-    and logged."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    key = str(device)
-    if key not in _usable:
-        reason = cuda_jit.unavailable_reason(device)
-        if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
-            reason = "the warpgroup MMA kernel is built for sm_90a (Hopper) only"
-        if reason is None:
-            try:
-                cuda_jit.load(SOURCE, device, arch_specific=True)
-            except (cuda_jit.CompileError, RuntimeError, OSError) as err:
-                reason = f"building {SOURCE} failed: {err}"
-        if reason is not None:
-            log.warning("FP8 decode GEMM, 17-64 rows: Triton kernel (the warpgroup one is unavailable: %s)", reason)
-        _usable[key] = reason is None
-    return _usable[key]
+    """Whether the kernel can run on ``device``: an sm_90 GPU (the cubin is sm_90a), nvcc,
+    and a successful build (cuda_jit.usable: decided once per device, and logged)."""
+    return cuda_jit.usable(SOURCE, device, "FP8 decode GEMM, 17-64 rows", "Triton kernel", arch_specific=True)
 
 
 def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tensor | None = None,

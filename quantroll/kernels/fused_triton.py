@@ -66,7 +66,7 @@ def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps
     """One row per program. QUANT: y also goes out as FP8 codes (q) and scales (s); STORE_Y:
     y goes out in BF16 (both: a MoE block routes on the BF16 values, its experts read
     the codes). RELEASE: let the next kernel (a decode GEMM launched early) launch now
-    (fp8_gemv.producer_launch)."""
+    (fp8_gemv.release_producers)."""
     if RELEASE:
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -141,7 +141,7 @@ def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, Q
     """Program (row, block of BLOCK outputs). QUANT: y goes out as FP8 codes (q) and scales
     (s) instead of BF16; BLOCK is then a multiple of 128 so that blocks hold whole groups.
     RELEASE: let the next kernel (a decode GEMM launched early) launch now
-    (fp8_gemv.producer_launch)."""
+    (fp8_gemv.release_producers)."""
     if RELEASE:
         gdc_launch_dependents()
     row = tl.program_id(0)

@@ -64,7 +64,7 @@ def test_producers_release_only_for_the_cuda_gemm_on_a_gpu(monkeypatch):
     monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
     monkeypatch.setattr(fp8_gemv, "EARLY_LAUNCH", False)
     assert not fp8_gemv.release_producers(torch.device("cuda", 0))
-    assert fp8_gemv.producer_launch(torch.device("cpu")) == {"RELEASE": False}
+    assert fp8_gemv.release_producers(torch.device("cpu")) is False
 
 
 def test_cpu_tensors_never_take_the_cuda_kernel():
@@ -159,22 +159,27 @@ def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
 @gpu
 @pytest.mark.gpu
 def test_graph_replay_after_a_kernel_that_writes_the_input():
-    """Launched early inside a CUDA graph right after the kernel that writes its input, it
-    must read the new input (griddepcontrol.wait), replay after replay."""
-    aq, a_s, wq = _operands(16, 4096, 4096)
+    check_graph_replay_reads_the_new_input(fp8_gemv.fp8_gemv, 16, 4096, 4096)
+
+
+def check_graph_replay_reads_the_new_input(gemm, m, n, k):
+    """Launched early inside a CUDA graph right after the kernel that writes its input,
+    ``gemm`` (codes, scales, weight codes, weight scales, out=, early=) must read the new
+    input (griddepcontrol.wait), replay after replay."""
+    aq, a_s, wq = _operands(m, n, k)
     src = aq.clone()
-    out = torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         aq.copy_(src)
-        fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, out=out)
+        gemm(aq, a_s, wq.data, wq.scale, out=out)
     for seed in range(3):
-        fresh = _operands(16, 4096, 4096, seed=seed + 1)[0]
+        fresh = _operands(m, n, k, seed=seed + 1)[0]
         src.copy_(fresh)
         aq.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, fp8_gemv.fp8_gemv(fresh, a_s, wq.data, wq.scale, early=False))
+        assert torch.equal(out, gemm(fresh, a_s, wq.data, wq.scale, early=False))
 
 
 @gpu

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quantroll.kernels import cuda_jit, fp8_gemv, fp8_wgmma
-from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
+from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands, check_graph_replay_reads_the_new_input
 
 
 def test_launch_shapes_hand_worked():
@@ -115,19 +115,7 @@ def test_scales_in_either_layout_a_row_slice_and_an_output_buffer(depth):
 @gpu
 @pytest.mark.gpu
 def test_graph_replay_after_a_kernel_that_writes_the_input():
-    aq, a_s, wq = _operands(48, 4096, 4096)
-    src = aq.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        aq.copy_(src)
-        out = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale)
-    for seed in range(3):
-        fresh = _operands(48, 4096, 4096, seed=seed + 1)[0]
-        src.copy_(fresh)
-        aq.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, fp8_wgmma.fp8_wgmma(fresh, a_s, wq.data, wq.scale, early=False))
+    check_graph_replay_reads_the_new_input(fp8_wgmma.fp8_wgmma, 48, 4096, 4096)
 
 
 @gpu

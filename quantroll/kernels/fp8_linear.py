@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.kernels import fp8_gemv, fp8_wgmma
+from quantroll.kernels import fp8_gemv, fp8_gemv_bulk, fp8_wgmma
 from quantroll.kernels.counters import counters
 from quantroll.model.linear import BACKENDS
 
@@ -241,7 +241,8 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
     path = gemm_path(m, n, k, aq.device, out_dtype)
     if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
-        return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
+        bulk = fp8_gemv_bulk.chosen(aq, wq)
+        return fp8_gemv_bulk.fp8_gemv_bulk(aq, a_s, wq, w_s, bulk) if bulk else fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
     if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype):
         return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s)
     if m <= 64:

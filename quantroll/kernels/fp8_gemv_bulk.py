@@ -54,8 +54,8 @@ class BulkConfig:
 
 # Every variant cuda/fp8_gemv_bulk.cu instantiates (keep the two lists equal: a test checks).
 VARIANTS = tuple(BulkConfig(*v) for v in (
-    (1, 4, 4, 0), (1, 4, 6, 0), (1, 8, 4, 0), (2, 4, 4, 0), (2, 4, 6, 0), (2, 8, 4, 0),
-    (2, 4, 4, 1), (2, 4, 8, 1), (2, 8, 4, 1),
+    (1, 4, 4, 0), (1, 8, 2, 0), (1, 8, 3, 0), (1, 8, 4, 0), (2, 4, 2, 0), (2, 4, 3, 0), (2, 8, 2, 0), (2, 8, 3, 0),
+    (2, 16, 2, 0), (2, 4, 2, 1), (2, 8, 2, 1), (2, 4, 4, 1),
 ))
 
 MAX_SHARED = 227 * 1024  # per block on Hopper
@@ -69,7 +69,7 @@ MAX_M = 0
 # (token tiles M needs, fp8_gemv.width_class) -> the variant taken.
 CHOICE: dict[tuple[int, str], BulkConfig] = {
     (1, "narrow"): BulkConfig(1, 8, 4, 0), (1, "wide"): BulkConfig(1, 4, 4, 0),
-    (2, "narrow"): BulkConfig(2, 8, 4, 0), (2, "wide"): BulkConfig(2, 4, 4, 0)}
+    (2, "narrow"): BulkConfig(2, 8, 2, 0), (2, "wide"): BulkConfig(2, 4, 2, 0)}
 
 
 def chosen(aq: torch.Tensor, wq: torch.Tensor) -> BulkConfig | None:

@@ -20,6 +20,7 @@ def test_variants_list_matches_the_instances_in_the_source():
     assert {tuple(map(int, m)) for m in found} == {(c.token_tiles, c.warps, c.stages, c.resident)
                                                    for c in fp8_gemv_bulk.VARIANTS}
     assert len(found) == len(fp8_gemv_bulk.VARIANTS)
+    assert all(cfg in fp8_gemv_bulk.VARIANTS for cfg in fp8_gemv_bulk.CHOICE.values())
 
 
 def test_shared_bytes_hand_worked():
@@ -73,7 +74,7 @@ def test_blocks_walk_many_tiles():
     """One block per multiprocessor on 24576 rows: each block takes ~186 row tiles, and the
     stages' phases wrap many times."""
     aq, a_s, wq = _operands(16, 24576, 4096)
-    cfg = fp8_gemv_bulk.BulkConfig(2, 4, 4, 0, blocks_per_sm=1)
+    cfg = fp8_gemv_bulk.BulkConfig(2, 4, 2, 0, blocks_per_sm=1)
     y = fp8_gemv_bulk.fp8_gemv_bulk(aq, a_s, wq.data, wq.scale, cfg)
     assert torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, fp8_gemv.GemvConfig(2, 1, 4, 1, 1)))
 

@@ -189,6 +189,42 @@ __device__ __forceinline__ void fp8_gemv_bulk(const uint8_t* a_q, long long a_st
     scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
   }
   if (TOKENS_RESIDENT) barrier_wait(tokens_landed, 0);
+  // Stage i's fragment into registers, then release the stage; the next stage's fragment
+  // is fetched before this one multiplies (its shared-memory reads and barrier wait
+  // overlap the products).
+  auto fetch = [&](int i, Group<MT, 1>& grp) {
+    const int slot = i % STAGES, g = (i % chunks) * WARPS + warp;
+    const uint8_t* stage = stages + slot * L::STAGE_BYTES;
+    barrier_wait(&full[slot], (i / STAGES) & 1);
+    if (g < groups) {
+      const uint8_t* w0 = stage + r * L::ROW + warp * 128 + lane_offset(t);
+      const Words4 p0 = load_shared(w0), p1 = load_shared(w0 + SECOND_PIECE);
+      const Words4 p2 = load_shared(w0 + 8 * L::ROW), p3 = load_shared(w0 + 8 * L::ROW + SECOND_PIECE);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        grp.w0[0][q] = p0.w[q];
+        grp.w0[0][4 + q] = p1.w[q];
+        grp.w1[0][q] = p2.w[q];
+        grp.w1[0][4 + q] = p3.w[q];
+      }
+#pragma unroll
+      for (int tile = 0; tile < MT; ++tile) {
+        const uint8_t* a = TOKENS_RESIDENT ? tokens + rows[tile] * token_row + (g << 7) + lane_offset(t)
+                                           : stage + (16 + rows[tile]) * L::ROW + warp * 128 + lane_offset(t);
+        const Words4 v0 = load_shared(a), v1 = load_shared(a + SECOND_PIECE);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          grp.a[tile][q] = v0.w[q];
+          grp.a[tile][4 + q] = v1.w[q];
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&empty[slot]);  // this warp's reads of the stage are done
+  };
+  const int total_stages = my_tiles * chunks;
+  Group<MT, 1> cur;
+  fetch(0, cur);
   int i = 0;
   for (int j = 0; j < my_tiles; ++j) {
     const long long n0 = (blockIdx.x + static_cast<long long>(j) * gridDim.x) << 4;
@@ -196,40 +232,15 @@ __device__ __forceinline__ void fp8_gemv_bulk(const uint8_t* a_q, long long a_st
     float total[1][MT][4];
     zero(total);
     for (int c = 0; c < chunks; ++c, ++i) {
-      const int slot = i % STAGES, g = c * WARPS + warp;
-      const uint8_t* stage = stages + slot * L::STAGE_BYTES;
-      Group<MT, 1> grp;
-      barrier_wait(&full[slot], (i / STAGES) & 1);
-      if (g < groups) {
-        const uint8_t* w0 = stage + r * L::ROW + warp * 128 + lane_offset(t);
-        const Words4 p0 = load_shared(w0), p1 = load_shared(w0 + SECOND_PIECE);
-        const Words4 p2 = load_shared(w0 + 8 * L::ROW), p3 = load_shared(w0 + 8 * L::ROW + SECOND_PIECE);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          grp.w0[0][q] = p0.w[q];
-          grp.w0[0][4 + q] = p1.w[q];
-          grp.w1[0][q] = p2.w[q];
-          grp.w1[0][4 + q] = p3.w[q];
-        }
-#pragma unroll
-        for (int tile = 0; tile < MT; ++tile) {
-          const uint8_t* a = TOKENS_RESIDENT ? tokens + rows[tile] * token_row + (g << 7) + lane_offset(t)
-                                             : stage + (16 + rows[tile]) * L::ROW + warp * 128 + lane_offset(t);
-          const Words4 v0 = load_shared(a), v1 = load_shared(a + SECOND_PIECE);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            grp.a[tile][q] = v0.w[q];
-            grp.a[tile][4 + q] = v1.w[q];
-          }
-        }
-      }
-      __syncwarp();
-      if (lane == 0) barrier_arrive(&empty[slot]);  // this warp's reads of the stage are done
+      const int g = c * WARPS + warp;
+      Group<MT, 1> nxt;
+      if (i + 1 < total_stages) fetch(i + 1, nxt);
       if (g < groups) {
         float acc[1][MT][4];
-        multiply_group<MT, 1>(grp, acc);
+        multiply_group<MT, 1>(cur, acc);
         add_scaled<MT, 1>(total, acc, a_s, scale_rows, a_s_stride_m, a_s_stride_g, g, w_s_block[g * w_s_stride_g]);
       }
+      cur = nxt;
     }
     // The warps' sums in warp order, as reduce_and_store (which syncs all threads) does.
 #pragma unroll
@@ -267,13 +278,16 @@ __device__ __forceinline__ void fp8_gemv_bulk(const uint8_t* a_q, long long a_st
                                                w_s, w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k, n);   \
   }
 
-// The compiled variants (fp8_gemv_bulk.py's VARIANTS names them; bench/gemv_cuda.py times them).
+// The compiled variants (fp8_gemv_bulk.py's VARIANTS names them; bench/gemv_bulk.py times them).
 QUANTROLL_FP8_GEMV_BULK(1, 4, 4, 0)
-QUANTROLL_FP8_GEMV_BULK(1, 4, 6, 0)
+QUANTROLL_FP8_GEMV_BULK(1, 8, 2, 0)
+QUANTROLL_FP8_GEMV_BULK(1, 8, 3, 0)
 QUANTROLL_FP8_GEMV_BULK(1, 8, 4, 0)
-QUANTROLL_FP8_GEMV_BULK(2, 4, 4, 0)
-QUANTROLL_FP8_GEMV_BULK(2, 4, 6, 0)
-QUANTROLL_FP8_GEMV_BULK(2, 8, 4, 0)
+QUANTROLL_FP8_GEMV_BULK(2, 4, 2, 0)
+QUANTROLL_FP8_GEMV_BULK(2, 4, 3, 0)
+QUANTROLL_FP8_GEMV_BULK(2, 8, 2, 0)
+QUANTROLL_FP8_GEMV_BULK(2, 8, 3, 0)
+QUANTROLL_FP8_GEMV_BULK(2, 16, 2, 0)
+QUANTROLL_FP8_GEMV_BULK(2, 4, 2, 1)
+QUANTROLL_FP8_GEMV_BULK(2, 8, 2, 1)
 QUANTROLL_FP8_GEMV_BULK(2, 4, 4, 1)
-QUANTROLL_FP8_GEMV_BULK(2, 4, 8, 1)
-QUANTROLL_FP8_GEMV_BULK(2, 8, 4, 1)

@@ -94,7 +94,7 @@ def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
 @pytest.mark.gpu
 @pytest.mark.parametrize("resident", [0, 1])
 def test_graph_replay_after_a_kernel_that_writes_the_input(resident):
-    cfg = fp8_gemv_bulk.BulkConfig(2, 4, 4, resident)
+    cfg = fp8_gemv_bulk.BulkConfig(2, 4, 2, resident)
     check_graph_replay_reads_the_new_input(
         lambda *a, **kw: fp8_gemv_bulk.fp8_gemv_bulk(*a, cfg=cfg, **kw), 16, 4096, 4096)
 

@@ -3,14 +3,13 @@
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
 #   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
-#   WGMMA_AB=1            also run bench/wgmma_decode.py --ab (the CUDA float16 warpgroup GEMM, 17-64 rows; off)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SWITCH_AB_OTHERS=1    the BF16 8B step (shipped) and the MoE shape with the silu epilogue
 #   BF16_GEMM_AB=1        the BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS per 8B layer shape
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
-#   TESTS="a.py b.py"     run only these GPU test files; T_TESTS, T_BF16, T_WGMMA, T_SWITCH,
+#   TESTS="a.py b.py"     run only these GPU test files; T_TESTS, T_BF16, T_SWITCH,
 #                         T_BF16_SWITCH, T_MOE_SWITCH: the steps' time limits in seconds (to fit one call)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -20,7 +19,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py
   tests/engine/test_decode_attention_fused.py tests/engine/test_gate_up_silu.py
-  tests/engine/test_bf16_decode.py tests/kernels/test_fp8_gemv.py tests/kernels/test_fp8_wgmma.py"
+  tests/engine/test_bf16_decode.py tests/kernels/test_fp8_gemv.py"
 # shellcheck disable=SC2086
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout "${T_TESTS:-540}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-$ALL_TESTS} -rxXf --durations=8 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -30
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # measured 2026-12-01; skip them to fit the A/B runs in one call
@@ -30,9 +29,6 @@ fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \
   2>&1 | tee "$OUT/rollout_8b.log" | grep -v '^{'
-fi
-if [ "${WGMMA_AB:-0}" = 1 ]; then
-  timeout "${T_WGMMA:-480}" python3 bench/wgmma_decode.py --ab 2>&1 | grep -v Warn | tee "$OUT/wgmma_decode.log" | tail -40
 fi
 if [ "${FUSED_ATTENTION_AB:-0}" = 1 ]; then
   python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_fused_attention.log" | grep -v '^{'
@@ -49,8 +45,8 @@ fi
 if [ "${SWITCH_AB:-0}" = 1 ]; then
   timeout "${T_SWITCH:-560}" python3 bench/switch_ab.py --batches 1,16,64 \
     --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \
-    --variant wgmma:fp8_wgmma.FROM_M=17 \
-    --approx wgmma 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
+    --variant norm8:fused.NORM_WARPS=8 \
+    --approx norm8 2>&1 | grep -v Warn | tee "$OUT/switch_ab.log" | tail -24
 fi
 if [ "${SWITCH_AB_OTHERS:-0}" = 1 ]; then
   timeout "${T_BF16_SWITCH:-300}" python3 bench/switch_ab.py --precision bf16 --batches 1,16,64 \

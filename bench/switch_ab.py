@@ -10,7 +10,7 @@ differs and which is then compared by mean |logprob difference| only). Then
 CUDA-graph decode, median of the repeats) at each batch.
 
     python bench/switch_ab.py --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \\
-        --variant wgmma:fp8_wgmma.FROM_M=17 --batches 1,16,64 [--shape qwen3-8b] [--layers N]
+        --variant norm8:fused.NORM_WARPS=8 --approx norm8 --batches 1,16,64 [--shape qwen3-8b] [--layers N]
 """
 import argparse
 import ast

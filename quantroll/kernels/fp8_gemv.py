@@ -100,7 +100,7 @@ def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat
 
 def rows_loadable(aq: torch.Tensor, wq: torch.Tensor) -> bool:
     """Rows of codes contiguous along K and 16-byte aligned: what the CUDA kernels' 16-byte
-    loads need (this one's and fp8_wgmma's)."""
+    loads need."""
     return (aq.stride(1) == 1 and wq.stride(1) == 1 and aq.stride(0) % 16 == 0 and wq.stride(0) % 16 == 0
             and aq.data_ptr() % 16 == 0 and wq.data_ptr() % 16 == 0)
 

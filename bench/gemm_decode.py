@@ -7,9 +7,10 @@ runs under graphs; no call finds its weight in L2); median of 20 replays. Errors
 relative Frobenius against float64 on the same FP8 operands, with float32 output (so the
 MMA's accumulation shows, not BF16 output rounding).
 
-    python bench/gemm_decode.py [--json out.json] [--quick] [--bf16]
+    python bench/gemm_decode.py [--json out.json] [--quick]
 
---bf16: the BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS BF16 instead.
+(Its --bf16 study of a BF16 decode GEMM went with that kernel, removed 2026-12-01: cuBLAS
+was as fast or faster for the BF16 step; docs/PERFORMANCE.md.)
 """
 import argparse
 import itertools
@@ -34,60 +35,12 @@ def tag(r):
     return f"bn{r['block_n']} sk{r['split_k']} st{r['num_stages']} w{r['num_warps']}{' f16' if r['dot_f16'] else ''}"
 
 
-def bf16_study(json_path=None) -> int:
-    """The BF16 decode GEMM (kernels/bf16_decode.py) against cuBLAS BF16 per layer shape and
-    M, over tiles and splits; each setting first checked against float64 (float32 output,
-    within float32_sum_bound(K)) and for run-to-run equality. Prints the per-layer-set totals at the end."""
-    from quantroll.kernels.bf16_decode import bf16_decode_config, bf16_gemm_decode
-    from tests.engine.test_bf16_decode import float32_sum_bound
-
-    variants = [DecodeGemmConfig(block_n=bn, split_k=sk, num_warps=nw, num_stages=st)
-                for bn, sk, (nw, st) in itertools.product((32, 64), (1, 2, 4, 8), ((2, 3), (4, 3), (2, 4)))]
-    rows, bad, totals = [], 0, {}
-    for (name, (n, k)), m in itertools.product(SHAPES.items(), (1, 16, 64)):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ws = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
-        ref = x.double() @ ws[0].double().t()
-        cublas = bench(lambda j: x @ ws[j].t())
-        best = None
-        for cfg in [bf16_decode_config(n, k, m)] + variants:
-            y = bf16_gemm_decode(x, ws[0], torch.float32, cfg)
-            e = ((y.double() - ref).norm() / ref.norm()).item()
-            if e > float32_sum_bound(k) or not torch.equal(y, bf16_gemm_decode(x, ws[0], torch.float32, cfg)):
-                bad += 1
-                print(f"BAD bf16 {name} m={m} {cfg}: rel err {e:.2e}")
-                continue
-            t = bench(lambda j: bf16_gemm_decode(x, ws[j], None, cfg))
-            if best is None or t < best[0]:
-                best = (t, cfg)
-        bound = n * k * 2 / 4.25e12 * 1e6
-        if best is None:
-            print(f"bf16 {name:8s} M={m:3d} cuBLAS {cublas:6.1f} | no Triton setting passed the checks", flush=True)
-            best = (float("inf"), DecodeGemmConfig())
-        rows.append({"layer": name, "m": m, "cublas_us": cublas, "triton_us": best[0], "cfg": best[1].__dict__,
-                     "bound_us": bound})
-        for key, t in (("cublas", cublas), ("triton", best[0]), ("best of both", min(cublas, best[0]))):
-            totals[(m, key)] = totals.get((m, key), 0.0) + t
-        print(f"bf16 {name:8s} M={m:3d} cuBLAS {cublas:6.1f} | Triton best {best[0]:6.1f} {best[1]} | bound {bound:5.1f}",
-              flush=True)
-    print("\nper 8B layer set (qkv + o + gate_up + down), us:")
-    for m in (1, 16, 64):
-        print(f"M={m:3d} cuBLAS {totals[(m, 'cublas')]:6.1f}  Triton {totals[(m, 'triton')]:6.1f}  "
-              f"best of both {totals[(m, 'best of both')]:6.1f}")
-    if json_path:
-        json.dump(rows, open(json_path, "w"), indent=1)
-    return bad
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="only the default configs")
-    p.add_argument("--bf16", action="store_true", help="the BF16 decode GEMM against cuBLAS instead")
     args = p.parse_args()
     torch.manual_seed(0)
-    if args.bf16:
-        raise SystemExit(1 if bf16_study(args.json) else 0)
     results, bad = [], 0
     # 2 warps: Triton's mma.sync on float16-widened codes (float32-accurate); 64 rows on 4
     # warps: the warpgroup MMA, whose FP8 accumulation is narrower (float16 widening restores it)

@@ -26,7 +26,7 @@ from quantroll.bench.graph_time import graph_time_us
 from quantroll.formats import get_format
 from quantroll.kernels import fp8_gemv
 from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantize_activation_fp8
-from tests.engine.test_bf16_decode import excess_over_bf16_rounding
+from tests.numerics import excess_over_bf16_rounding
 
 FP8 = get_format("fp8")
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}

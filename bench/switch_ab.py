@@ -9,8 +9,8 @@ differs and which is then compared by mean |logprob difference| only). Then
 `quantroll bench rollout`'s measurement (bench_one: 128-token prompts, 256 new tokens,
 CUDA-graph decode, median of the repeats) at each batch.
 
-    python bench/switch_ab.py --variant silu:gate_up_silu.FUSE_SILU_EPILOGUE=True \\
-        --variant norm8:fused.NORM_WARPS=8 --approx norm8 --batches 1,16,64 [--shape qwen3-8b] [--layers N]
+    python bench/switch_ab.py --variant norm8:fused.NORM_WARPS=8 --approx norm8 --batches 1,16,64 \\
+        [--shape qwen3-8b] [--layers N]
 """
 import argparse
 import ast

@@ -17,7 +17,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.fused_triton import silu_group_epilogue
 
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)
 
@@ -79,7 +78,7 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
                            s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, SCALED: tl.constexpr = True):
+                           DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
     """The decode GEMM (M <= 64), computed transposed: y^T[N, M] = W[N, K] . a^T[K, M], so
     the weight rows fill the MMA's 64-row side and the few tokens its narrow side.
 
@@ -91,27 +90,23 @@ def fp8_decode_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_p
 
     SPLIT > 1: each split writes its float32 partial tile, and the program that finishes
     last for that tile (a counter per tile, reset by it) sums the partials in split order
-    and stores the output: one launch, and the same sum whoever arrives last.
-
-    SCALED False: the same kernel on BF16 (or float16) weights and activations without
-    scales (kernels/bf16_decode.py, experimental against cuBLAS at decode sizes)."""
+    and stores the output: one launch, and the same sum whoever arrives last."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
     decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K, pid_n, pid_m, split,
                      pid_m * tl.num_programs(0) + pid_n, s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
-                     BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC, SCALED)
+                     BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC)
 
 
 @triton.jit
 def decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, kb0, K,
                     s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr,
-                    DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, SCALED: tl.constexpr = True):
+                    DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
     """The float32 tile [BLOCK_N, BLOCK_M] of W[offs_n] . a[offs_m]^T over K blocks kb0 ..
     kb0 + K_BLOCKS - 1, each block's dot scaled by its weight and activation scales and
-    added in block order (see fp8_decode_gemm_kernel). SCALED False: plain BF16/float16
-    operands without scales, accumulated in the MMA (the BF16 decode GEMM)."""
+    added in block order (see fp8_decode_gemm_kernel)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None] * s_wn + (kb0 * BLOCK_K + offs_k[None, :]) * s_wk
     a_ptrs = a_ptr + offs_m[None, :] * s_am + (kb0 * BLOCK_K + offs_k[:, None]) * s_ak
@@ -123,16 +118,13 @@ def decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, kb
         k_ok = offs_k < K - kb * BLOCK_K
         w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         a = tl.load(a_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-        if not SCALED:
-            acc = tl.dot(w, a, acc)
+        a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
+        w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
+        if DOT_F16:
+            part = tl.dot(w.to(tl.float16), a.to(tl.float16))
         else:
-            a_s = tl.load(as_ptrs + kb * s_ask, mask=m_ok & (kb * BLOCK_K < K), other=0.0)
-            w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok & (kb * BLOCK_K < K), other=0.0)
-            if DOT_F16:
-                part = tl.dot(w.to(tl.float16), a.to(tl.float16))
-            else:
-                part = tl.dot(w, a, max_num_imprecise_acc=IMPRECISE_ACC)
-            acc += part * w_s[:, None] * a_s[None, :]
+            part = tl.dot(w, a, max_num_imprecise_acc=IMPRECISE_ACC)
+        acc += part * w_s[:, None] * a_s[None, :]
         w_ptrs += BLOCK_K * s_wk
         a_ptrs += BLOCK_K * s_ak
     return acc
@@ -143,23 +135,20 @@ def decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M,
                      s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                     DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, SCALED: tl.constexpr = True):
+                     DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
     """One program's share of the decode GEMM: output tile (pid_n, pid_m), K split
-    ``split``; ``tile`` numbers the output tile for the split-K partials and counters.
-    Returns whether this program stored the finished tile (the only split, or the last
-    split to arrive), for an epilogue that needs the tile complete."""
+    ``split``; ``tile`` numbers the output tile for the split-K partials and counters."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     n_ok = offs_n < N
     acc = decode_gemm_acc(a_ptr, as_ptr, w_ptr, ws_ptr, offs_m, m_ok, offs_n, n_ok, split * K_BLOCKS_PER_SPLIT, K,
                           s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
-                          BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, DOT_F16, IMPRECISE_ACC, SCALED)
+                          BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, DOT_F16, IMPRECISE_ACC)
     c_ptrs = c_ptr + offs_m[None, :] * s_cm + offs_n[:, None] * s_cn
     ok = n_ok[:, None] & m_ok[None, :]
     if SPLIT == 1:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
-        stored = pid_n >= 0  # always: the only split stores the tile
     else:
         p_ptrs = part_ptr + tile * (SPLIT * BLOCK_N * BLOCK_M) + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M \
             + tl.arange(0, BLOCK_M)[None, :]
@@ -172,28 +161,3 @@ def decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M,
                 total += tl.load(p_ptrs + s * (BLOCK_N * BLOCK_M), cache_modifier=".cg")
             tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=ok)
             tl.atomic_xchg(lock_ptr + tile, 0)  # ready for the next call (and the next graph replay)
-        stored = arrived == SPLIT - 1
-    return stored
-
-
-@triton.jit
-def fp8_gate_up_silu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, hq_ptr, hs_ptr, grp_ptr, M, N, K, I,
-                            s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn, s_hq, s_hsm, s_hsg,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            K_BLOCKS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                            DOT_F16: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
-    """``fp8_decode_gemm_kernel`` on a fused gate_up weight [2I, K], followed by
-    silu(gate) * up and its FP8 quantization for the down projection (silu_group_epilogue,
-    by the program that completes each 128-column group): one launch where the decode MLP
-    had two (the GEMM, then silu_mul_kernel)."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    split = tl.program_id(2)
-    stored = decode_gemm_tile(a_ptr, as_ptr, w_ptr, ws_ptr, part_ptr, c_ptr, lock_ptr, M, N, K, pid_n, pid_m, split,
-                              pid_m * tl.num_programs(0) + pid_n, s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk,
-                              s_cm, s_cn, BLOCK_M, BLOCK_N, BLOCK_K, K_BLOCKS_PER_SPLIT, SPLIT, DOT_F16, IMPRECISE_ACC)
-    if stored:  # count the tile towards its 128-column group of h (gate columns, then up)
-        g = ((pid_n * BLOCK_N) % I) // 128
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        silu_group_epilogue(c_ptr, hq_ptr, hq_ptr, hs_ptr, grp_ptr + pid_m * (I // 128) + g, rows, rows < M, g, I,
-                            s_cm, s_cn, 0, s_hq, s_hsm, s_hsg, 2 * 128 // BLOCK_N, BLOCK_M, True)

@@ -150,24 +150,20 @@ def split_k_scratch(block_m: int, grid: tuple[int, int, int], block_n: int, devi
 
 
 def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmConfig | None = None) -> torch.Tensor:
-    """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel).
-    With ``a_s`` and ``w_s`` None: plain BF16/float16 operands (bf16_decode.py)."""
+    """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel)."""
     from quantroll.kernels.fp8_gemm_triton import fp8_decode_gemm_kernel
 
     m, k = aq.shape
     n = wq.shape[0]
-    scaled = a_s is not None
     cfg = cfg or decode_config(n, k, m)
     block_m, per_split, grid = decode_grid(m, n, k, cfg)
     y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
     partials, counters = split_k_scratch(block_m, grid, cfg.block_n, aq.device, y)
-    s_a, s_w = (a_s.stride(), w_s.stride()) if scaled else ((0, 0), (0, 0))
-    a_s, w_s = (a_s, w_s) if scaled else (aq, wq)  # unread without scales
     fp8_decode_gemm_kernel[grid](
         aq, a_s, wq, w_s, partials, y, counters, m, n, k,
-        aq.stride(0), aq.stride(1), *s_a, wq.stride(0), wq.stride(1), *s_w, y.stride(0), y.stride(1),
+        aq.stride(0), aq.stride(1), *a_s.stride(), wq.stride(0), wq.stride(1), *w_s.stride(), y.stride(0), y.stride(1),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, K_BLOCKS_PER_SPLIT=per_split, SPLIT=grid[2],
-        DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, SCALED=scaled, num_warps=cfg.num_warps,
+        DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     return y

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from quantroll.kernels import fp8_gemv
-from quantroll.kernels.counters import counters
 from quantroll.kernels.decode_attention import next_pow2
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
@@ -27,16 +26,6 @@ FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 # count for both outputs, so that the BF16 norm under the FP8 codes is the one the unfused
 # path quantizes (the reduction order of the RMS mean follows the warps).
 NORM_WARPS = 16
-
-MAX_GROUP_COUNTERS = 1 << 16
-GROUP_COUNTERS = "silu groups"  # counters.py kind
-
-
-def group_counters(device: torch.device) -> torch.Tensor:
-    """The arrival counters of silu_group_epilogue (fused_triton.py), shared by the GEMMs
-    that use it (counters.py)."""
-    return counters(GROUP_COUNTERS, device, MAX_GROUP_COUNTERS)
-
 
 def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_activation_buffers`` for a fused kernel's output, whose programs quantize whole

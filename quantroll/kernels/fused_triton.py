@@ -156,32 +156,3 @@ def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, Q
                           tl.program_id(1) * (BLOCK // 128), I // 128, BLOCK)
     else:
         tl.store(y_ptr + row * s_y + offs, y, mask=ok)
-
-
-@triton.jit
-def silu_group_epilogue(c_ptr, h_ptr, hq_ptr, hs_ptr, counter, rows, r_ok, g, I, s_cm, s_cn, s_h, s_hq, s_hsm, s_hsg,
-                        TILES: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr):
-    """A GEMM epilogue that replaces ``silu_mul_kernel``: called by each program after it
-    stored a finished output tile of gate_up [., 2I] (gate columns, then up), whose
-    128-column group g of h = silu(gate) * up needs TILES such tiles (its gate and its up
-    columns, for these ``rows``). The tiles count themselves on ``counter``; the program
-    that completes the group reads the group's gate and up values (BF16, stored by the
-    others), computes h as silu_mul_kernel does, op for op, and stores its FP8 codes and
-    1x128 scales (QUANT, as _store_fp8_groups) or h itself; then it resets the counter."""
-    tl.debug_barrier()  # every thread's part of the tile is stored before the count moves
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == TILES - 1:
-        cols = g * 128 + tl.arange(0, 128)[None, :]
-        ok = r_ok[:, None]
-        gate = tl.load(c_ptr + rows[:, None] * s_cm + cols * s_cn, mask=ok, other=0.0, cache_modifier=".cg")
-        up = tl.load(c_ptr + rows[:, None] * s_cm + (cols + I) * s_cn, mask=ok, other=0.0, cache_modifier=".cg")
-        gf = gate.to(tl.float32)
-        act = (gf / (1.0 + tl.exp(-gf))).to(up.dtype)
-        h = (act.to(tl.float32) * up.to(tl.float32)).to(up.dtype)
-        if QUANT:
-            codes, scales = _quant_fp8_groups(tl.reshape(h.to(tl.float32), [ROWS * 128]), ROWS)
-            tl.store(hq_ptr + rows[:, None] * s_hq + cols, codes, mask=ok)
-            tl.store(hs_ptr + rows * s_hsm + g * s_hsg, scales, mask=r_ok)
-        else:
-            tl.store(h_ptr + rows[:, None] * s_h + cols, h, mask=ok)
-        tl.atomic_xchg(counter, 0)  # ready for the next call

@@ -74,14 +74,9 @@ def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLO
     return sorted_ids, block_expert
 
 
-def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, top_k, a_row_is_token, out_dtype,
-                 silu: str | None = None):
-    """out[pair] = a[row(pair)] @ w[expert(pair)]^T for every routed pair; [num_pairs, N].
-
-    ``silu`` ("bf16" or "fp8"; w a gate_up stack [E, 2I, K] with I a multiple of 128):
-    returns h = silu(gate) * up of the pairs instead, computed in the GEMM's epilogue
-    (grouped_gemm_kernel's SILU): BF16 [num_pairs, I], or its FP8 (codes, 1x128 scales)."""
-    from quantroll.kernels.fused import MAX_GROUP_COUNTERS, fp8_output_buffers, group_counters
+def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, top_k, a_row_is_token,
+                 out_dtype) -> torch.Tensor:
+    """out[pair] = a[row(pair)] @ w[expert(pair)]^T for every routed pair; [num_pairs, N]."""
     from quantroll.kernels.moe_triton import grouped_gemm_kernel
 
     n, k = w.shape[1], w.shape[2]
@@ -89,35 +84,15 @@ def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, to
     fp8 = w_scale is not None
     block_n = 64
     grid = (block_expert.numel(), (n + block_n - 1) // block_n)
-    epilogue = {}
-    if silu is not None:
-        inter = n // 2
-        if inter % 128 or block_expert.numel() * (inter // 128) > MAX_GROUP_COUNTERS:
-            raise ValueError(f"grouped_gemm: silu epilogue needs I a multiple of 128 (got {inter}) and at most "
-                             f"{MAX_GROUP_COUNTERS} (block, group) counters")
-        h = torch.empty(num_pairs, inter, dtype=out_dtype, device=a.device)
-        hq, hs = fp8_output_buffers(num_pairs, inter, a.device) if silu == "fp8" else (h, h)
-        epilogue = dict(h_ptr=h, hq_ptr=hq, hs_ptr=hs, grp_ptr=group_counters(a.device), s_h=h.stride(0),
-                        s_hq=hq.stride(0), s_hsm=hs.stride(0), s_hsg=hs.stride(1), SILU=True, QUANT_H=silu == "fp8")
     grouped_gemm_kernel[grid](
         a, a_scale if fp8 else a, w, w_scale if fp8 else w, out, sorted_ids, block_expert, num_pairs, top_k, n, k,
         a.stride(0), a_scale.stride(0) if fp8 else 0, a_scale.stride(1) if fp8 else 0,
         w.stride(0), w.stride(1), w.stride(2),
         w_scale.stride(0) if fp8 else 0, w_scale.stride(1) if fp8 else 0, w_scale.stride(2) if fp8 else 0,
         out.stride(0), A_ROW_IS_TOKEN=a_row_is_token, FP8=fp8, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=128,
-        num_warps=4, num_stages=3, **epilogue,
+        num_warps=4, num_stages=3,
     )
-    if silu is None:
-        return out
-    return (hq, hs) if silu == "fp8" else h
-
-
-def silu_epilogue_applies(gate_up_stack: torch.Tensor) -> bool:
-    """gate_up_silu.FUSE_SILU_EPILOGUE (experimental, off) is on and the stack's
-    intermediate size is whole 128-column groups."""
-    from quantroll.kernels import gate_up_silu
-
-    return gate_up_silu.FUSE_SILU_EPILOGUE and (gate_up_stack.shape[1] // 2) % 128 == 0
+    return out
 
 
 def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stacks: dict,
@@ -136,11 +111,7 @@ def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
         xq, xs = quantized if quantized is not None else quantize_activation_fp8(x.contiguous())
     else:
         xq, xs = x.contiguous(), None
-    if "gate_up" in stacks and silu_epilogue_applies(stacks["gate_up"]):  # one launch for GEMM and silu * up
-        h = grouped_gemm(xq, xs, stacks["gate_up"], stacks.get("gate_up_scale"), sorted_ids, block_expert, pairs, top_k,
-                         True, x.dtype, silu="fp8" if fp8 else "bf16")
-        iq, i_s = h if fp8 else (h, None)
-    elif "gate_up" in stacks:  # one GEMM, then silu * up (quantized for the FP8 down GEMM) in one kernel
+    if "gate_up" in stacks:  # one GEMM, then silu * up (quantized for the FP8 down GEMM) in one kernel
         from quantroll.kernels.fused import silu_mul
 
         gate_up = grouped_gemm(xq, xs, stacks["gate_up"], stacks.get("gate_up_scale"), sorted_ids, block_expert, pairs,

@@ -14,21 +14,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.fused_triton import silu_group_epilogue
-
 
 @triton.jit
 def grouped_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ptr, block_expert_ptr,
                         num_pairs, top_k, N, K,
                         s_am, s_asm, s_ask, s_we, s_wn, s_wk, s_wse, s_wsn, s_wsk, s_cm,
                         A_ROW_IS_TOKEN: tl.constexpr, FP8: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        h_ptr=None, hq_ptr=None, hs_ptr=None, grp_ptr=None, s_h=0, s_hq=0, s_hsm=0, s_hsg=0,
-                        SILU: tl.constexpr = False, QUANT_H: tl.constexpr = False):
-    """SILU: the weight is a gate_up stack [E, 2I, K] and, per 128-column group of h,
-    the program completing the group's gate and up tiles for this block of pairs also
-    computes h = silu(gate) * up for them (silu_group_epilogue: BF16 h, or with QUANT_H
-    its FP8 codes and 1x128 scales), which saves the silu_mul launch."""
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_b)
@@ -58,11 +50,6 @@ def grouped_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, sorted_ptr, block_e
         w_ptrs += BLOCK_K * s_wk
     tl.store(c_ptr + pair[:, None] * s_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
-    if SILU:
-        inter = N // 2
-        g = ((pid_n * BLOCK_N) % inter) // 128
-        silu_group_epilogue(c_ptr, h_ptr, hq_ptr, hs_ptr, grp_ptr + pid_b * (inter // 128) + g, pair, m_ok, g, inter,
-                            s_cm, 1, s_h, s_hq, s_hsm, s_hsg, 2 * 128 // BLOCK_N, BLOCK_M, QUANT_H)
 
 
 @triton.jit

@@ -140,13 +140,9 @@ class MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
         if self.gate_up_proj is not None and self.fused and _on_gpu(x):
-            from quantroll.kernels import gate_up_silu
             from quantroll.kernels.fused import silu_mul
 
-            gu, down = self.gate_up_proj, self.down_proj
-            if gate_up_silu.applies(x, gu, down):  # experimental, off by default
-                return down(gate_up_silu.gate_up_silu(x, gu.weight, gu.weight_scale, x.dtype))
-            return down(silu_mul(gu(x), quantize=takes_fp8_activation(down)))
+            return self.down_proj(silu_mul(self.gate_up_proj(x), quantize=takes_fp8_activation(self.down_proj)))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

@@ -37,19 +37,9 @@ CASES = [
     *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", DECODE_GEMM_POINTERS,  # fp8_linear.LONG_K_DECODE
        dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, K_BLOCKS_PER_SPLIT=12, SPLIT=8, DOT_F16=True, IMPRECISE_ACC=32),
        dict(num_warps=2, num_stages=3)) for bm in (32, 64)],
-    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", {**DECODE_GEMM_POINTERS, "a_ptr": "bf16", "as_ptr": "bf16",
-                                                     "w_ptr": "bf16", "ws_ptr": "bf16"},
-       dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
-            IMPRECISE_ACC=32, SCALED=False), dict(num_warps=warps, num_stages=3))
-      for bm, bn, split, warps in ((16, 32, 4, 2), (64, 64, 2, 4))],  # the BF16 decode GEMM (bf16_decode.py)
-    *[("fp8_gemm_triton", "fp8_gate_up_silu_kernel",
-       DECODE_GEMM_POINTERS | {"hq_ptr": "fp8e4nv", "hs_ptr": "fp32", "grp_ptr": "i32"},
-       dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=bn == 64,
-            IMPRECISE_ACC=32), dict(num_warps=4 if bn == 64 else 2, num_stages=3))
-      for bm, bn, split in ((16, 32, 1), (16, 32, 4), (64, 64, 2))],
     *[("fused_triton", "add_rmsnorm_kernel", {"x_ptr": "bf16", "d_ptr": "bf16", "w_ptr": "bf16", "res_ptr": "bf16",
                                               "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
-       dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y, RELEASE=quant), dict(num_warps=8))
+       dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y, RELEASE=quant), dict(num_warps=16))
       for quant, store_y in ((False, True), (True, False), (True, True))],
     ("fused_triton", "qk_norm_rope_cache_kernel", {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
                                                                        "sin_ptr", "q_ptr", "kc_ptr", "vc_ptr")}
@@ -66,11 +56,9 @@ CASES = [
        dict(num_warps=4, num_stages=2))
       for quant in (False, True)],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
-                                             "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64",
-                                             "h_ptr": "bf16", "hq_ptr": "fp8e4nv", "hs_ptr": "fp32", "grp_ptr": "i32"},
-       dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SILU=silu,
-            QUANT_H=silu and a == "fp8e4nv"),
-       dict(num_warps=4, num_stages=3)) for a in ("bf16", "fp8e4nv") for silu in (False, True)],
+                                             "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
+       dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),
+       dict(num_warps=4, num_stages=3)) for a in ("bf16", "fp8e4nv")],
     ("moe_triton", "moe_align_kernel", {"ids_ptr": "i64", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
      dict(P_PAD=2048, E_PAD=256, BLOCK_M=16, ROWS=1024, BLOCKS=32), dict(num_warps=4)),
     ("moe_triton", "moe_route_kernel", {"logits_ptr": "bf16", "idx_ptr": "i64", "w_ptr": "bf16"},
@@ -85,7 +73,6 @@ CASES = [
 # here to be a multiple of 16; without that the loads neither vectorize nor pipeline and
 # the compile would not be the one the device runs.
 UNIT_ARGS = {"fp8_decode_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
-             "fp8_gate_up_silu_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn", "s_hsm"),
              "fp8_block_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
              "grouped_gemm_kernel": ("s_wk", "s_asm", "s_wsk")}
 

@@ -125,7 +125,7 @@ def _operands(m, n, k, seed=0):
 def _excess_over_rounding(aq, a_s, wq, y) -> float:
     """excess_over_bf16_rounding on the dequantized FP8 operands."""
     from quantroll.formats import get_format
-    from tests.engine.test_bf16_decode import excess_over_bf16_rounding
+    from tests.numerics import excess_over_bf16_rounding
 
     a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :aq.shape[1]]
     return excess_over_bf16_rounding(y, a, get_format("fp8").dequantize(wq).double())

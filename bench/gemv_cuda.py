@@ -14,9 +14,12 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
    the tokens and logprobs of each against the first, then the steps at --batches. With
    the timings, the variants are those the sweep just chose.
 
-    python bench/gemv_cuda.py [--ab] [--batches 1,16,32,64] [--layers N] [--json out.json]
+   With --ab-choice: the 8B step with the shipped CHOICE against the sweep's (--batches).
+
+    python bench/gemv_cuda.py [--ab | --ab-choice] [--batches 1,16,32,64] [--layers N] [--ms 1,16] [--json out.json]
 """
 import argparse
+import dataclasses
 import itertools
 import json
 
@@ -124,7 +127,7 @@ def timings(ms=(1, 16, 32, 64)):
         if sums:
             best = min(sums, key=sums.get)
             cfg = next(c for c in fp8_gemv.VARIANTS if c.kernel == best)
-            choice[(tiles, width)] = (cfg.token_tiles, cfg.row_tiles, cfg.warps, cfg.unroll, cfg.pipeline)
+            choice[(tiles, width)] = dataclasses.astuple(cfg)
     print("\nper 8B layer set (qkv + o + gate_up + down), us:")
     for m in ms:
         bytes_us = sum(r["bound_us"] for r in rows if r["m"] == m)
@@ -146,10 +149,21 @@ def engine_ab(batches, layers, max_m):
     run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
 
 
+def choice_ab(batches, layers, shipped: dict, swept: dict):
+    """The 8B FP8 step with the shipped CHOICE against the one the sweep just made (the
+    variants may differ in warps, so in the order of the sums: compared by logprobs)."""
+    from bench.switch_ab import run_variants
+
+    gemv = "quantroll.kernels.fp8_gemv"
+    run_variants([("shipped", [(gemv, "CHOICE", shipped)]), ("swept", [(gemv, "CHOICE", {**shipped, **swept})])],
+                 ["swept"], "qwen3-8b", layers, batches)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--ab", action="store_true")
+    p.add_argument("--ab-choice", action="store_true", help="the 8B step with the shipped CHOICE against the sweep's")
     p.add_argument("--batches", default="1,16,32,64")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--max-m", type=int, default=16)
@@ -160,8 +174,11 @@ def main():
     if not fp8_gemv.usable(torch.device("cuda")):
         raise SystemExit("the CUDA decode GEMM cannot be built here (see the warning above)")
     bad = correctness()
+    shipped = dict(fp8_gemv.CHOICE)
     if not args.skip_timings:
         rows, choice = timings(tuple(int(v) for v in args.ms.split(",")))
+        if args.ab_choice and not bad:
+            choice_ab(args.batches, args.layers, shipped, choice)
         fp8_gemv.CHOICE.update(choice)
         if args.json:
             json.dump({"rows": rows, "choice": {f"{t},{w}": v for (t, w), v in choice.items()}}, open(args.json, "w"), indent=1)

@@ -34,20 +34,17 @@ class GemvConfig:
     16 rows per block (the token codes a warp widens serve all of them), warps per block
     (each takes every warps-th K group of the block's rows), K groups per round of loads,
     and whether the next round's loads are issued before this round multiplies (two
-    register buffers); min_blocks > 1: compiled for at least that many resident blocks
-    per multiprocessor (registers capped, spilling if ptxas must)."""
+    register buffers)."""
 
     token_tiles: int
     row_tiles: int
     warps: int
     unroll: int
     pipeline: int = 0
-    min_blocks: int = 1
 
     @property
     def kernel(self) -> str:
-        bound = f"_b{self.min_blocks}" if self.min_blocks > 1 else ""
-        return f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}{bound}"
+        return f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}"
 
     @property
     def rows(self) -> int:
@@ -61,8 +58,7 @@ VARIANTS = tuple(GemvConfig(*v) for v in (
     (1, 1, 8, 1, 1), (1, 2, 8, 1, 1), (1, 2, 8, 2, 0), (1, 1, 8, 2, 0), (1, 2, 4, 2, 0), (1, 2, 4, 1, 1),
     (1, 1, 8, 2, 1), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0), (2, 2, 8, 1, 0), (2, 1, 8, 2, 0),
     (2, 1, 8, 1, 0), (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (2, 1, 4, 2, 1), (4, 1, 4, 1, 0), (4, 1, 4, 1, 1),
-    (8, 1, 4, 1, 0), (2, 1, 4, 1, 1, 5), (2, 1, 4, 1, 1, 6), (2, 1, 4, 2, 0, 5), (2, 1, 8, 1, 0, 4),
-    (1, 2, 8, 1, 1, 3),
+    (8, 1, 4, 1, 0),
 ))
 
 

@@ -113,10 +113,9 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 
 }  // namespace
 
-// The kernel's name and launch bounds; NAME_SUFFIX and MIN_BLOCKS: see QUANTROLL_FP8_GEMV_BOUNDED.
-#define QUANTROLL_FP8_GEMV_KERNEL(MT, RT, WARPS, UNROLL, PIPELINE, NAME_SUFFIX, MIN_BLOCKS)                   \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)                                     \
-      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE##NAME_SUFFIX(                          \
+#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                                \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
+      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                       \
           const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
@@ -124,13 +123,6 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
     fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, \
                                               w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);         \
   }
-#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE) \
-  QUANTROLL_FP8_GEMV_KERNEL(MT, RT, WARPS, UNROLL, PIPELINE, , 1)
-// The same variant compiled for at least MIN_BLOCKS resident blocks per multiprocessor
-// (ptxas caps its registers accordingly, spilling if it must): more warps to hide the
-// latency of each warp's conversion and mma.sync chain at 16 token rows.
-#define QUANTROLL_FP8_GEMV_BOUNDED(MT, RT, WARPS, UNROLL, PIPELINE, MIN_BLOCKS) \
-  QUANTROLL_FP8_GEMV_KERNEL(MT, RT, WARPS, UNROLL, PIPELINE, _b##MIN_BLOCKS, MIN_BLOCKS)
 
 // The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them):
 // the chosen ones, their one-row-tile twins, and the runners-up of the 2026-12-01 sweep.
@@ -153,8 +145,3 @@ QUANTROLL_FP8_GEMV(2, 1, 4, 2, 1)
 QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0)
 QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1)
 QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0)
-QUANTROLL_FP8_GEMV_BOUNDED(2, 1, 4, 1, 1, 5)
-QUANTROLL_FP8_GEMV_BOUNDED(2, 1, 4, 1, 1, 6)
-QUANTROLL_FP8_GEMV_BOUNDED(2, 1, 4, 2, 0, 5)
-QUANTROLL_FP8_GEMV_BOUNDED(2, 1, 8, 1, 0, 4)
-QUANTROLL_FP8_GEMV_BOUNDED(1, 2, 8, 1, 1, 3)

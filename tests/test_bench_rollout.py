@@ -25,5 +25,6 @@ def test_decode_gemm_label_without_fp8_hardware():
     assert decode_gemm_label("bf16", 16, cfg, "cpu") == "cublas bf16"
     assert decode_gemm_label("fp8", 16, cfg, "cpu") == "emulated"
     assert decode_gemm_label("nvfp4", 16, cfg, "cpu") == "emulated"
+    assert decode_gemm_label("fp8", 16, cfg, torch.device("cpu")) == "emulated"  # also where a GPU is present
     if not torch.cuda.is_available():
         assert decode_gemm_label("mxfp8", 1, cfg, "cpu") == "emulated"

@@ -256,8 +256,13 @@ def fp8_linear_forward(layer, x) -> torch.Tensor:
 
 
 def fp8_hardware_available(device: torch.device | str | None = None) -> bool:
+    """Whether ``device`` (None: the current CUDA device) runs the real FP8 GEMMs: a CUDA
+    GPU with FP8 tensor cores (sm_89+) and Triton. A CPU device never does, also on a
+    machine with a GPU."""
     from quantroll.kernels.quantize import triton_available
 
+    if device is not None and torch.device(device).type != "cuda":
+        return False
     return torch.cuda.is_available() and triton_available() and torch.cuda.get_device_capability(device) >= (8, 9)
 
 

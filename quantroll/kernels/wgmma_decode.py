@@ -29,15 +29,17 @@ FROM_M = 0
 @dataclass(frozen=True)
 class WgmmaConfig:
     """Weight stages in flight per block, 128-wide K groups per stage (one bulk copy per
-    weight row and stage), and K groups per split."""
+    weight row and stage), K groups per split, and the resident blocks per multiprocessor
+    the kernel's registers are capped for."""
 
     stages: int
     groups_per_stage: int
     groups_per_split: int
+    min_blocks: int = 2
 
     @property
     def kernel(self) -> str:
-        return f"wgmma_decode_s{self.stages}_g{self.groups_per_stage}"
+        return f"wgmma_decode_s{self.stages}_g{self.groups_per_stage}_b{self.min_blocks}"
 
     @property
     def shared_bytes(self) -> int:
@@ -46,19 +48,24 @@ class WgmmaConfig:
         return self.stages * stage + 2 * 16384 + 2 * 64 * 4 + 2 * self.stages * 8
 
 
-# The compiled (stages, groups per stage) pairs (cuda/wgmma_decode.cu instantiates them; a test checks).
-VARIANTS = ((4, 1), (6, 1), (3, 2), (4, 2))
+# The compiled (stages, groups per stage, blocks per SM) (cuda/wgmma_decode.cu instantiates them; a test checks).
+VARIANTS = ((4, 1, 2), (6, 1, 2), (3, 2, 2), (4, 2, 2), (4, 1, 3), (3, 1, 3))
 
-# Blocks a launch should have, to keep every SM's weight stream busy (132 on the H200).
+# Blocks a launch should have, to keep every SM's weight stream busy (132 on the H200),
+# and the variant a call takes by default (bench/wgmma_decode.py times the others).
 TARGET_BLOCKS = 264
+DEFAULT_VARIANT = (4, 1, 2)
 
 
-def default_config(n: int, k: int, stages: int = 4, groups_per_stage: int = 1) -> WgmmaConfig:
-    """K split until ``TARGET_BLOCKS`` blocks (whole 128-groups per split)."""
+def default_config(n: int, k: int, stages: int | None = None, groups_per_stage: int | None = None,
+                   min_blocks: int | None = None) -> WgmmaConfig:
+    """K split until ``TARGET_BLOCKS`` blocks (whole 128-groups per split); the variant's
+    parameters left None come from ``DEFAULT_VARIANT``."""
     groups = k // 128
     tiles = n // ROWS
     splits = min(groups, max(1, -(-TARGET_BLOCKS // tiles)))
-    return WgmmaConfig(stages, groups_per_stage, -(-groups // splits))
+    s, g, b = DEFAULT_VARIANT
+    return WgmmaConfig(stages or s, groups_per_stage or g, -(-groups // splits), min_blocks or b)
 
 
 def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -85,7 +92,7 @@ def wgmma_decode(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Te
         raise ValueError(f"wgmma_decode: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs 1-64 "
                          "rows, whole 128-wide K groups, N a multiple of 64, rows contiguous and 16-byte aligned")
     cfg = cfg or default_config(n, k)
-    if (cfg.stages, cfg.groups_per_stage) not in VARIANTS:
+    if (cfg.stages, cfg.groups_per_stage, cfg.min_blocks) not in VARIANTS:
         raise ValueError(f"wgmma_decode: {cfg} is not compiled (VARIANTS)")
     splits = -(-(k // 128) // cfg.groups_per_split)
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)

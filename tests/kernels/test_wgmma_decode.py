@@ -21,6 +21,7 @@ def test_launch_shapes_hand_worked():
     assert wgmma_decode.default_config(4096, 12288) == wgmma_decode.WgmmaConfig(4, 1, 20)
     assert wgmma_decode.default_config(64, 128) == wgmma_decode.WgmmaConfig(4, 1, 1)
     assert wgmma_decode.default_config(4096, 4096, 3, 2) == wgmma_decode.WgmmaConfig(3, 2, 7)
+    assert wgmma_decode.WgmmaConfig(4, 1, 7).kernel == "wgmma_decode_s4_g1_b2"
 
 
 def test_shared_bytes_hand_worked():
@@ -69,8 +70,8 @@ def test_source_builds_for_hopper_with_warpgroup_mma(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / wgmma_decode.SOURCE, (9, 0), arch_specific=True)
     image = cubin.read_bytes()
-    for stages, gps in wgmma_decode.VARIANTS:
-        assert wgmma_decode.WgmmaConfig(stages, gps, 1).kernel.encode() in image
+    for stages, gps, blocks in wgmma_decode.VARIANTS:
+        assert wgmma_decode.WgmmaConfig(stages, gps, 1, blocks).kernel.encode() in image
     assert b"wgmma_decode_reduce" in image
 
 
@@ -78,7 +79,7 @@ def test_variants_list_matches_the_instances_in_the_source():
     import re
 
     source = (cuda_jit.SOURCE_DIR / wgmma_decode.SOURCE).read_text()
-    found = re.findall(r"^QUANTROLL_WGMMA_DECODE\((\d+), (\d+)\)", source, re.M)
+    found = re.findall(r"^QUANTROLL_WGMMA_DECODE\((\d+), (\d+), (\d+)\)", source, re.M)
     assert sorted(tuple(map(int, m)) for m in found) == sorted(wgmma_decode.VARIANTS)
 
 
@@ -91,11 +92,11 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 64, 128), (33, 192, 384), (64, 1024, 12288), (64, 6144, 4096),
                                    (40, 4096, 4096), (1, 128, 256), (64, 128, 1408)])
-@pytest.mark.parametrize("stages,gps", wgmma_decode.VARIANTS)
-def test_rounds_the_float64_result_and_repeats(m, n, k, stages, gps):
+@pytest.mark.parametrize("stages,gps,blocks", wgmma_decode.VARIANTS)
+def test_rounds_the_float64_result_and_repeats(m, n, k, stages, gps, blocks):
     aq, a_s, wq = _operands(m, n, k)
-    for cfg in {wgmma_decode.default_config(n, k, stages, gps),
-                wgmma_decode.WgmmaConfig(stages, gps, k // 128)}:  # split, and not (stages wrap)
+    for cfg in {wgmma_decode.default_config(n, k, stages, gps, blocks),
+                wgmma_decode.WgmmaConfig(stages, gps, k // 128, blocks)}:  # split, and not (stages wrap)
         y = wgmma_decode.wgmma_decode(aq, a_s, wq.data, wq.scale, cfg)
         assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
         assert torch.equal(y, wgmma_decode.wgmma_decode(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg

@@ -257,15 +257,16 @@ __device__ __forceinline__ void wgmma_decode(const uint8_t* a_q, long long a_str
     if (q == 0) barrier_wait(&full[slot], (c / STAGES) & 1);
     // A fragments of the 8 steps from the landed stage: rows r and r + 8 of this warp.
     const uint8_t* w0 = smem + slot * L::STAGE + (16 * warp + r) * L::ROW + q * 128 + lane_offset(t);
-    Words4 p[4];
-    p[0] = *reinterpret_cast<const Words4*>(w0);
-    p[1] = *reinterpret_cast<const Words4*>(w0 + SECOND_PIECE);
-    p[2] = *reinterpret_cast<const Words4*>(w0 + 8 * L::ROW);
-    p[3] = *reinterpret_cast<const Words4*>(w0 + 8 * L::ROW + SECOND_PIECE);
+    uint4 p[4];
+    p[0] = *reinterpret_cast<const uint4*>(w0);
+    p[1] = *reinterpret_cast<const uint4*>(w0 + SECOND_PIECE);
+    p[2] = *reinterpret_cast<const uint4*>(w0 + 8 * L::ROW);
+    p[3] = *reinterpret_cast<const uint4*>(w0 + 8 * L::ROW + SECOND_PIECE);
+    auto word = [](const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; };
     uint32_t a[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t lo = p[j >> 2].w[j & 3], hi = p[2 + (j >> 2)].w[j & 3];
+      const uint32_t lo = word(p[j >> 2], j & 3), hi = word(p[2 + (j >> 2)], j & 3);
       a[j][0] = e4m3x2_to_f16x2(lo);        // row r,     slots 2t, 2t + 1
       a[j][1] = e4m3x2_to_f16x2(hi);        // row r + 8, slots 2t, 2t + 1
       a[j][2] = e4m3x2_to_f16x2(lo >> 16);  // row r,     slots 2t + 8, 2t + 9
@@ -331,8 +332,10 @@ __device__ __forceinline__ void wgmma_decode(const uint8_t* a_q, long long a_str
 
 }  // namespace
 
-#define QUANTROLL_WGMMA_DECODE(STAGES, GPS)                                                                   \
-  extern "C" __global__ void __launch_bounds__(160) wgmma_decode_s##STAGES##_g##GPS(                          \
+// MIN_BLOCKS: resident blocks per multiprocessor the registers are capped for (2: 166
+// registers, no spill; 3: 128 registers and a 36-byte spill).
+#define QUANTROLL_WGMMA_DECODE(STAGES, GPS, MIN_BLOCKS)                                                       \
+  extern "C" __global__ void __launch_bounds__(160, MIN_BLOCKS) wgmma_decode_s##STAGES##_g##GPS##_b##MIN_BLOCKS( \
       const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m, long long a_s_stride_g, \
       const uint8_t* w_q, long long w_stride, const float* w_s, long long w_s_stride_n, long long w_s_stride_g, \
       uint16_t* y, long long y_stride, float* partial, long long m_rows, long long k, long long groups_per_split) { \
@@ -340,11 +343,13 @@ __device__ __forceinline__ void wgmma_decode(const uint8_t* a_q, long long a_str
                               w_s_stride_g, y, y_stride, partial, m_rows, k, groups_per_split);              \
   }
 
-// (stages, K groups per stage): the variants wgmma_decode.py's VARIANTS names
-QUANTROLL_WGMMA_DECODE(4, 1)
-QUANTROLL_WGMMA_DECODE(6, 1)
-QUANTROLL_WGMMA_DECODE(3, 2)
-QUANTROLL_WGMMA_DECODE(4, 2)
+// (stages, K groups per stage, blocks per multiprocessor): wgmma_decode.py's VARIANTS
+QUANTROLL_WGMMA_DECODE(4, 1, 2)
+QUANTROLL_WGMMA_DECODE(6, 1, 2)
+QUANTROLL_WGMMA_DECODE(3, 2, 2)
+QUANTROLL_WGMMA_DECODE(4, 2, 2)
+QUANTROLL_WGMMA_DECODE(4, 1, 3)
+QUANTROLL_WGMMA_DECODE(3, 1, 3)
 
 // The splits' float32 partials [splits, M, N] added in split order, BF16 (round to nearest
 // even) out: one thread per output.

@@ -49,27 +49,23 @@ def find_nvcc() -> str | None:
     return None
 
 
-def arch_flag(capability: tuple[int, int], arch_specific: bool = False) -> str:
-    """nvcc's target; ``arch_specific``: the architecture-specific variant (sm_90a: the
-    warpgroup MMA), whose cubin runs on that exact architecture only."""
+def arch_flag(capability: tuple[int, int]) -> str:
     major, minor = capability
-    arch = f"{major}{minor}{'a' if arch_specific else ''}"
-    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
+    return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
 
 
 class CompileError(RuntimeError):
     pass
 
 
-def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = None,
-                  arch_specific: bool = False) -> Path:
+def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = None) -> Path:
     """The cubin of ``source`` for ``capability``, compiled once and cached by the hash of
     the source, the headers beside it, the flags and nvcc's version (written to a
     temporary name, then renamed, so a crash leaves no half-written cubin)."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CompileError("nvcc not found: set CUDA_HOME or QUANTROLL_NVCC to a CUDA toolkit >= 12.1")
-    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability, arch_specific), f"-I{source.parent}"]
+    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability), f"-I{source.parent}"]
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     texts = [source.read_text()] + [h.read_text() for h in sorted(source.parent.glob("*.cuh"))]
     key = hashlib.sha256("\0".join([*texts, *flags[:-1], version]).encode()).hexdigest()[:24]
@@ -105,8 +101,6 @@ class _LaunchConfig(ctypes.Structure):
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs the attribute
 REFUSED_INVALID_VALUE, REFUSED_NOT_SUPPORTED = 1, 801  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED
 early_launch_refused = False  # set once a driver refused the attribute; launches are plain from then on
 
@@ -124,9 +118,7 @@ class _Driver:
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), p, ctypes.POINTER(p), ctypes.POINTER(p)]
         lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
         lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
-        lib.cuFuncSetAttribute.argtypes = [p, i, i]
-        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent",
-                     "cuFuncSetAttribute"):
+        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent"):
             getattr(lib, name).restype = i
 
     def check(self, result: int, what: str) -> None:
@@ -164,7 +156,7 @@ class CudaModule:
             self._image = cubin.read_bytes()  # the driver may keep a pointer into it
             module = ctypes.c_void_p()
             drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), self._image), f"loading {cubin.name}")
-        self.module, self.device, self._functions, self._shared_allowed = module, device, {}, {}
+        self.module, self.device, self._functions = module, device, {}
 
     def function(self, name: str) -> ctypes.c_void_p:
         if name not in self._functions:
@@ -174,41 +166,31 @@ class CudaModule:
             self._functions[name] = fn
         return self._functions[name]
 
-    def allow_shared(self, name: str, shared_bytes: int) -> None:
-        """Let kernel ``name`` take ``shared_bytes`` of dynamic shared memory (above 48 KB the
-        driver wants it declared first)."""
-        if shared_bytes > max(STATIC_SHARED_LIMIT, self._shared_allowed.get(name, 0)):
-            result = driver().lib.cuFuncSetAttribute(self.function(name), MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
-            driver().check(result, f"allowing {name} {shared_bytes} B of shared memory")
-            self._shared_allowed[name] = shared_bytes
-
     def launch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], *args,
-               early: bool = False, shared_bytes: int = 0) -> None:
+               early: bool = False) -> None:
         """``early``: programmatic dependent launch (the kernel may start before the previous
-        one on the stream has finished and must wait for it itself: griddepcontrol.wait).
-        ``shared_bytes``: dynamic shared memory."""
+        one on the stream has finished and must wait for it itself: griddepcontrol.wait)."""
         global early_launch_refused
         holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
                    for a in args]
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
         if torch.cuda.current_device() != self.device.index:  # the module's context must be current
             with torch.cuda.device(self.device):
-                return self.launch(name, grid, block, *args, early=early, shared_bytes=shared_bytes)
+                return self.launch(name, grid, block, *args, early=early)
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         drv = driver()
-        self.allow_shared(name, shared_bytes)
         if not early or early_launch_refused:
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
                       f"launching {name}")
             return
         attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        config = _LaunchConfig(*grid, *block, shared_bytes, stream, ctypes.pointer(attr), 1)
+        config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
         result = drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None)
         if result in (REFUSED_NOT_SUPPORTED, REFUSED_INVALID_VALUE):  # a driver without PDL (CUDA < 12.3)
             if not early_launch_refused:
                 log.warning("CUDA driver refused a programmatic dependent launch (error %d): launching plainly", result)
             early_launch_refused = True
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
                       f"launching {name}")
             return
         drv.check(result, f"launching {name} (programmatic dependent launch)")
@@ -217,17 +199,15 @@ class CudaModule:
 _modules: dict[tuple[str, int], CudaModule] = {}
 
 
-def load(source_name: str, device: torch.device, arch_specific: bool = False) -> CudaModule:
-    """The module of ``cuda/<source_name>`` on ``device`` (compiled and loaded once);
-    ``arch_specific``: compiled for the device's exact architecture (sm_90a)."""
+def load(source_name: str, device: torch.device) -> CudaModule:
+    """The module of ``cuda/<source_name>`` on ``device`` (compiled and loaded once)."""
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (source_name, index)
     with _lock:
         module = _modules.get(key)
     if module is None:
-        cubin = compile_cubin(SOURCE_DIR / source_name, torch.cuda.get_device_capability(index),
-                              arch_specific=arch_specific)
+        cubin = compile_cubin(SOURCE_DIR / source_name, torch.cuda.get_device_capability(index))
         module = CudaModule(cubin, torch.device("cuda", index))
         with _lock:
             _modules[key] = _modules.get(key) or module
@@ -252,22 +232,19 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
 _usable: dict[tuple[str, str], bool] = {}
 
 
-def usable(source_name: str, device: torch.device, what: str, fallback: str, arch_specific: bool = False) -> bool:
+def usable(source_name: str, device: torch.device, what: str, fallback: str) -> bool:
     """Whether the kernels of ``cuda/<source_name>`` can run on ``device``: a CUDA device
     (not under Triton's interpreter, which runs the GPU branches on CPU tensors), the
-    requirements of ``unavailable_reason``, the exact architecture for an ``arch_specific``
-    build (sm_90a runs on sm_90 only), and a successful build and load. Decided once per
+    requirements of ``unavailable_reason``, and a successful build and load. Decided once per
     source and device, and logged: "<what>: CUDA kernel ..." or "<what>: <fallback> (...)"."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     key = (source_name, str(device))
     if key not in _usable:
         reason = unavailable_reason(device)
-        if reason is None and arch_specific and torch.cuda.get_device_capability(device) != (9, 0):
-            reason = f"{source_name} is built for sm_90a (Hopper) only"
         if reason is None:
             try:
-                load(source_name, device, arch_specific=arch_specific)
+                load(source_name, device)
             except (CompileError, RuntimeError, OSError) as err:
                 reason = f"building {source_name} failed: {err}"
         if reason is None:

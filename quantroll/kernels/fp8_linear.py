@@ -7,8 +7,6 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
 - decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
   registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
   can build it;
-- decode, 17-64 rows, when ``wgmma_decode.FROM_M`` is set (off until measured faster):
-  the CUDA kernel of wgmma_decode.py on the float16 warpgroup MMA, float32-accurate;
 - decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
   tiles of 32 weight rows (64 on long-K weights at 17-64 rows, ``LONG_K_DECODE``), split-K
   summed in the same launch, products on mma.sync
@@ -35,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.kernels import fp8_gemv, wgmma_decode
+from quantroll.kernels import fp8_gemv
 from quantroll.kernels.counters import counters
 from quantroll.model.linear import BACKENDS
 
@@ -216,14 +214,10 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
 def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16) -> str:
     """Which FP8 GEMM an M x N x K product on ``device`` takes (``fp8_gemm`` follows it; a
     CUDA-kernel choice also needs 16-byte aligned rows, which every engine buffer has):
-    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "cuda wgmma" (wgmma_decode, FROM_M <= M <=
-    64; off by default), "triton decode" (M <= 64), "cublas" (torch._scaled_mm on the shapes
-    verified for it) or "triton prefill"."""
+    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
+    (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
     if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
         return "cuda decode"
-    if (wgmma_decode.FROM_M and wgmma_decode.FROM_M <= m and wgmma_decode.supports_shape(m, n, k, out_dtype)
-            and wgmma_decode.usable(device)):
-        return "cuda wgmma"
     if m <= 64:
         return "triton decode"
     return "cublas" if scaled_mm_supports(m, n, k) else "triton prefill"
@@ -238,8 +232,6 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     path = gemm_path(m, n, k, aq.device, out_dtype)
     if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
-    if path == "cuda wgmma" and wgmma_decode.supports(aq, wq, out_dtype):
-        return wgmma_decode.wgmma_decode(aq, a_s, wq, w_s)
     if m <= 64:
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
     if path == "cublas":

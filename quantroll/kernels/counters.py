@@ -1,5 +1,5 @@
 """Arrival counters of the kernels in which the program that finishes last does a step for
-the others (split-K sums, silu groups): int32 arrays per (kind, device), zero between
+the others (the decode GEMM's split-K sums): int32 arrays per (kind, device), zero between
 launches because the kernels reset what they use.
 
 One set per kind and device: the kernels of one device run one at a time (one stream, as

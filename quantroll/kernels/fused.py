@@ -27,6 +27,7 @@ FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 # path quantizes (the reduction order of the RMS mean follows the warps).
 NORM_WARPS = 16
 
+
 def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``fp8_activation_buffers`` for a fused kernel's output, whose programs quantize whole
     1x128 groups only (so the row length must be a multiple of 128)."""

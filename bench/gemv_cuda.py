@@ -15,7 +15,6 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
    the timings, the variants are those the sweep just chose.
 
    With --ab-choice: the 8B step with the shipped CHOICE against the sweep's (--batches).
-   With --f16-tokens: only the float16-token variants against their twins (bits, times).
 
     python bench/gemv_cuda.py [--ab | --ab-choice] [--batches 1,16,32,64] [--layers N] [--ms 1,16] [--json out.json]
 """
@@ -80,7 +79,7 @@ def correctness() -> int:
         _, aq, a_s, ws = operands(m, n, k)
         w = ws[0]
         for cfg in fp8_gemv.VARIANTS:
-            if 8 * cfg.token_tiles < m or n % cfg.rows or cfg.f16_tokens:  # (f16_tokens_study checks those)
+            if 8 * cfg.token_tiles < m or n % cfg.rows:
                 continue
             problem = variant_problem(aq, a_s, w, lambda **kw: fp8_gemv.fp8_gemv(aq, a_s, w.data, w.scale, cfg, **kw))
             if problem:
@@ -102,7 +101,7 @@ def timings(ms=(1, 16, 32, 64)):
                                       COPIES)
         row["cuda"] = {}
         for cfg in fp8_gemv.VARIANTS:
-            if 8 * cfg.token_tiles < m or cfg.token_tiles > 2 * fp8_gemv.token_tiles(m) or cfg.f16_tokens:
+            if 8 * cfg.token_tiles < m or cfg.token_tiles > 2 * fp8_gemv.token_tiles(m):
                 continue
             row["cuda"][cfg.kernel] = graph_time_us(
                 lambda j: fp8_gemv.fp8_gemv(aq, a_s, ws[j].data, ws[j].scale, cfg), COPIES)
@@ -150,35 +149,6 @@ def engine_ab(batches, layers, max_m):
     run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
 
 
-def f16_tokens_study(ms=(1, 16)) -> int:
-    """Each float16-token variant against its twin on the codes (same work split, same
-    sums: the same bits), per 8B shape at ``ms``; prints both times. Returns the misses."""
-    bad = 0
-    totals = {}
-    for m, (name, (n, k)) in itertools.product(ms, SHAPES.items()):
-        _, aq, a_s, ws = operands(m, n, k, COPIES)
-        aq16 = aq.to(torch.float16)  # exact: every e4m3 value is a float16
-        row = []
-        for cfg in (c for c in fp8_gemv.VARIANTS if c.f16_tokens and 8 * c.token_tiles >= m and n % c.rows == 0):
-            twin = dataclasses.replace(cfg, f16_tokens=0)
-            y16 = fp8_gemv.fp8_gemv(aq16, a_s, ws[0].data, ws[0].scale, cfg)
-            if not torch.equal(y16, fp8_gemv.fp8_gemv(aq, a_s, ws[0].data, ws[0].scale, twin)):
-                bad += 1
-                print(f"BAD {cfg.kernel} M={m} {name}: bits differ from {twin.kernel}", flush=True)
-                continue
-            t16 = graph_time_us(lambda j: fp8_gemv.fp8_gemv(aq16, a_s, ws[j].data, ws[j].scale, cfg), COPIES)
-            t8 = graph_time_us(lambda j: fp8_gemv.fp8_gemv(aq, a_s, ws[j].data, ws[j].scale, twin), COPIES)
-            row.append(f"{twin.kernel[9:]} {t8:.1f}->{t16:.1f}")
-            for key, t in ((twin.kernel, t8), (cfg.kernel, t16)):
-                totals[(m, key)] = totals.get((m, key), 0.0) + t
-        print(f"{name:8s} M={m:3d} codes -> float16 tokens, us: " + " | ".join(row), flush=True)
-    print("\nper 8B layer set, us:")
-    for (m, key), t in sorted(totals.items()):
-        print(f"M={m:3d} {key:32s} {t:6.1f}")
-    print(f"f16 tokens: {bad} failures", flush=True)
-    return bad
-
-
 def choice_ab(batches, layers, shipped: dict, swept: dict):
     """The 8B FP8 step with the shipped CHOICE against the one the sweep just made (the
     variants may differ in warps, so in the order of the sums: compared by logprobs)."""
@@ -194,7 +164,6 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--ab", action="store_true")
     p.add_argument("--ab-choice", action="store_true", help="the 8B step with the shipped CHOICE against the sweep's")
-    p.add_argument("--f16-tokens", action="store_true", help="only the float16-token variants against their twins")
     p.add_argument("--batches", default="1,16,32,64")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--max-m", type=int, default=16)
@@ -204,8 +173,6 @@ def main():
     torch.manual_seed(0)
     if not fp8_gemv.usable(torch.device("cuda")):
         raise SystemExit("the CUDA decode GEMM cannot be built here (see the warning above)")
-    if args.f16_tokens:
-        raise SystemExit(1 if f16_tokens_study(tuple(int(v) for v in args.ms.split(","))) else 0)
     bad = correctness()
     shipped = dict(fp8_gemv.CHOICE)
     if not args.skip_timings:

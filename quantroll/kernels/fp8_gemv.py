@@ -34,20 +34,17 @@ class GemvConfig:
     16 rows per block (the token codes a warp widens serve all of them), warps per block
     (each takes every warps-th K group of the block's rows), K groups per round of loads,
     and whether the next round's loads are issued before this round multiplies (two
-    register buffers); f16_tokens: the token codes arrive widened to float16 (exact), so
-    the kernel converts only the weights (prepared: bench/gemv_cuda.py --f16-tokens)."""
+    register buffers)."""
 
     token_tiles: int
     row_tiles: int
     warps: int
     unroll: int
     pipeline: int = 0
-    f16_tokens: int = 0
 
     @property
     def kernel(self) -> str:
-        suffix = "_f16" if self.f16_tokens else ""
-        return f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}{suffix}"
+        return f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}"
 
     @property
     def rows(self) -> int:
@@ -62,8 +59,6 @@ VARIANTS = tuple(GemvConfig(*v) for v in (
     (1, 1, 8, 2, 1), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0), (2, 2, 8, 1, 0), (2, 1, 8, 2, 0),
     (2, 1, 8, 1, 0), (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (2, 1, 4, 2, 1), (4, 1, 4, 1, 0), (4, 1, 4, 1, 1),
     (8, 1, 4, 1, 0),
-    (1, 2, 8, 1, 1, 1), (2, 1, 4, 1, 1, 1), (2, 1, 8, 1, 1, 1), (2, 2, 8, 1, 0, 1), (2, 1, 4, 2, 0, 1), (2, 2, 4, 1, 1, 1),
-    (2, 1, 8, 1, 0, 1), (2, 1, 8, 2, 0, 1),
 ))
 
 
@@ -137,13 +132,9 @@ def release_producers(device: torch.device) -> bool:
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
              early: bool | None = None) -> torch.Tensor:
-    """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16)`` must hold. With
-    a ``cfg.f16_tokens`` variant ``aq`` holds the codes widened to float16."""
+    """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16)`` must hold."""
     m, k = aq.shape
     n = wq.shape[0]
-    if (aq.dtype == torch.float16) != bool(cfg and cfg.f16_tokens):
-        raise ValueError(f"fp8_gemv: {aq.dtype} token codes need a variant with f16_tokens="
-                         f"{int(aq.dtype == torch.float16)}")
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     if not supports(aq, wq, torch.bfloat16) or (out is not None and out.stride(1) != 1):
@@ -156,8 +147,8 @@ def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor 
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     module = cuda_jit.load(SOURCE, aq.device)
     module.launch(cfg.kernel, (n // cfg.rows, 1, 1), (32 * cfg.warps, 1, 1),
-                  aq, aq.stride(0) * aq.element_size(), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s,
-                  w_s.stride(0), w_s.stride(1), y, y.stride(0), m, k,
+                  aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
+                  w_s.stride(1), y, y.stride(0), m, k,
                   early=(EARLY_LAUNCH if early is None else early) and torch.cuda.get_device_capability(aq.device)[0] >= 9)
     return y
 

@@ -29,7 +29,7 @@ namespace {
 
 using namespace quantroll_gemv;
 
-template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE, int TB>
+template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE>
 __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
                                          const float* a_s, long long a_s_stride_m,
                                          long long a_s_stride_g, const uint8_t* __restrict__ w_q,
@@ -40,7 +40,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
   constexpr int ROWS = 16 * RT;  // weight rows of the block (within one 128-row scale block)
   __shared__ float partial[WARPS][ROWS][partial_row<MT>()];
 
-  Place<MT, TB> at(ROWS, w_q, w_stride, a_q, a_stride, m_rows, k);
+  Place<MT> at(ROWS, w_q, w_stride, a_q, a_stride, m_rows, k);
   const int warp = at.warp, groups = at.groups;
   const uint8_t* w_row0 = at.w_row0;
   const float* w_s_block = w_s + (at.n0 >> 7) * w_s_stride_n;
@@ -49,7 +49,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 
   // One round: UNROLL groups (first, first + WARPS, ...) of this warp.
   constexpr int STEP = WARPS * UNROLL;
-  auto load_round = [&](Group<MT, RT, TB> (&grp)[UNROLL], int first) {
+  auto load_round = [&](Group<MT, RT> (&grp)[UNROLL], int first) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
@@ -58,16 +58,16 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
-      if (g < groups) load_tokens<MT, RT, TB>(grp[u], at.a_rows, g);
+      if (g < groups) load_tokens<MT, RT>(grp[u], at.a_rows, static_cast<long long>(g) << 7);
     }
   };
-  auto multiply_round = [&](const Group<MT, RT, TB> (&grp)[UNROLL], int first) {
+  auto multiply_round = [&](const Group<MT, RT> (&grp)[UNROLL], int first) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int g = first + u * WARPS;
       if (g < groups) {
         float acc[RT][MT][4];
-        multiply_group<MT, RT, TB>(grp[u], acc);
+        multiply_group<MT, RT>(grp[u], acc);
         add_scaled<MT, RT>(total, acc, a_s, at.scale_rows, a_s_stride_m, a_s_stride_g, g,
                            w_s_block[g * w_s_stride_g]);
       }
@@ -75,7 +75,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
   };
 
   // The first round's weight bytes are requested before waiting for the previous kernel.
-  Group<MT, RT, TB> cur[UNROLL];
+  Group<MT, RT> cur[UNROLL];
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int g = warp + u * WARPS;
@@ -88,12 +88,12 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int g = warp + u * WARPS;
-    if (g < groups) load_tokens<MT, RT, TB>(cur[u], at.a_rows, g);
+    if (g < groups) load_tokens<MT, RT>(cur[u], at.a_rows, static_cast<long long>(g) << 7);
   }
 
   if (PIPELINE) {
     // Two register buffers: the next round's loads are in flight while this one multiplies.
-    Group<MT, RT, TB> nxt[UNROLL];
+    Group<MT, RT> nxt[UNROLL];
     for (int first = warp; first < groups; first += 2 * STEP) {
       if (first + STEP < groups) load_round(nxt, first + STEP);
       multiply_round(cur, first);
@@ -113,22 +113,16 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 
 }  // namespace
 
-// TB: bytes per token element (1: e4m3 codes; 2: codes widened to float16 by the kernel that
-// produced them, no conversion here; kernel name suffix _f16).
-#define QUANTROLL_FP8_GEMV_KERNEL(MT, RT, WARPS, UNROLL, PIPELINE, TB, SUFFIX)                               \
+#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                                \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
-      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE##SUFFIX(                               \
+      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                       \
           const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
           long long m_rows, long long k) {                                                                 \
-    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE, TB>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, \
-                                                  w_s, w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k); \
+    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, \
+                                              w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);         \
   }
-#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE) \
-  QUANTROLL_FP8_GEMV_KERNEL(MT, RT, WARPS, UNROLL, PIPELINE, 1, )
-#define QUANTROLL_FP8_GEMV_F16_TOKENS(MT, RT, WARPS, UNROLL, PIPELINE) \
-  QUANTROLL_FP8_GEMV_KERNEL(MT, RT, WARPS, UNROLL, PIPELINE, 2, _f16)
 
 // The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them):
 // the chosen ones, their one-row-tile twins, and the runners-up of the 2026-12-01 sweep.
@@ -151,12 +145,3 @@ QUANTROLL_FP8_GEMV(2, 1, 4, 2, 1)
 QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0)
 QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1)
 QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0)
-// Float16 token copies (prepared; bench/gemv_cuda.py --f16-tokens times them against their twins).
-QUANTROLL_FP8_GEMV_F16_TOKENS(1, 2, 8, 1, 1)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 1, 4, 1, 1)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 1, 8, 1, 1)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 2, 8, 1, 0)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 1, 4, 2, 0)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 2, 4, 1, 1)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 1, 8, 1, 0)
-QUANTROLL_FP8_GEMV_F16_TOKENS(2, 1, 8, 2, 0)

@@ -88,9 +88,8 @@ __device__ __forceinline__ void zero(float (&sums)[RT][MT][4]) {
 // Where one thread of a block of ROWS weight rows works: its lane and warp, fragment row r
 // and column pair t, the block's first weight row n0, the K groups, the last token row;
 // its weight row, and per token tile its token row and the two token rows whose scales it
-// applies (rows past the batch clamp to the last one: loaded, never stored). TB: bytes per
-// token element (1: e4m3 codes; 2: the codes already widened to float16 by their producer).
-template <int MT, int TB = 1>
+// applies (rows past the batch clamp to the last one: loaded, never stored).
+template <int MT>
 struct Place {
   int lane, warp, r, t, groups, last_row;
   long long n0;
@@ -110,7 +109,7 @@ struct Place {
     w_row0 = w_q + (n0 + r) * w_stride + lane_offset(t);
 #pragma unroll
     for (int tile = 0; tile < MT; ++tile) {
-      a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + TB * lane_offset(t);
+      a_rows[tile] = a_q + min(r + 8 * tile, last_row) * a_stride + lane_offset(t);
       scale_rows[tile][0] = min(2 * t + 8 * tile, last_row);
       scale_rows[tile][1] = min(2 * t + 1 + 8 * tile, last_row);
     }
@@ -118,17 +117,16 @@ struct Place {
 };
 
 // One 128-wide K group of one thread: for each of its RT 16-row weight tiles, rows r and
-// r + 8 (8 words each), and for each of its MT token tiles, the 8 words of token row r
-// (16 words of float16 pairs when TB = 2).
-template <int MT, int RT, int TB = 1>
+// r + 8 (8 words each), and for each of its MT token tiles, the 8 words of token row r.
+template <int MT, int RT>
 struct Group {
   uint32_t w0[RT][8];
   uint32_t w1[RT][8];
-  uint32_t a[MT][8 * TB];
+  uint32_t a[MT][8];
 };
 
-template <int MT, int RT, bool PINNED, int TB>
-__device__ __forceinline__ void load_weights(Group<MT, RT, TB>& grp, const uint8_t* w_row0, long long w_stride,
+template <int MT, int RT, bool PINNED>
+__device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
                                              long long offset) {
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) {
@@ -150,18 +148,16 @@ __device__ __forceinline__ void load_weights(Group<MT, RT, TB>& grp, const uint8
   }
 }
 
-// The token bytes of K group `group` (TB bytes per element: 2 or 4 16-byte loads per tile).
-template <int MT, int RT, int TB>
-__device__ __forceinline__ void load_tokens(Group<MT, RT, TB>& grp, const uint8_t* const (&a_rows)[MT], long long group) {
-  const long long offset = (group << 7) * TB;
+template <int MT, int RT>
+__device__ __forceinline__ void load_tokens(Group<MT, RT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
 #pragma unroll
   for (int tile = 0; tile < MT; ++tile) {
+    Words4 v = load_cached(a_rows[tile] + offset);
 #pragma unroll
-    for (int piece = 0; piece < 2 * TB; ++piece) {
-      const Words4 v = load_cached(a_rows[tile] + offset + piece * 16);
+    for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
+    v = load_cached(a_rows[tile] + offset + SECOND_PIECE);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) grp.a[tile][4 * piece + i] = v.w[i];
-    }
+    for (int i = 0; i < 4; ++i) grp.a[tile][4 + i] = v.w[i];
   }
 }
 
@@ -193,21 +189,16 @@ __device__ __forceinline__ const uint8_t* after_wait(const uint8_t* p) {
 
 // Sum of the group's code products (exact products, float32 sums) for each weight tile and
 // token tile; the token fragments are widened once and serve all RT weight tiles.
-template <int MT, int RT, int TB>
-__device__ __forceinline__ void multiply_group(const Group<MT, RT, TB>& grp, float (&acc)[RT][MT][4]) {
+template <int MT, int RT>
+__device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (&acc)[RT][MT][4]) {
   zero(acc);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     uint32_t b0[MT], b1[MT];
 #pragma unroll
     for (int tile = 0; tile < MT; ++tile) {
-      if (TB == 2) {  // already float16: elements 4j, 4j + 1 and 4j + 2, 4j + 3 of the thread's 32
-        b0[tile] = grp.a[tile][2 * j];
-        b1[tile] = grp.a[tile][2 * j + 1];
-      } else {
-        b0[tile] = e4m3x2_to_f16x2(grp.a[tile][j]);        // token r, k + {0, 1}
-        b1[tile] = e4m3x2_to_f16x2(grp.a[tile][j] >> 16);  // token r, k + {2, 3}
-      }
+      b0[tile] = e4m3x2_to_f16x2(grp.a[tile][j]);        // token r, k + {0, 1}
+      b1[tile] = e4m3x2_to_f16x2(grp.a[tile][j] >> 16);  // token r, k + {2, 3}
     }
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {

@@ -15,6 +15,8 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
    the timings, the variants are those the sweep just chose.
 
    With --ab-choice: the 8B step with the shipped CHOICE against the sweep's (--batches).
+   With --shared-tokens: only the token-sharing kernel (fp8_gemv_shared.py) against the
+   shipped one, checked first (use --ms 1,16).
 
     python bench/gemv_cuda.py [--ab | --ab-choice] [--batches 1,16,32,64] [--layers N] [--ms 1,16] [--json out.json]
 """
@@ -149,6 +151,44 @@ def engine_ab(batches, layers, max_m):
     run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
 
 
+def shared_tokens_study(ms=(1, 16)) -> int:
+    """The decode GEMM with token codes shared per block (fp8_gemv_shared.py) against the
+    shipped register kernel, per 8B shape at ``ms``: each variant first checked (float64,
+    repeat, graph replay; its register twin's bits where compiled), then timed. Returns the
+    misses."""
+    from quantroll.kernels import fp8_gemv_shared
+
+    bad, totals = 0, {}
+    for m, (name, (n, k)) in itertools.product(ms, SHAPES.items()):
+        _, aq, a_s, ws = operands(m, n, k, COPIES)
+        row = {"shipped": graph_time_us(lambda j: fp8_gemv.fp8_gemv(aq, a_s, ws[j].data, ws[j].scale), COPIES)}
+        for cfg in fp8_gemv_shared.VARIANTS:
+            if not fp8_gemv_shared.supports(aq, ws[0].data, cfg):
+                continue
+            def run(**kw):
+                return fp8_gemv_shared.fp8_gemv_shared(aq, a_s, ws[0].data, ws[0].scale, cfg, **kw)
+
+            problem = variant_problem(aq, a_s, ws[0], run)
+            if not problem and cfg.twin is not None and not torch.equal(
+                    run(), fp8_gemv.fp8_gemv(aq, a_s, ws[0].data, ws[0].scale, cfg.twin)):
+                problem = f"bits differ from {cfg.twin.kernel}"
+            if problem:
+                bad += 1
+                print(f"BAD {cfg.kernel} M={m} {name}: {problem}", flush=True)
+                continue
+            row[cfg.kernel[16:]] = graph_time_us(
+                lambda j: fp8_gemv_shared.fp8_gemv_shared(aq, a_s, ws[j].data, ws[j].scale, cfg), COPIES)
+        for key, t in row.items():
+            totals[(m, key)] = totals.get((m, key), 0.0) + t
+        times = " ".join(f"{key}={t:.1f}" for key, t in row.items())
+        print(f"{name:8s} M={m:3d} bytes {n * k / 4.25e12 * 1e6:5.1f} | {times}", flush=True)
+    print("\nper 8B layer set (shapes a variant takes), us:")
+    for (m, key), t in sorted(totals.items()):
+        print(f"M={m:3d} {key:20s} {t:6.1f}")
+    print(f"shared tokens: {bad} failures", flush=True)
+    return bad
+
+
 def choice_ab(batches, layers, shipped: dict, swept: dict):
     """The 8B FP8 step with the shipped CHOICE against the one the sweep just made (the
     variants may differ in warps, so in the order of the sums: compared by logprobs)."""
@@ -164,6 +204,8 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--ab", action="store_true")
     p.add_argument("--ab-choice", action="store_true", help="the 8B step with the shipped CHOICE against the sweep's")
+    p.add_argument("--shared-tokens", action="store_true",
+                   help="only fp8_gemv_shared's variants against the shipped kernel")
     p.add_argument("--batches", default="1,16,32,64")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--max-m", type=int, default=16)
@@ -173,6 +215,8 @@ def main():
     torch.manual_seed(0)
     if not fp8_gemv.usable(torch.device("cuda")):
         raise SystemExit("the CUDA decode GEMM cannot be built here (see the warning above)")
+    if args.shared_tokens:
+        raise SystemExit(1 if shared_tokens_study(tuple(int(v) for v in args.ms.split(","))) else 0)
     bad = correctness()
     shipped = dict(fp8_gemv.CHOICE)
     if not args.skip_timings:

@@ -72,6 +72,8 @@ def fp8_gemv_shared(aq, a_s, wq, w_s, cfg: SharedConfig, out: torch.Tensor | Non
     """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, cfg)`` must hold."""
     m, k = aq.shape
     n = wq.shape[0]
+    if m == 0 or n == 0:
+        return out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     if not supports(aq, wq, cfg) or (out is not None and out.stride(1) != 1):
         raise ValueError(f"fp8_gemv_shared: codes {tuple(aq.shape)} x weights {tuple(wq.shape)} do not fit "
                          f"{cfg.kernel} (M <= {8 * cfg.token_tiles}, N a multiple of {cfg.rows}, whole 128-wide K "

@@ -38,8 +38,10 @@ def test_source_builds_for_ada_and_hopper(capability, tmp_path, monkeypatch):
 
 def test_shapes_it_cannot_take_are_refused_in_one_line():
     cfg = fp8_gemv_shared.SharedConfig(1, 2, 4, 3)
-    aq = torch.zeros(9, 128, dtype=torch.float8_e4m3fn)  # 9 rows for one token tile of 8
     wq = torch.zeros(32, 128, dtype=torch.float8_e4m3fn)
+    assert fp8_gemv_shared.supports(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), wq, cfg)
+    aq = torch.zeros(9, 128, dtype=torch.float8_e4m3fn)  # 9 rows for one token tile of 8
+    assert not fp8_gemv_shared.supports(aq, wq, cfg)
     with pytest.raises(ValueError, match="do not fit fp8_gemv_shared_mt1_r2_k4_s3"):
         fp8_gemv_shared.fp8_gemv_shared(aq, torch.ones(9, 1), wq, torch.ones(1, 1), cfg)
     assert not fp8_gemv_shared.supports(torch.zeros(8, 128, dtype=torch.float8_e4m3fn),
@@ -56,14 +58,16 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available() or cuda_jit.unavailable_r
                                    (16, 1024, 12288)])
 def test_rounds_the_float64_result_repeats_and_matches_its_twin(m, n, k):
     aq, a_s, wq = _operands(m, n, k)
+    by_slices = {}  # K slices -> the first output: every variant with as many slices sums in the same order
     for cfg in fp8_gemv_shared.VARIANTS:
         if not fp8_gemv_shared.supports(aq, wq.data, cfg):
             continue
         y = fp8_gemv_shared.fp8_gemv_shared(aq, a_s, wq.data, wq.scale, cfg)
         assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
         assert torch.equal(y, fp8_gemv_shared.fp8_gemv_shared(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
-        if cfg.twin is not None and n % 16 == 0:
+        if cfg.twin is not None:
             assert torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, cfg.twin)), cfg
+        assert torch.equal(y, by_slices.setdefault(cfg.k_slices, y)), cfg
 
 
 @gpu
@@ -83,3 +87,31 @@ def test_graph_replay_after_a_kernel_that_writes_the_input():
     cfg = fp8_gemv_shared.SharedConfig(2, 4, 2, 3)
     check_graph_replay_reads_the_new_input(
         lambda *a, **kw: fp8_gemv_shared.fp8_gemv_shared(*a, cfg=cfg, **kw), 16, 4096, 4096)
+
+
+@gpu
+@pytest.mark.gpu
+def test_launched_early_after_a_producer_that_releases_it():
+    """The fused RMSNorm + quantize kernel releases its dependent at its start (Hopper,
+    fp8_gemv.release_producers): in a graph, the GEMM then starts while the norm still
+    writes the codes, and must read them only after griddepcontrol.wait."""
+    from quantroll.kernels.fused import add_rmsnorm
+
+    if not fp8_gemv.release_producers(torch.device("cuda")):
+        pytest.skip("no early release here (needs Hopper and the CUDA decode GEMM)")
+    cfg = fp8_gemv_shared.SharedConfig(2, 4, 2, 3)
+    _, _, wq = _operands(16, 4096, 4096)
+    weight = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
+    x = torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, act = add_rmsnorm(x, None, weight, 1e-6, quantize=True)
+        fp8_gemv_shared.fp8_gemv_shared(act.codes, act.scales, wq.data, wq.scale, cfg, out=out)
+    for seed in range(3):
+        x.copy_(torch.randn(16, 4096, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, want = add_rmsnorm(x, None, weight, 1e-6, quantize=True)
+        assert torch.equal(out, fp8_gemv_shared.fp8_gemv_shared(want.codes, want.scales, wq.data, wq.scale, cfg,
+                                                                early=False)), seed

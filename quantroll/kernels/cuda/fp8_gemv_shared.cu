@@ -131,24 +131,9 @@ __device__ __forceinline__ void fp8_gemv_shared(const uint8_t* a_q, long long a_
   wait_copies<0>();
 
   // The K slices' sums added in slice order; BF16 out for the rows that exist.
-#pragma unroll
-  for (int tile = 0; tile < MT; ++tile) {
-    const int m = 2 * t + 8 * tile;
-    partial[kw][16 * rw + r][m] = total[0][tile][0];
-    partial[kw][16 * rw + r][m + 1] = total[0][tile][1];
-    partial[kw][16 * rw + r + 8][m] = total[0][tile][2];
-    partial[kw][16 * rw + r + 8][m + 1] = total[0][tile][3];
-  }
+  write_partial<MT, 1, ROWS>(partial[kw], 16 * rw, total);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += THREADS) {
-    const int n = idx % ROWS, m = idx / ROWS;
-    if (m <= last_row) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int s = 0; s < KW; ++s) sum += partial[s][n][m];
-      y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
-    }
-  }
+  sum_partials_and_store<MT, ROWS, KW, THREADS>(partial, y, y_stride, n0, last_row);
 }
 
 }  // namespace

@@ -241,15 +241,12 @@ __host__ __device__ constexpr int partial_row() {
   return 8 * MT + 1;
 }
 
-// The warps' partial sums meet in shared memory and are added in warp order (the same
-// result on every run); BF16 (round to nearest even) out for the rows that exist.
-template <int MT, int RT, int WARPS>
-__device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT][partial_row<MT>()],
-                                                 const float (&total)[RT][MT][4], uint16_t* __restrict__ y,
-                                                 long long y_stride, long long n0, int last_row) {
-  constexpr int ROWS = 16 * RT;
+// A thread's sums of its RT row tiles into shared memory, rows row0 + 16 rt + {r, r + 8} of
+// its slice of the partial sums.
+template <int MT, int RT, int ROWS>
+__device__ __forceinline__ void write_partial(float (&slice)[ROWS][partial_row<MT>()], int row0,
+                                              const float (&total)[RT][MT][4]) {
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
   const int r = lane >> 2;
   const int t = lane & 3;
 #pragma unroll
@@ -257,23 +254,42 @@ __device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT
 #pragma unroll
     for (int tile = 0; tile < MT; ++tile) {
       const int m = 2 * t + 8 * tile;
-      partial[warp][16 * rt + r][m] = total[rt][tile][0];
-      partial[warp][16 * rt + r][m + 1] = total[rt][tile][1];
-      partial[warp][16 * rt + r + 8][m] = total[rt][tile][2];
-      partial[warp][16 * rt + r + 8][m + 1] = total[rt][tile][3];
+      slice[row0 + 16 * rt + r][m] = total[rt][tile][0];
+      slice[row0 + 16 * rt + r][m + 1] = total[rt][tile][1];
+      slice[row0 + 16 * rt + r + 8][m] = total[rt][tile][2];
+      slice[row0 + 16 * rt + r + 8][m + 1] = total[rt][tile][3];
     }
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += WARPS * 32) {
+}
+
+// The SLICES slices of partial sums added in slice order (the same result on every run);
+// BF16 (round to nearest even) out for the rows that exist. After a barrier over the
+// block's THREADS threads, which all take part.
+template <int MT, int ROWS, int SLICES, int THREADS>
+__device__ __forceinline__ void sum_partials_and_store(const float (&partial)[SLICES][ROWS][partial_row<MT>()],
+                                                       uint16_t* __restrict__ y, long long y_stride, long long n0,
+                                                       int last_row) {
+  for (int idx = threadIdx.x; idx < ROWS * 8 * MT; idx += THREADS) {
     const int n = idx % ROWS;
     const int m = idx / ROWS;
     if (m <= last_row) {
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) sum += partial[w][n][m];
+      for (int s = 0; s < SLICES; ++s) sum += partial[s][n][m];
       y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
     }
   }
+}
+
+// The warps' partial sums meet in shared memory and are added in warp order (the same
+// result on every run); BF16 (round to nearest even) out for the rows that exist.
+template <int MT, int RT, int WARPS>
+__device__ __forceinline__ void reduce_and_store(float (&partial)[WARPS][16 * RT][partial_row<MT>()],
+                                                 const float (&total)[RT][MT][4], uint16_t* __restrict__ y,
+                                                 long long y_stride, long long n0, int last_row) {
+  write_partial<MT, RT, 16 * RT>(partial[threadIdx.x >> 5], 0, total);
+  __syncthreads();
+  sum_partials_and_store<MT, 16 * RT, WARPS, WARPS * 32>(partial, y, y_stride, n0, last_row);
 }
 
 }  // namespace quantroll_gemv

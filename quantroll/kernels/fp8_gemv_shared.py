@@ -1,7 +1,7 @@
-"""The CUDA decode GEMM with the token codes loaded once per block (cuda/fp8_gemv_shared.cu):
-a block's warps form row groups x K slices, and each round of K groups the block copies
-those groups' token codes into shared memory once for all its row groups. For up to 16
-token rows.
+"""The CUDA decode GEMM with the token codes shared by a block's row groups
+(cuda/fp8_gemv_shared.cu): a block's warps form row groups x K slices, and the block reads
+its token codes once for all its row groups, staged in shared memory up front or met in
+L1. For up to 16 token rows.
 
 Same contract as ``fp8_gemv.fp8_gemv``: codes [M, K] e4m3 with 1x128 scales, weight codes
 [N, K] with 128x128 scales, BF16 out, float32-accurate, the same result on every run (and
@@ -25,42 +25,59 @@ SOURCE = "fp8_gemv_shared.cu"
 
 @dataclass(frozen=True)
 class SharedConfig:
-    """Token tiles of 8 rows (M <= 8 * token_tiles), row groups of 16 weight rows, K slices
-    (warps = row groups x K slices), and rounds of token codes in flight."""
+    """Token tiles of 8 rows (M <= 8 * token_tiles), weight tiles of 16 rows per warp, row
+    groups and K slices (warps = row groups x K slices; a block holds 16 x row tiles x row
+    groups weight rows), K groups per round of weight loads, whether the next round's loads
+    are issued before this round multiplies, and whether the block stages every token code
+    in shared memory first (else the row groups' warps meet in L1)."""
 
     token_tiles: int
+    row_tiles: int
     row_groups: int
     k_slices: int
-    stages: int
+    unroll: int
+    pipeline: int
+    staged: int
 
     @property
     def kernel(self) -> str:
-        return f"fp8_gemv_shared_mt{self.token_tiles}_r{self.row_groups}_k{self.k_slices}_s{self.stages}"
+        return (f"fp8_gemv_shared_mt{self.token_tiles}_rt{self.row_tiles}_r{self.row_groups}_k{self.k_slices}"
+                f"_u{self.unroll}_p{self.pipeline}_s{self.staged}")
 
     @property
     def rows(self) -> int:
-        return 16 * self.row_groups
+        return 16 * self.row_tiles * self.row_groups
 
     @property
     def threads(self) -> int:
         return 32 * self.row_groups * self.k_slices
 
+    def shared_bytes(self, m: int, k: int) -> int:
+        """Dynamic shared memory of a launch: the batch's token rows, K + 16 bytes each."""
+        return min(m, 8 * self.token_tiles) * (k + 16) if self.staged else 0
+
     @property
     def twin(self) -> fp8_gemv.GemvConfig | None:
-        """The register kernel variant with the same bits (one row tile, k_slices warps), if compiled."""
+        """A register kernel variant with the same bits (as many row tiles, k_slices warps), if compiled."""
         return next((c for c in fp8_gemv.VARIANTS if (c.token_tiles, c.row_tiles, c.warps)
-                     == (self.token_tiles, 1, self.k_slices)), None)
+                     == (self.token_tiles, self.row_tiles, self.k_slices)), None)
 
 
 # Every variant cuda/fp8_gemv_shared.cu instantiates (a test checks the two lists agree).
 VARIANTS = tuple(SharedConfig(*v) for v in (
-    (2, 2, 4, 3), (2, 4, 2, 3), (2, 2, 2, 3), (2, 4, 4, 3), (2, 8, 1, 3), (2, 4, 2, 4), (1, 2, 4, 3), (1, 4, 2, 3),
+    (2, 1, 4, 1, 2, 1, 1), (2, 1, 8, 1, 2, 1, 1), (2, 1, 2, 1, 2, 1, 1), (2, 1, 4, 1, 4, 0, 1), (2, 1, 4, 2, 1, 1, 1),
+    (2, 1, 2, 4, 1, 1, 1), (2, 2, 2, 1, 1, 1, 1), (2, 2, 4, 1, 1, 1, 1), (2, 1, 4, 1, 2, 1, 0), (2, 1, 2, 4, 1, 1, 0),
+    (2, 1, 4, 2, 1, 1, 0), (2, 1, 8, 1, 1, 1, 0), (1, 2, 4, 1, 2, 1, 1), (1, 2, 2, 2, 2, 0, 0),
 ))
+
+# The most dynamic shared memory a block may ask for (the H100/H200 limit is 227 KB; two
+# blocks per multiprocessor need at most ~113 KB each).
+MAX_SHARED_BYTES = 113 * 1024
 
 
 def supports(aq: torch.Tensor, wq: torch.Tensor, cfg: SharedConfig) -> bool:
     return (fp8_gemv.supports(aq, wq, torch.bfloat16) and aq.shape[0] <= 8 * cfg.token_tiles
-            and wq.shape[0] % cfg.rows == 0)
+            and wq.shape[0] % cfg.rows == 0 and cfg.shared_bytes(*aq.shape) <= MAX_SHARED_BYTES)
 
 
 def usable(device: torch.device) -> bool:
@@ -77,12 +94,12 @@ def fp8_gemv_shared(aq, a_s, wq, w_s, cfg: SharedConfig, out: torch.Tensor | Non
     if not supports(aq, wq, cfg) or (out is not None and out.stride(1) != 1):
         raise ValueError(f"fp8_gemv_shared: codes {tuple(aq.shape)} x weights {tuple(wq.shape)} do not fit "
                          f"{cfg.kernel} (M <= {8 * cfg.token_tiles}, N a multiple of {cfg.rows}, whole 128-wide K "
-                         "groups, rows contiguous and 16-byte aligned)")
+                         f"groups, rows contiguous and 16-byte aligned, staged tokens <= {MAX_SHARED_BYTES} bytes)")
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     module = cuda_jit.load(SOURCE, aq.device)
     early = fp8_gemv.EARLY_LAUNCH if early is None else early
     module.launch(cfg.kernel, (n // cfg.rows, 1, 1), (cfg.threads, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
-                  w_s.stride(1), y, y.stride(0), m, k,
+                  w_s.stride(1), y, y.stride(0), m, k, shared_bytes=cfg.shared_bytes(m, k),
                   early=early and torch.cuda.get_device_capability(aq.device)[0] >= 9)
     return y

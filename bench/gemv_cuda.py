@@ -15,9 +15,6 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
    the timings, the variants are those the sweep just chose.
 
    With --ab-choice: the 8B step with the shipped CHOICE against the sweep's (--batches).
-   With --shared-tokens: only the token-sharing kernel (fp8_gemv_shared.py) against the
-   shipped one, checked first (use --ms 1,16); with --step-ab also the 8B step (--batches)
-   with the best variant per class against the shipped kernels, alternating.
 
     python bench/gemv_cuda.py [--ab | --ab-choice] [--batches 1,16,32,64] [--layers N] [--ms 1,16] [--json out.json]
 """
@@ -152,83 +149,6 @@ def engine_ab(batches, layers, max_m):
     run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
 
 
-def shared_tokens_study(ms=(1, 16)) -> tuple[int, dict]:
-    """The decode GEMM with token codes shared by a block's row groups (fp8_gemv_shared.py)
-    against the shipped register kernel, per 8B shape at ``ms``: each variant first checked
-    (float64, repeat, graph replay; its register twin's bits where compiled), then timed.
-    Returns the misses and, per (token tiles, width class), the variant with the least
-    time over that class's shapes where it beats the shipped kernel there."""
-    from quantroll.kernels import fp8_gemv_shared
-
-    bad, totals, per_class = 0, {}, {}
-    for m, (name, (n, k)) in itertools.product(ms, SHAPES.items()):
-        _, aq, a_s, ws = operands(m, n, k, COPIES)
-        row = {"shipped": graph_time_us(lambda j: fp8_gemv.fp8_gemv(aq, a_s, ws[j].data, ws[j].scale), COPIES)}
-        configs = {"shipped": None}
-        for cfg in fp8_gemv_shared.VARIANTS:
-            if not fp8_gemv_shared.supports(aq, ws[0].data, cfg):
-                continue
-            def run(**kw):
-                return fp8_gemv_shared.fp8_gemv_shared(aq, a_s, ws[0].data, ws[0].scale, cfg, **kw)
-
-            problem = variant_problem(aq, a_s, ws[0], run)
-            if not problem and cfg.twin is not None and not torch.equal(
-                    run(), fp8_gemv.fp8_gemv(aq, a_s, ws[0].data, ws[0].scale, cfg.twin)):
-                problem = f"bits differ from {cfg.twin.kernel}"
-            if problem:
-                bad += 1
-                print(f"BAD {cfg.kernel} M={m} {name}: {problem}", flush=True)
-                continue
-            key = cfg.kernel[16:]
-            configs[key] = cfg
-            row[key] = graph_time_us(
-                lambda j: fp8_gemv_shared.fp8_gemv_shared(aq, a_s, ws[j].data, ws[j].scale, cfg), COPIES)
-        # a variant that cannot take a shape of the class runs the shipped kernel there
-        cls = (fp8_gemv.token_tiles(m), fp8_gemv.width_class(n))
-        for cfg in fp8_gemv_shared.VARIANTS:
-            key = cfg.kernel[16:]
-            t = row.get(key, row["shipped"])
-            if cfg.token_tiles >= cls[0]:
-                per_class.setdefault(cls, {}).setdefault(key, [cfg, 0.0])[1] += t
-        per_class.setdefault(cls, {}).setdefault("shipped", [None, 0.0])[1] += row["shipped"]
-        for key, t in row.items():
-            totals[(m, key)] = totals.get((m, key), 0.0) + t
-        times = " ".join(f"{key}={t:.1f}" for key, t in row.items())
-        print(f"{name:8s} M={m:3d} bytes {n * k / 4.25e12 * 1e6:5.1f} | {times}", flush=True)
-    print("\nper 8B layer set (shapes a variant takes), us:")
-    for (m, key), t in sorted(totals.items()):
-        print(f"M={m:3d} {key:28s} {t:6.1f}")
-    best = {}
-    for cls, entries in sorted(per_class.items()):
-        key, (cfg, t) = min(entries.items(), key=lambda e: e[1][1])
-        print(f"class {cls}: best {key} {t:.1f} us over its shapes (shipped {entries['shipped'][1]:.1f})")
-        if cfg is not None:
-            best[cls] = dataclasses.astuple(cfg)
-    print(f"shared tokens: {bad} failures", flush=True)
-    return bad, best
-
-
-def shared_step_ab(best: dict, batches: str, layers, rounds: int = 2):
-    """The 8B FP8 step with the study's best shared-token variants (fp8_gemv.SHARED_CHOICE)
-    against the shipped kernels, alternating ``rounds`` times (one engine per entry: the
-    spread between engine processes is a few percent)."""
-    from bench.switch_ab import run_variants
-
-    gemv = "quantroll.kernels.fp8_gemv"
-    same_bits = all(fp8_gemv_shared_twin(v) for v in best.values())
-    variants, approx = [], []
-    for i in range(rounds):
-        variants += [(f"shipped{i}", []), (f"shared{i}", [(gemv, "SHARED_CHOICE", best)])]
-        approx += [] if same_bits else [f"shared{i}"]
-    run_variants(variants, approx, "qwen3-8b", layers, batches)
-
-
-def fp8_gemv_shared_twin(values) -> bool:
-    from quantroll.kernels import fp8_gemv_shared
-
-    return fp8_gemv_shared.SharedConfig(*values).twin is not None
-
-
 def choice_ab(batches, layers, shipped: dict, swept: dict):
     """The 8B FP8 step with the shipped CHOICE against the one the sweep just made (the
     variants may differ in warps, so in the order of the sums: compared by logprobs)."""
@@ -244,10 +164,6 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--ab", action="store_true")
     p.add_argument("--ab-choice", action="store_true", help="the 8B step with the shipped CHOICE against the sweep's")
-    p.add_argument("--shared-tokens", action="store_true",
-                   help="only fp8_gemv_shared's variants against the shipped kernel")
-    p.add_argument("--step-ab", action="store_true",
-                   help="with --shared-tokens: the 8B step with the best shared variants against the shipped")
     p.add_argument("--batches", default="1,16,32,64")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--max-m", type=int, default=16)
@@ -257,11 +173,6 @@ def main():
     torch.manual_seed(0)
     if not fp8_gemv.usable(torch.device("cuda")):
         raise SystemExit("the CUDA decode GEMM cannot be built here (see the warning above)")
-    if args.shared_tokens:
-        bad, best = shared_tokens_study(tuple(int(v) for v in args.ms.split(",")))
-        if args.step_ab and best and not bad:
-            shared_step_ab(best, args.batches, args.layers)
-        raise SystemExit(1 if bad else 0)
     bad = correctness()
     shipped = dict(fp8_gemv.CHOICE)
     if not args.skip_timings:

@@ -100,8 +100,6 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
-MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may take without opting in
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 REFUSED_INVALID_VALUE, REFUSED_NOT_SUPPORTED = 1, 801  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED
 early_launch_refused = False  # set once a driver refused the attribute; launches are plain from then on
@@ -120,9 +118,7 @@ class _Driver:
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), p, ctypes.POINTER(p), ctypes.POINTER(p)]
         lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
         lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
-        lib.cuFuncSetAttribute.argtypes = [p, i, i]
-        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent",
-                     "cuFuncSetAttribute"):
+        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent"):
             getattr(lib, name).restype = i
 
     def check(self, result: int, what: str) -> None:
@@ -161,7 +157,6 @@ class CudaModule:
             module = ctypes.c_void_p()
             drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), self._image), f"loading {cubin.name}")
         self.module, self.device, self._functions = module, device, {}
-        self._shared_opt_in: dict[str, int] = {}  # kernel -> dynamic shared bytes it may take
 
     def function(self, name: str) -> ctypes.c_void_p:
         if name not in self._functions:
@@ -171,41 +166,31 @@ class CudaModule:
             self._functions[name] = fn
         return self._functions[name]
 
-    def _allow_shared(self, name: str, shared_bytes: int) -> None:
-        """Opt the kernel in to more than 48 KB of dynamic shared memory (once per size)."""
-        if shared_bytes > max(DEFAULT_SHARED_LIMIT, self._shared_opt_in.get(name, 0)):
-            driver().check(driver().lib.cuFuncSetAttribute(self.function(name), MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                           shared_bytes),
-                           f"allowing {name} {shared_bytes} bytes of shared memory")
-            self._shared_opt_in[name] = shared_bytes
-
     def launch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], *args,
-               early: bool = False, shared_bytes: int = 0) -> None:
+               early: bool = False) -> None:
         """``early``: programmatic dependent launch (the kernel may start before the previous
-        one on the stream has finished and must wait for it itself: griddepcontrol.wait).
-        ``shared_bytes``: the launch's dynamic shared memory."""
+        one on the stream has finished and must wait for it itself: griddepcontrol.wait)."""
         global early_launch_refused
         holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
                    for a in args]
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
         if torch.cuda.current_device() != self.device.index:  # the module's context must be current
             with torch.cuda.device(self.device):
-                return self.launch(name, grid, block, *args, early=early, shared_bytes=shared_bytes)
-        self._allow_shared(name, shared_bytes)
+                return self.launch(name, grid, block, *args, early=early)
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         drv = driver()
         if not early or early_launch_refused:
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
                       f"launching {name}")
             return
         attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        config = _LaunchConfig(*grid, *block, shared_bytes, stream, ctypes.pointer(attr), 1)
+        config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
         result = drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None)
         if result in (REFUSED_NOT_SUPPORTED, REFUSED_INVALID_VALUE):  # a driver without PDL (CUDA < 12.3)
             if not early_launch_refused:
                 log.warning("CUDA driver refused a programmatic dependent launch (error %d): launching plainly", result)
             early_launch_refused = True
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
                       f"launching {name}")
             return
         drv.check(result, f"launching {name} (programmatic dependent launch)")

@@ -84,12 +84,6 @@ CHOICE: dict[tuple[int, str], tuple[int, ...]] = {
     (8, "narrow"): (8, 1, 4, 1, 0), (8, "wide"): (8, 1, 4, 1, 0)}
 
 
-# (token tiles M needs, width class) -> a fp8_gemv_shared.SharedConfig tuple that decode
-# GEMMs of that class take instead of CHOICE's variant where it supports the shape; empty:
-# off (the shared-token kernel is being measured: bench/gemv_cuda.py --shared-tokens).
-SHARED_CHOICE: dict[tuple[int, str], tuple[int, ...]] = {}
-
-
 def default_config(m: int, n: int, k: int) -> GemvConfig:
     """The variant for an M-row decode GEMM: measured best for the token tiles M needs and
     N's width class (``CHOICE``); its one-row-tile twin where N is not a multiple of the
@@ -146,12 +140,6 @@ def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor 
     if not supports(aq, wq, torch.bfloat16) or (out is not None and out.stride(1) != 1):
         raise ValueError(f"fp8_gemv: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs whole "
                          "128-wide K groups, N a multiple of 16, M <= 64, rows contiguous and 16-byte aligned")
-    if cfg is None and (shared := SHARED_CHOICE.get((token_tiles(m), width_class(n)))) is not None:
-        from quantroll.kernels import fp8_gemv_shared  # (it builds on this module)
-
-        scfg = fp8_gemv_shared.SharedConfig(*shared)
-        if fp8_gemv_shared.supports(aq, wq, scfg) and fp8_gemv_shared.usable(aq.device) and (out is None or out.stride(1) == 1):
-            return fp8_gemv_shared.fp8_gemv_shared(aq, a_s, wq, w_s, scfg, out=out, early=early)
     cfg = cfg or default_config(m, n, k)
     if m > 8 * cfg.token_tiles or n % cfg.rows:
         raise ValueError(f"fp8_gemv: {m} x {n} does not fit {cfg.kernel} (at most {8 * cfg.token_tiles} rows, "

@@ -119,7 +119,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         codes.stride(0), scales.stride(0), scales.stride(1),
         HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=tiles.block_s,
         QUANT=quantize, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        RELEASE=fp8_gemv.release_producers(qkv.device),
+        RELEASE=fp8_gemv.release_producers(qkv.device, "attention"),
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

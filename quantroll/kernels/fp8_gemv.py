@@ -121,13 +121,23 @@ MAX_M = 16
 EARLY_LAUNCH = True
 
 
-def release_producers(device: torch.device) -> bool:
-    """Whether the kernels that feed a decode GEMM should release it at their start
-    (``griddepcontrol.launch_dependents``): only when it is this kernel, launched early, on
-    Hopper or newer, outside Triton's interpreter (``usable`` is False there). Releasing is
-    harmless for a successor launched the ordinary way (it still waits for the producer to
-    finish). The producers pass it as their RELEASE constexpr."""
-    return bool(MAX_M and EARLY_LAUNCH) and usable(device) and torch.cuda.get_device_capability(device)[0] >= 9
+# The producers that release the decode GEMM after them at their start: "norm" (residual
+# add + RMSNorm + quantize), "attention" (decode attention + quantize), "silu" (silu * up +
+# quantize). Left out, a producer lets its GEMM launch only as it finishes.
+RELEASING_PRODUCERS = frozenset({"norm", "attention", "silu"})
+
+
+def release_producers(device: torch.device, producer: str) -> bool:
+    """Whether ``producer`` (one of "norm", "attention", "silu") should release the decode
+    GEMM it feeds at its start (``griddepcontrol.launch_dependents``): only when it is this
+    kernel, launched early, on Hopper or newer, outside Triton's interpreter (``usable`` is
+    False there), and the producer is in ``RELEASING_PRODUCERS``. Releasing is harmless for
+    a successor launched the ordinary way (it still waits for the producer to finish). The
+    producers pass it as their RELEASE constexpr."""
+    if producer not in ("norm", "attention", "silu"):
+        raise ValueError(f"release_producers: unknown producer {producer!r}")
+    return (producer in RELEASING_PRODUCERS and bool(MAX_M and EARLY_LAUNCH) and usable(device)
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,

@@ -54,7 +54,7 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
                                        y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
                                        QUANT=quantize, BLOCK=next_pow2(h, 1), STORE_Y=store_y,
-                                       num_warps=NORM_WARPS, RELEASE=fp8_gemv.release_producers(x.device))
+                                       num_warps=NORM_WARPS, RELEASE=fp8_gemv.release_producers(x.device, "norm"))
     if quantize:
         return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype, y.view(x.shape) if keep_bf16 else None)
     return res.view(x.shape), y.view(x.shape)
@@ -92,7 +92,7 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
     block = 1024  # a multiple of 128: each program quantizes whole groups
     silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](
         g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block,
-        RELEASE=fp8_gemv.release_producers(gate_up.device))
+        RELEASE=fp8_gemv.release_producers(gate_up.device, "silu"))
     if quantize:
         return Fp8Activation(q, s, shape, gate_up.dtype)
     return y.view(shape)

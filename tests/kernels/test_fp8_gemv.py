@@ -58,13 +58,24 @@ def test_launch_structs_have_the_driver_layout():
 
 def test_producers_release_only_for_the_cuda_gemm_on_a_gpu(monkeypatch):
     monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
-    assert not fp8_gemv.release_producers(torch.device("cpu"))
+    for producer in ("norm", "attention", "silu"):
+        assert fp8_gemv.release_producers(torch.device("cpu"), producer) is False
     monkeypatch.setattr(fp8_gemv, "MAX_M", 0)
-    assert not fp8_gemv.release_producers(torch.device("cuda", 0))
+    assert not fp8_gemv.release_producers(torch.device("cuda", 0), "norm")
     monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
     monkeypatch.setattr(fp8_gemv, "EARLY_LAUNCH", False)
-    assert not fp8_gemv.release_producers(torch.device("cuda", 0))
-    assert fp8_gemv.release_producers(torch.device("cpu")) is False
+    assert not fp8_gemv.release_producers(torch.device("cuda", 0), "norm")
+    with pytest.raises(ValueError, match="unknown producer 'rope'"):
+        fp8_gemv.release_producers(torch.device("cpu"), "rope")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_producer_left_out_of_the_releasing_set_does_not_release(monkeypatch):
+    if not fp8_gemv.release_producers(torch.device("cuda"), "attention"):
+        pytest.skip("no early release on this GPU (needs Hopper and the CUDA decode GEMM)")
+    monkeypatch.setattr(fp8_gemv, "RELEASING_PRODUCERS", frozenset({"norm", "silu"}))
+    assert not fp8_gemv.release_producers(torch.device("cuda"), "attention")
+    assert fp8_gemv.release_producers(torch.device("cuda"), "norm")
 
 
 def test_cpu_tensors_never_take_the_cuda_kernel():

@@ -411,3 +411,25 @@ def test_weight_sync_gpu_path_equals_the_reference():
     for name in (f"{m}.weight" for m in sync.quantized):
         layer = engine.quantized_layers()[name.removesuffix(".weight")]
         assert torch.equal(layer.weight.view(torch.uint8), FP8.quantize_weight(named[name], name).data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("batch", [3, 16])
+def test_early_launched_attention_gives_the_same_tokens_and_logprobs(batch, monkeypatch):
+    """decode_attention.EARLY_LAUNCH changes when the attention starts (and what L2 holds),
+    not its arithmetic: an FP8 engine (CUDA decode GEMMs, CUDA graphs) must give the same
+    bits with it, the attention then reading q/k/v only after the projection finished.
+    Where the early launch is not available, the two runs are the same launches."""
+    from quantroll.kernels import decode_attention
+
+    cfg = dataclasses.replace(_small(), max_position_embeddings=512)
+    model = random_model(cfg, DEV, fmt=FP8)
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, stop_token_ids=(), seed=9)
+    prompts = [list(range(1 + 7 * i, 2 + 7 * i + 11 * (i % 5))) for i in range(batch)]
+    monkeypatch.setattr(decode_attention, "EARLY_LAUNCH", False)
+    plain = Engine.from_model(model, FP8, DEV).generate(prompts, params)
+    monkeypatch.setattr(decode_attention, "EARLY_LAUNCH", True)
+    engine = Engine.from_model(model, FP8, DEV)
+    early = engine.generate(prompts, params)
+    assert engine.last_stats["graph_replays"] > 0
+    for a, b in zip(plain, early):
+        assert a.tokens == b.tokens and a.logprobs == b.logprobs

@@ -46,22 +46,6 @@ def tiles_for(pairs: int, sms: int) -> AttentionTiles:
     return ONE_WAVE_TILES if pairs <= sms else MANY_WAVE_TILES
 
 
-# Launch the one-launch decode attention early (programmatic dependent launch): it then
-# asks L2 for its cached keys and values while the q/k/v projection before it finishes,
-# and waits for that projection before reading q, k, v (griddepcontrol.wait). Only where
-# the decode GEMM releases its successors early (fp8_gemv.release_producers: Hopper, the
-# CUDA decode GEMM); a successor of a kernel that never releases it starts as that one ends.
-EARLY_LAUNCH = False
-
-
-def early_launch(device: torch.device) -> dict:
-    """The launch keywords (``EARLY`` constexpr, ``launch_pdl``) for the one-launch decode
-    attention on ``device``: early only with EARLY_LAUNCH where the decode GEMM is."""
-    if EARLY_LAUNCH and fp8_gemv.release_producers(device, "attention"):
-        return {"EARLY": True, "launch_pdl": True}
-    return {}
-
-
 def next_pow2(n: int, floor: int) -> int:
     """The smallest power of two >= n and >= floor (Triton block sizes)."""
     p = floor
@@ -135,7 +119,7 @@ def decode_attention_qkv(qkv: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: to
         codes.stride(0), scales.stride(0), scales.stride(1),
         HQ=heads, HKV=kv_heads, D=head_dim, GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_S=tiles.block_s,
         QUANT=quantize, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        RELEASE=fp8_gemv.release_producers(qkv.device, "attention"), **early_launch(qkv.device),
+        RELEASE=fp8_gemv.release_producers(qkv.device, "attention"),
     )
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, heads * head_dim]), qkv.dtype)

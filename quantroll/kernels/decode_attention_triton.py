@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from quantroll.kernels.fused_triton import _quant_fp8_groups
 
@@ -71,18 +71,6 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, sm_scale,
 
 
 # -- one launch from the fused q/k/v projection ------------------------------------------
-
-
-@triton.jit
-def _prefetch_rows_l2(base, stride, n, ROW_BYTES: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Ask L2 for rows 0..n-1 (ROW_BYTES each, ``stride`` elements apart) of a cache
-    (cp.async.bulk.prefetch.L2: no registers, no completion to wait for). Hopper and newer."""
-    for s0 in range(0, n, BLOCK_S):
-        offs = s0 + tl.arange(0, BLOCK_S)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-            "=r,l,r,r", [base + offs * stride, (offs < n).to(tl.int32), tl.full([BLOCK_S], ROW_BYTES, tl.int32)],
-            dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -169,28 +157,18 @@ def decode_attention_qkv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_pt
                                 s_t, s_ct, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_oh, s_oqb, s_osb, s_osg,
                                 HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
                                 G_PAD: tl.constexpr, BLOCK_S: tl.constexpr, QUANT: tl.constexpr,
-                                RELEASE: tl.constexpr = False, EARLY: tl.constexpr = False):
+                                RELEASE: tl.constexpr = False):
     """Program (sequence b, KV head kvh) for the token of b at positions[b]: what
     qk_norm_rope_cache_kernel does for its GROUP q heads and its k/v head, then what
     decode_attention_kernel does for them, over positions 0..positions[b]. QUANT: the
     output goes out as FP8 codes (oq) and 1x128 scales (os) of its BF16 values, one group
     per head (D == 128), instead of BF16 (o). RELEASE: let the next kernel (a decode GEMM
-    launched early) launch now (fp8_gemv.release_producers). EARLY: launched early
-    (programmatic dependent launch, decode_attention.EARLY_LAUNCH): first ask L2 for this
-    (sequence, KV head)'s cached keys and values of the earlier positions, which no kernel of
-    this step writes, then wait for the kernel before (the q/k/v projection) and release
-    the next one only after that."""
+    launched early) launch now (fp8_gemv.release_producers)."""
     tl.static_assert(not QUANT or D == 128, "QUANT needs one 1x128 group per head")
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    if EARLY:
-        earlier = tl.load(pos_ptr + b)
-        row_bytes: tl.constexpr = D * kc_ptr.dtype.element_ty.primitive_bitwidth // 8
-        _prefetch_rows_l2(kc_ptr + b * s_kb + kvh * s_kh, s_ks, earlier, row_bytes, BLOCK_S)
-        _prefetch_rows_l2(vc_ptr + b * s_vb + kvh * s_vh, s_vs, earlier, row_bytes, BLOCK_S)
-        gdc_wait()
     if RELEASE:
         gdc_launch_dependents()
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
     HALF: tl.constexpr = D // 2
     OUT = qkv_ptr.dtype.element_ty
     offs_h = tl.arange(0, HALF)

@@ -207,7 +207,25 @@ def scaled_mm_supports(m: int, n: int, k: int) -> bool:
     return m >= 16 and n % 512 == 0 and k % 512 == 0
 
 
+# cuBLAS' blockwise FP8 GEMM (torch 2.11, H200) refuses M that is not a multiple of 4
+# (CUBLAS_STATUS_NOT_SUPPORTED from the heuristic query, or "Invalid scaling configuration"
+# for scales with a padded leading dimension): the outer-dim-major 1x128 scales need their
+# M side 16-byte aligned. Such M run on rows padded to a multiple of 4 (codes 0, scales 1).
+SCALED_MM_ROWS = 4
+
+
 def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """torch._scaled_mm with 1x128 activation and 128x128 weight scales; M that cuBLAS
+    refuses (not a multiple of ``SCALED_MM_ROWS``) on rows padded up to one, cut back after."""
+    m = aq.shape[0]
+    if m % SCALED_MM_ROWS:
+        padded = -(-m // SCALED_MM_ROWS) * SCALED_MM_ROWS
+        codes, scales = fp8_activation_buffers(padded, aq.shape[1], aq.device)
+        codes[m:].zero_()
+        codes[:m].copy_(aq)
+        scales[m:].fill_(1.0)
+        scales[:m].copy_(a_s)
+        return fp8_gemm_scaled_mm(codes, scales, wq, w_s, out_dtype)[:m]
     return torch._scaled_mm(aq, wq.t(), scale_a=a_s, scale_b=w_s.t(), out_dtype=out_dtype)
 
 

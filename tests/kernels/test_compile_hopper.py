@@ -52,9 +52,9 @@ CASES = [
     *[("decode_attention_triton", "decode_attention_qkv_kernel",
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "o_ptr")}
        | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32"},
-       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, RELEASE=quant, EARLY=early),
+       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, RELEASE=quant),
        dict(num_warps=4, num_stages=2))
-      for quant, early in ((False, False), (True, False), (True, True))],
+      for quant in (False, True)],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
                                              "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
        dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),
@@ -115,9 +115,7 @@ def test_kernel_compiles_for_sm90(module, kernel, pointers, constexprs, options)
         assert "cp.async" in compiled.asm["ptx"], "no asynchronous copies: the K loop is not pipelined"
     ptx = compiled.asm["ptx"]  # programmatic dependent launch: present exactly when asked for (fp8_gemv.py)
     assert ("griddepcontrol.launch_dependents" in ptx) == bool(constexprs.get("RELEASE"))
-    # only a kernel launched early waits for the one before it (and asks L2 for its cache first)
-    assert ("griddepcontrol.wait" in ptx) == bool(constexprs.get("EARLY"))
-    assert ("cp.async.bulk.prefetch.L2" in ptx) == bool(constexprs.get("EARLY"))
+    assert "griddepcontrol.wait" not in ptx  # only the CUDA decode GEMM waits
 
 
 @pytest.mark.parametrize("block_m", [16, 64])

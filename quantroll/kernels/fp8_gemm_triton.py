@@ -24,7 +24,7 @@ FP32_TINY = tl.constexpr(1.1754943508222875e-38)
 @triton.jit
 def act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, stride_sg,
                          BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row x stride passes 2^31 on long prefills
     g = tl.program_id(1)
     offs = g * BLOCK + tl.arange(0, BLOCK)
     mask = offs < K
@@ -45,7 +45,7 @@ def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F16: tl.constexpr):
     """Prefill GEMM (M > 64) for shapes cuBLAS does not take: y = (a * a_s) @ (w * w_s)^T."""
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_m = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements on long prefills
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

@@ -13,10 +13,11 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
   (Triton widens the FP8 codes to float16), float32-accurate.
   It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
   faster than BF16 at M = 16-64.
-- prefill on shapes cuBLAS verified (``scaled_mm_supports``): torch._scaled_mm with
-  blockwise scales (cuBLAS; torch >= 2.9, CUDA >= 12.9); Hopper's FP8 warpgroup MMA
-  accumulates each chunk of products in a narrower accumulator, so these outputs sit
-  ~1e-4 (relative) from float64 where the Triton paths sit ~1e-7.
+- prefill on shapes cuBLAS verified (``scaled_mm_supports``), on Hopper with torch >= 2.9
+  (``scaled_mm_verified_on``): torch._scaled_mm with blockwise scales (cuBLAS, CUDA >=
+  12.9); Hopper's FP8 warpgroup MMA accumulates each chunk of products in a narrower
+  accumulator, so these outputs sit ~1e-4 (relative) from float64 where the Triton paths
+  sit ~1e-7.
 - prefill on other shapes (small models): ``fp8_block_gemm_kernel`` with the codes
   widened to float16 (exact) on the float16 tensor cores, float32-accurate.
 
@@ -238,7 +239,20 @@ def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dty
         return "cuda decode"
     if m <= 64:
         return "triton decode"
-    return "cublas" if scaled_mm_supports(m, n, k) else "triton prefill"
+    return "cublas" if scaled_mm_supports(m, n, k) and scaled_mm_verified_on(device) else "triton prefill"
+
+
+def scaled_mm_verified_on(device: torch.device) -> bool:
+    """Whether torch._scaled_mm's 1x128 / 128x128 blockwise FP8 GEMM runs on ``device``
+    as measured: Hopper (sm_90, where cuBLAS implements this scaling; measured on the
+    H200) with torch >= 2.9 (earlier versions have no blockwise scaling). Elsewhere (Ada
+    sm_89, Blackwell, older torch) prefill takes the Triton GEMM: correct everywhere,
+    slower than cuBLAS on Hopper."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return version >= (2, 9) and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:

@@ -69,7 +69,7 @@ def add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, res_ptr, y_ptr, q_ptr, s_ptr, H, eps
     (fp8_gemv.release_producers)."""
     if RELEASE:
         gdc_launch_dependents()
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row x stride passes 2^31 on long prefills
     offs = tl.arange(0, BLOCK)
     ok = offs < H
     x = tl.load(x_ptr + row * s_x + offs, mask=ok, other=0.0)
@@ -106,7 +106,7 @@ def _norm_rope(x1, x2, w1, w2, c, s, eps, D: tl.constexpr, OUT: tl.constexpr):
 def qk_norm_rope_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, row_ptr, pos_ptr, eps,
                               s_t, s_ct, s_qt, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
                               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # token x stride passes 2^31 on long prefills
     head = tl.program_id(1)  # 0..HQ-1: q heads; HQ..HQ+HKV-1: kv heads
     HALF: tl.constexpr = D // 2
     offs = tl.arange(0, HALF)
@@ -144,7 +144,7 @@ def silu_mul_kernel(gu_ptr, y_ptr, q_ptr, s_ptr, I, s_g, s_y, s_q, s_sm, s_sg, Q
     (fp8_gemv.release_producers)."""
     if RELEASE:
         gdc_launch_dependents()
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row x stride passes 2^31 on long prefills
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < I
     g = tl.load(gu_ptr + row * s_g + offs, mask=ok, other=0.0).to(tl.float32)

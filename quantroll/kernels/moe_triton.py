@@ -100,7 +100,7 @@ def moe_route_kernel(logits_ptr, idx_ptr, w_ptr, E, s_l, s_i, s_w,
     probabilities in descending order (ties: the lower expert id first), their
     probabilities as weights (divided by their sum with NORM), as SparseMoE.route
     computes them with softmax, topk, gather and a division."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # token x stride: int64 like every row offset here
     offs = tl.arange(0, E_PAD)
     ok = offs < E
     x = tl.load(logits_ptr + t * s_l + offs, mask=ok, other=float("-inf")).to(tl.float32)
@@ -128,7 +128,7 @@ def moe_route_kernel(logits_ptr, idx_ptr, w_ptr, E, s_l, s_i, s_w,
 def moe_combine_kernel(y_ptr, w_ptr, out_ptr, H, s_yt, s_yk, s_wt, s_ot, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[t] = sum over slots k of bf16(y[t, k] * w[t, k]), the products rounded as
     PyTorch rounds them, summed in slot order in float32 and rounded once."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # token x stride passes 2^31 on long prefills (top_k x H per token)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < H
     acc = tl.zeros([BLOCK], tl.float32)

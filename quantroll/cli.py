@@ -31,9 +31,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_device(device: str | None) -> None:
+    """Make a ``--device cuda:N`` the process's current CUDA device: the Triton kernels
+    launch on the current device, whatever device their tensors are on. An index the
+    machine does not have is a user error."""
+    if not device:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise QuantrollError(f"--device {device}: not a device name ({err})") from None
+    if dev.type != "cuda" or dev.index is None:
+        return
+    count = torch.cuda.device_count()
+    if dev.index >= count:
+        raise QuantrollError(f"--device {device}: this machine has {count} CUDA device(s); pick cuda:0 .. "
+                             f"cuda:{count - 1}" if count else f"--device {device}: this machine has no CUDA device")
+    torch.cuda.set_device(dev.index)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        use_device(getattr(args, "device", None))
         result = args.func(args)
     except QuantrollError as err:
         print(f"quantroll {args.command}: error: {err}", file=sys.stderr)

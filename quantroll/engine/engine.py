@@ -10,6 +10,8 @@ moe_layers, top_k]): the prompt's P positions and every response token but the l
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +84,19 @@ def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, .
         eos = json.loads(gen.read_text()).get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
     return tuple(sorted(ids))
+
+
+def on_engine_device(method):
+    """Run an Engine method with the engine's CUDA device current: Triton kernels launch on
+    the current device, not on their tensors' (an engine on cuda:1 in a process whose
+    current device is cuda:0 would otherwise launch its kernels on the wrong GPU)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.device.type != "cuda":
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(self.device):
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 class Engine:
@@ -183,6 +198,7 @@ class Engine:
                     "shorten the prompt or lower max_new_tokens")
 
     @torch.no_grad()
+    @on_engine_device
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams()) -> list[GenerationResult]:
         """Generate for every prompt. With ``max_kv_cache_bytes`` set, the prompts run in
         consecutive sub-batches whose KV cache fits; prompt i always samples with seed + i."""
@@ -261,6 +277,7 @@ class Engine:
 
     # -- weight updates ---------------------------------------------------------------
     @torch.no_grad()
+    @on_engine_device
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor | QuantizedTensor]]) -> int:
         """Update weights in place: a plain tensor for a BF16 parameter; for a quantized
         layer ``name.weight`` either a QuantizedTensor (data + scale, loaded as is) or

@@ -15,3 +15,32 @@ def test_generate_without_tokenizer_is_refused(tiny_checkpoint, capsys):
     bare = tiny_checkpoint(tokenizer=False)
     rc = main(["generate", "--hf-checkpoint", str(bare), "--prompt", "x", "--device", "cpu"])
     assert rc == 2 and "tokenizer.json not found" in capsys.readouterr().err
+
+
+def test_a_device_the_machine_lacks_is_refused_in_one_line(tiny_qwen3_dir, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rc = main(["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "x", "--device", "cuda:3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--device cuda:3: this machine has 1 CUDA device(s); pick cuda:0 .. cuda:0" in err
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "x", "--device", "cuda:0"]) == 2
+    assert "this machine has no CUDA device" in capsys.readouterr().err
+    assert main(["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "x", "--device", "gpu2"]) == 2
+    assert "--device gpu2: not a device name" in capsys.readouterr().err
+
+
+def test_an_indexed_cuda_device_becomes_the_current_one(monkeypatch):
+    """Triton launches on the current CUDA device: `--device cuda:N` must make N current."""
+    import torch
+
+    from quantroll import cli
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    cli.use_device("cuda:1")
+    cli.use_device("cpu")
+    cli.use_device("cuda")  # no index: the current device stays
+    assert chosen == [1]

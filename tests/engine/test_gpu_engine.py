@@ -437,3 +437,22 @@ def test_fp8_engine_prefills_prompts_of_any_length(monkeypatch):
         # padding rows leaking into the output would move them by whole units
         diff = (torch.tensor(a.logprobs[:4]) - torch.tensor(b.logprobs[:4])).abs().max().item()
         assert diff <= 0.5, (diff, a.logprobs[:4], b.logprobs[:4])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_an_engine_on_the_second_gpu_runs_its_kernels_there():
+    """Triton launches on the current device: an FP8 engine on cuda:1 while cuda:0 is
+    current must still run (Engine.generate makes its device current) and give what the
+    same model gives on cuda:0."""
+    torch.cuda.set_device(0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=2)
+    prompts = [[3, 4, 5], list(range(20, 33))]
+    out = {}
+    for dev in ("cuda:0", "cuda:1"):
+        with torch.cuda.device(dev):  # building the model quantizes on its device too
+            model = random_model(_small(), dev, fmt=FP8)
+        assert torch.cuda.current_device() == 0
+        out[dev] = Engine.from_model(model, FP8, dev).generate(prompts, params)
+        del model
+    for a, b in zip(out["cuda:0"], out["cuda:1"]):
+        assert a.tokens == b.tokens and a.logprobs == b.logprobs

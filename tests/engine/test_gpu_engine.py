@@ -456,3 +456,28 @@ def test_an_engine_on_the_second_gpu_runs_its_kernels_there():
         del model
     for a, b in zip(out["cuda:0"], out["cuda:1"]):
         assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
+def test_large_odd_batches_decode_under_graphs_as_eagerly():
+    """Decode batches past the small-batch kernels: an FP8 dense batch of 66 (cuBLAS on
+    rows padded to a multiple of 4, inside the captured graph) and a MoE batch of 520 with
+    top-8 (4160 routed pairs, past the one-launch sort's 4096, so the pairs are sorted by
+    tensor ops inside the graph): the graphs must give the eager tokens."""
+    from quantroll.kernels import moe
+
+    params = SamplingParams(temperature=0, max_new_tokens=4, stop_token_ids=())
+    dense = random_model(_small(), DEV, fmt=FP8)
+    prompts = [[1 + i % 50, 2 + i % 7] for i in range(66)]
+    eager = Engine.from_model(dense, FP8, DEV, cuda_graphs=False).generate(prompts, params)
+    graphed = Engine.from_model(dense, FP8, DEV).generate(prompts, params)
+    assert [r.tokens for r in eager] == [r.tokens for r in graphed]
+    del dense
+    cfg = dataclasses.replace(_small("qwen3-30b-a3b"), num_experts=16, num_experts_per_tok=8)
+    model = random_model(cfg, DEV)
+    prompts = [[1 + i % 97, 3 + i % 11] for i in range(520)]
+    assert 520 * 8 > moe.MAX_ALIGN_KERNEL_PAIRS
+    eager = Engine.from_model(model, None, DEV, cuda_graphs=False).generate(prompts, params)
+    engine = Engine.from_model(model, None, DEV)
+    graphed = engine.generate(prompts, params)
+    assert engine.last_stats["graph_replays"] == 2
+    assert [r.tokens for r in eager] == [r.tokens for r in graphed]

@@ -44,6 +44,10 @@ def load_tokenizer(checkpoint: Path):
 
 def run(args: argparse.Namespace) -> int:
     checkpoint = Path(args.hf_checkpoint)
+    if not checkpoint.is_dir():
+        raise QuantrollError(f"--hf-checkpoint {checkpoint}: no such directory")
+    if args.n < 1:
+        raise QuantrollError(f"--n must be >= 1, got {args.n}")
     tokenizer = load_tokenizer(checkpoint)
     ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
     engine = Engine(checkpoint, device=args.device)

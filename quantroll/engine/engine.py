@@ -20,6 +20,7 @@ import torch
 
 from quantroll.engine.decode import DecodeLoop
 from quantroll.engine.kv_cache import KVCache, kv_cache_bytes
+from quantroll.engine.request import check_request
 from quantroll.engine.sampling import SamplingParams, sample
 from quantroll.errors import QuantrollError
 from quantroll.formats import QuantizedTensor
@@ -183,19 +184,7 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------
     def _check(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        if not prompts:
-            raise QuantrollError("generate() got no prompts")
-        context = self.config.max_position_embeddings
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise QuantrollError(f"prompt {i} is empty; every prompt needs at least one token")
-            if min(p) < 0 or max(p) >= self.config.vocab_size:
-                raise QuantrollError(f"prompt {i} holds token ids outside [0, {self.config.vocab_size})")
-            if len(p) + params.max_new_tokens > context:
-                raise QuantrollError(
-                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={params.max_new_tokens} it needs "
-                    f"{len(p) + params.max_new_tokens} positions but the model's context is {context}; "
-                    "shorten the prompt or lower max_new_tokens")
+        check_request(prompts, params, self.config.vocab_size, self.config.max_position_embeddings)
 
     @torch.no_grad()
     @on_engine_device
@@ -276,28 +265,14 @@ class Engine:
         return out
 
     # -- weight updates ---------------------------------------------------------------
-    @torch.no_grad()
     @on_engine_device
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor | QuantizedTensor]]) -> int:
-        """Update weights in place: a plain tensor for a BF16 parameter; for a quantized
-        layer ``name.weight`` either a QuantizedTensor (data + scale, loaded as is) or
-        a BF16 tensor (quantized here by the layer's format). Returns the new version."""
-        for name, value in named_tensors:
-            module = name.removesuffix(".weight")
-            if module in self._linears and name.endswith(".weight"):
-                layer = self._linears[module]
-                q = value if isinstance(value, QuantizedTensor) else layer.format.quantize_weight(value.to(self.device), name)
-                if q.format != layer.format.name or tuple(q.shape) != (layer.out_features, layer.in_features):
-                    raise QuantrollError(f"load_weights: '{name}' is {q.format} {tuple(q.shape)}, the engine holds "
-                                         f"{layer.format.name} {(layer.out_features, layer.in_features)}")
-                layer.load_quantized_(q)
-            elif name in self._params:
-                target = self._params[name]
-                if isinstance(value, QuantizedTensor) or tuple(value.shape) != tuple(target.shape):
-                    raise QuantrollError(f"load_weights: '{name}' does not match the engine's {tuple(target.shape)} "
-                                         f"{target.dtype} parameter")
-                target.copy_(value)
-            else:
-                raise QuantrollError(f"load_weights: the engine has no weight named '{name}'")
+        """Update weights in place, all or nothing (engine/weights.py): a floating tensor for a
+        BF16 parameter; for a quantized layer ``name.weight`` either a QuantizedTensor (data +
+        scale, loaded as is) or a floating tensor (quantized here by the layer's format). A dict
+        of name -> tensor works too. Returns the new version."""
+        from quantroll.engine.weights import load_weights
+
+        load_weights(named_tensors, self._linears, self._params, self.device)
         self.weight_version += 1
         return self.weight_version

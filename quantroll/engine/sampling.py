@@ -22,6 +22,9 @@ truncation and for CPU tensors.
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,16 @@ from quantroll.errors import QuantrollError
 from quantroll.kernels.quantize import triton_available
 
 _MASK32 = 0xFFFFFFFF
+
+
+# Below this (and above 0) logits / T overflows float32 for large logits, and the sample
+# is the greedy one anyway: such temperatures are refused (use 0 for greedy).
+MIN_TEMPERATURE = 1e-6
+SEED_LIMIT = 2**32  # seeds are hashed as 32-bit integers (seed + prompt index wraps)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -42,14 +55,26 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise QuantrollError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise QuantrollError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise QuantrollError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise QuantrollError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        t = self.temperature
+        if not isinstance(t, numbers.Real) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise QuantrollError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise QuantrollError(f"temperature {t!r} is below {MIN_TEMPERATURE:g}, where logits / T overflow float32 "
+                                 "and sampling is greedy anyway; use temperature=0 for greedy")
+        if not isinstance(self.top_p, numbers.Real) or not 0 < self.top_p <= 1:
+            raise QuantrollError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise QuantrollError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise QuantrollError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT:
+            raise QuantrollError(f"seed must be an integer in [0, 2^32), got {self.seed!r}")
+        if self.stop_token_ids is not None:
+            ids = self.stop_token_ids
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) or not all(_is_int(i) for i in ids):
+                raise QuantrollError(f"stop_token_ids must be integers (or None for the checkpoint's EOS ids), "
+                                     f"got {ids!r}")
+            object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
 
     @property
     def greedy(self) -> bool:

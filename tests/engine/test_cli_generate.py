@@ -44,3 +44,14 @@ def test_an_indexed_cuda_device_becomes_the_current_one(monkeypatch):
     cli.use_device("cpu")
     cli.use_device("cuda")  # no index: the current device stays
     assert chosen == [1]
+
+
+def test_a_missing_checkpoint_and_no_samples_are_refused(tiny_qwen3_dir, tmp_path, capsys):
+    assert main(["generate", "--hf-checkpoint", str(tmp_path / "nowhere"), "--prompt", "x", "--device", "cpu"]) == 2
+    assert "nowhere: no such directory" in capsys.readouterr().err
+    assert main(["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "x", "--n", "0",
+                 "--device", "cpu"]) == 2
+    assert "--n must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "x", "--temperature", "nan",
+                 "--device", "cpu"]) == 2
+    assert "temperature must be a finite number" in capsys.readouterr().err

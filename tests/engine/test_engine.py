@@ -106,6 +106,48 @@ def test_load_weights_in_place_matches_a_fresh_engine(tiny_qwen3_dir, fp8_dir, t
         engine.load_weights([("model.layers.0.mlp.nothing.weight", torch.zeros(1))])
 
 
+def test_load_weights_is_all_or_nothing_and_refuses_bad_values(fp8_dir):
+    """A wrong entry anywhere in an update (unknown name, NaN/Inf, a non-floating dtype, a
+    malformed pair) raises before any tensor is written, and the version stays."""
+    from quantroll.errors import NonFiniteError
+
+    engine = Engine(fp8_dir, dtype=torch.float32)
+    norm = "model.layers.0.input_layernorm.weight"
+    up = "model.layers.0.mlp.up_proj.weight"
+    layer = engine._linears["model.layers.0.mlp.up_proj"]
+    before = (engine._params[norm].clone(), layer.weight.view(torch.uint8).clone())
+
+    def unchanged():
+        return (engine.weight_version == 0 and torch.equal(engine._params[norm], before[0])
+                and torch.equal(layer.weight.view(torch.uint8), before[1]))
+
+    w_up = torch.randn(layer.out_features, layer.in_features)
+    ones = torch.full_like(engine._params[norm], 5.0)
+    with pytest.raises(QuantrollError, match="no weight named 'bogus.weight'"):
+        engine.load_weights([(norm, ones), (up, w_up), ("bogus.weight", torch.zeros(1))])
+    assert unchanged()
+    nan_up = w_up.clone()
+    nan_up[3, 5] = float("nan")
+    with pytest.raises(NonFiniteError, match=f"'{up}' holds NaN/Inf value.s.; nothing was loaded"):
+        engine.load_weights([(norm, ones), (up, nan_up)])
+    assert unchanged()
+    with pytest.raises(NonFiniteError, match=f"'{norm}'"):
+        engine.load_weights([(norm, torch.full_like(ones, float("inf")))])
+    for bad in (torch.ones_like(ones, dtype=torch.int64), torch.ones_like(ones, dtype=torch.bool),
+                ones.to(torch.float8_e4m3fn)):
+        with pytest.raises(QuantrollError, match=f"'{norm}' is torch.{str(bad.dtype)[6:]}; .* takes a floating"):
+            engine.load_weights([(norm, bad)])
+    with pytest.raises(QuantrollError, match=f"'{up}' must be a floating tensor or a fp8 QuantizedTensor"):
+        engine.load_weights([(up, w_up.to(torch.int32))])
+    with pytest.raises(QuantrollError, match="takes .name, tensor. pairs or a dict"):
+        engine.load_weights([ones])
+    assert unchanged()
+    # a dict works, float64 values are cast, and both entries land together
+    assert engine.load_weights({norm: ones.double(), up: w_up}) == 1
+    assert torch.equal(engine._params[norm], ones)
+    assert torch.equal(layer.weight.view(torch.uint8), engine.format.quantize_weight(w_up).data.view(torch.uint8))
+
+
 def test_fp8_engine_labels_emulation(fp8_dir):
     assert Engine(fp8_dir).precision == "fp8 (emulated)"
 
@@ -115,6 +157,27 @@ def test_prompt_longer_than_context_is_refused(dense_engine):
         dense_engine.generate([[1] * 250], SamplingParams(max_new_tokens=10))
     with pytest.raises(QuantrollError, match="empty"):
         dense_engine.generate([[]], SamplingParams())
+
+
+def test_malformed_requests_are_refused_in_one_line(dense_engine):
+    vocab = dense_engine.config.vocab_size
+    cases = [
+        (torch.tensor([[1, 2]]), "pass tensor.tolist"),
+        ([[1.5, 2]], "prompt 0 must be a list of integer token ids"),
+        ([[1, 2], ["a", 2]], "prompt 1 must be a list of integer token ids"),
+        ([[1, 2], 3], "prompt 1 must be a list"),
+        ([[1, True]], "prompt 0 must be a list of integer token ids"),
+    ]
+    for prompts, message in cases:
+        with pytest.raises(QuantrollError, match=message):
+            dense_engine.generate(prompts, SamplingParams(max_new_tokens=2))
+    with pytest.raises(QuantrollError, match=rf"stop_token_ids \[-1, {vocab}\] are outside the vocabulary"):
+        dense_engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, stop_token_ids=(-1, vocab, 3)))
+    with pytest.raises(QuantrollError, match="takes a SamplingParams"):
+        dense_engine.generate([[1, 2]], {"max_new_tokens": 2})
+    import numpy as np
+
+    assert len(dense_engine.generate([[np.int64(1), 2]], SamplingParams(max_new_tokens=2))[0].tokens) == 2
 
 
 def test_unknown_model_type_lists_supported(tiny_qwen3_dir, tmp_path):

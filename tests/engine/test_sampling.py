@@ -69,10 +69,31 @@ def test_temperature_sharpens():
     assert abs((cold == 0).double().mean().item() - p_cold) < 0.02
 
 
-@pytest.mark.parametrize("kw", [{"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}, {"max_new_tokens": 0}])
-def test_bad_params_refused(kw):
-    with pytest.raises(QuantrollError):
+@pytest.mark.parametrize("kw,message", [
+    ({"temperature": -1}, "temperature must be a finite number >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": 1e-40}, "use temperature=0 for greedy"),
+    ({"temperature": "0.5"}, "temperature must be a finite number"),
+    ({"top_p": 0}, "top_p must be in"), ({"top_p": 1.5}, "top_p must be in"),
+    ({"top_p": float("nan")}, "top_p must be in"),
+    ({"top_k": -2}, "top_k must be an integer >= 0"), ({"top_k": 2.5}, "top_k must be an integer"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
+    ({"max_new_tokens": None}, "max_new_tokens must be an integer"),
+    ({"seed": 1.5}, r"seed must be an integer in \[0, 2\^32\)"), ({"seed": -1}, "seed must be"),
+    ({"seed": 2**32}, "seed must be"),
+    ({"stop_token_ids": "eos"}, "stop_token_ids must be integers"), ({"stop_token_ids": (1, 2.0)}, "stop_token_ids"),
+])
+def test_bad_params_refused_in_one_line(kw, message):
+    with pytest.raises(QuantrollError, match=message):
         SamplingParams(**kw)
+
+
+def test_stop_ids_from_any_iterable_become_a_tuple():
+    assert SamplingParams(stop_token_ids=[5, 3]).stop_token_ids == (5, 3)
+    assert SamplingParams(stop_token_ids={7}).stop_token_ids == (7,)
+    assert SamplingParams(temperature=1e-6).temperature == 1e-6  # the smallest accepted
 
 
 def test_reported_logprobs_float32():

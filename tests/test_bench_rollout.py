@@ -28,3 +28,24 @@ def test_decode_gemm_label_without_fp8_hardware():
     assert decode_gemm_label("fp8", 16, cfg, torch.device("cpu")) == "emulated"  # also where a GPU is present
     if not torch.cuda.is_available():
         assert decode_gemm_label("mxfp8", 1, cfg, "cpu") == "emulated"
+
+
+def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
+    """Each in one line with exit status 2, before the GPU is even asked for (a bad --json
+    path would otherwise surface after the whole benchmark)."""
+    from quantroll.cli import main
+
+    cases = [
+        (["--batches", "0"], "--batches must all be >= 1"),
+        (["--batches", "1,x"], "--batches takes comma-separated integers"),
+        (["--precisions", "bf16,fp4"], "--precisions: unknown ['fp4']; choose from bf16, fp8, mxfp8, nvfp4"),
+        (["--layers", "0"], "--layers must be in [1, 36] for qwen3-8b, got 0"),
+        (["--shape", "qwen3-30b-a3b", "--layers", "49"], "--layers must be in [1, 48]"),
+        (["--prompt-len", "0"], "--prompt-len must be >= 1"),
+        (["--new-tokens", "-3"], "--new-tokens must be >= 1"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--json", str(tmp_path / "missing" / "out.json")], "its directory does not exist"),
+    ]
+    for extra, message in cases:
+        assert main(["bench", "rollout", *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra

@@ -25,15 +25,46 @@ def register(subparsers) -> None:
     r.set_defaults(func=run_rollout)
 
 
+def rollout_plan(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """(batches, precisions) of a ``bench rollout`` call, every argument checked before any
+    work (a bad --json path would otherwise surface after the whole benchmark)."""
+    from pathlib import Path
+
+    from quantroll.bench.shapes import SHAPES
+    from quantroll.formats import FORMAT_NAMES
+
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise QuantrollError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
+    if not batches or min(batches) < 1:
+        raise QuantrollError(f"--batches must all be >= 1, got {args.batches!r}")
+    precisions = args.precisions.split(",")
+    known = ("bf16", *FORMAT_NAMES)
+    if unknown := [p for p in precisions if p not in known]:
+        raise QuantrollError(f"--precisions: unknown {unknown}; choose from {', '.join(known)}")
+    most = SHAPES[args.shape].num_hidden_layers
+    if args.layers is not None and not 1 <= args.layers <= most:
+        raise QuantrollError(f"--layers must be in [1, {most}] for {args.shape}, got {args.layers}")
+    for flag, value in (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens),
+                        ("--repeats", args.repeats)):
+        if value < 1:
+            raise QuantrollError(f"{flag} must be >= 1, got {value}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise QuantrollError(f"--json {args.json}: its directory does not exist")
+    return batches, precisions
+
+
 def run_rollout(args: argparse.Namespace) -> int:
     import torch
 
+    batches, precisions = rollout_plan(args)
     if not torch.cuda.is_available():
         raise QuantrollError("bench rollout needs a CUDA GPU; none is visible")
     from quantroll.bench.rollout import format_table, run_rollout_bench
 
-    bandwidth, results = run_rollout_bench(args.shape, args.layers, [int(b) for b in args.batches.split(",")],
-                                           args.precisions.split(","), args.prompt_len, args.new_tokens, args.repeats)
+    bandwidth, results = run_rollout_bench(args.shape, args.layers, batches, precisions, args.prompt_len,
+                                           args.new_tokens, args.repeats)
     print(format_table(bandwidth, results))
     if args.json:
         with open(args.json, "w") as f:

@@ -10,4 +10,9 @@ class QuantrollError(ValueError):
 
 
 class NonFiniteError(QuantrollError):
-    """A tensor holds NaN or Inf where finite numbers are required."""
+    """A tensor holds NaN or Inf where finite numbers are required; ``tensor`` names it
+    where the raiser knows the name."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor

@@ -83,7 +83,7 @@ def _check_finite(entries: list[_Entry]) -> None:
         ok = torch.stack([flag for _, flag in found]).cpu()
         if not bool(ok.all()):
             bad = found[int((~ok).nonzero()[0])][0]
-            raise NonFiniteError(f"load_weights: '{bad}' holds NaN/Inf value(s); nothing was loaded")
+            raise NonFiniteError(f"load_weights: '{bad}' holds NaN/Inf value(s); nothing was loaded", tensor=bad)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from quantroll.errors import QuantrollError
+from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
 
 
@@ -55,7 +55,10 @@ def check_weight_update(engine, push: Callable[[], object], allow_quant_error: b
         _noise_(t, g)
     for layer in engine.quantized_layers().values():
         layer.invalidate()
-    push()
+    try:
+        push()
+    except NonFiniteError as err:  # the engine refused an update holding NaN/Inf: a mismatch to name
+        _fail(err.tensor or "?", f"the update holds NaN/Inf ({err}), so the engine loaded none of it")
     after = engine.state()
     errors: dict[str, float] = {}
     quantized = engine.quantized_layers()

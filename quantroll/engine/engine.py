@@ -77,13 +77,21 @@ class _Timer:
 
 
 def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, ...]:
+    """config.json's EOS ids and generation_config.json's, if that file exists."""
     ids = set(config_eos)
     gen = checkpoint_dir / "generation_config.json"
     if gen.is_file():
         import json
 
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+        from quantroll.model.config import JsonFields
+
+        try:
+            raw = json.loads(gen.read_text())
+        except json.JSONDecodeError as err:
+            raise QuantrollError(f"{gen} is not valid JSON ({err}); fix or delete it") from None
+        if not isinstance(raw, dict):
+            raise QuantrollError(f"{gen}: expected a JSON object, got {type(raw).__name__}")
+        ids.update(JsonFields(raw, str(gen)).ints("eos_token_id"))
     return tuple(sorted(ids))
 
 

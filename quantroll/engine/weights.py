@@ -16,6 +16,7 @@ import torch
 
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
+from quantroll.formats.base import validity_flags
 
 # Dtypes a BF16 parameter (or a BF16 weight the engine quantizes) accepts; values are cast.
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -65,25 +66,24 @@ def _check_entry(name: str, value, linears: dict, params: dict) -> _Entry:
     raise QuantrollError(f"load_weights: the engine has no weight named '{name}'")
 
 
-def _finite_tensors(entry: _Entry) -> list[torch.Tensor]:
-    """The floating tensors of an entry whose values must be finite."""
+def _flags(entry: _Entry) -> list[tuple[str, torch.Tensor]]:
+    """(what would be wrong, 0-dim bool True where it is not) for one entry, unsynced."""
     if isinstance(entry.value, QuantizedTensor):
-        scales = [entry.value.scale, entry.value.global_scale]
-        return [s for s in scales if s is not None and s.dtype in FLOAT_DTYPES]
-    return [entry.value]
+        return validity_flags(entry.value)
+    return [("NaN/Inf value(s)", torch.isfinite(entry.value).all())]
 
 
 def _check_finite(entries: list[_Entry]) -> None:
-    """One reduction per tensor and one host sync per device for all of them."""
-    checks: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    """One reduction per check and one host sync per device for all of them."""
+    checks: dict[torch.device, list[tuple[str, str, torch.Tensor]]] = {}
     for entry in entries:
-        for t in _finite_tensors(entry):
-            checks.setdefault(t.device, []).append((entry.name, torch.isfinite(t).all()))
+        for what, flag in _flags(entry):
+            checks.setdefault(flag.device, []).append((entry.name, what, flag))
     for found in checks.values():
-        ok = torch.stack([flag for _, flag in found]).cpu()
+        ok = torch.stack([flag for _, _, flag in found]).cpu()
         if not bool(ok.all()):
-            bad = found[int((~ok).nonzero()[0])][0]
-            raise NonFiniteError(f"load_weights: '{bad}' holds NaN/Inf value(s); nothing was loaded", tensor=bad)
+            name, what, _ = found[int((~ok).nonzero()[0])]
+            raise NonFiniteError(f"load_weights: '{name}' holds {what}; nothing was loaded", tensor=name)
 
 
 @torch.no_grad()

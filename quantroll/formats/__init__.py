@@ -9,7 +9,7 @@ dequantize / ulp. They run on any device torch supports; the GPU kernels in
 from __future__ import annotations
 
 from quantroll.errors import QuantrollError
-from quantroll.formats.base import Format, QuantizedTensor
+from quantroll.formats.base import Format, QuantizedTensor, invalid_values
 from quantroll.formats.fp8_block import BlockFP8
 from quantroll.formats.mxfp8 import MXFP8, SCALE_RULES
 from quantroll.formats.nvfp4 import NVFP4
@@ -32,4 +32,4 @@ def get_format(name: str, scale_rule: str | None = None) -> Format:
     return fmt
 
 
-__all__ = ["Format", "QuantizedTensor", "BlockFP8", "MXFP8", "NVFP4", "get_format", "FORMAT_NAMES", "SCALE_RULES"]
+__all__ = ["Format", "QuantizedTensor", "invalid_values", "BlockFP8", "MXFP8", "NVFP4", "get_format", "FORMAT_NAMES", "SCALE_RULES"]

@@ -51,6 +51,46 @@ class QuantizedTensor:
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
+def _no_nan_codes(t: torch.Tensor) -> torch.Tensor | None:
+    """A 0-dim bool tensor, True where a code tensor holds none of its dtype's NaN codes
+    (e4m3fn 0x7F / 0xFF); None for codes without NaN (NVFP4's packed uint8 data)."""
+    if t.dtype == torch.float8_e4m3fn:
+        return ~((t.view(torch.uint8) & 0x7F) == 0x7F).any()
+    return None
+
+
+def validity_flags(q: QuantizedTensor) -> list[tuple[str, torch.Tensor]]:
+    """(what would be wrong, 0-dim bool tensor True where it is not) for a stored quantized
+    tensor, on its device and without a host sync (callers batch the syncs): no NaN
+    element codes; float scales finite and >= 0 (a zero scale is a block of zeros), E8M0
+    scales not 0xFF (NaN), e4m3 scales without NaN codes; a finite positive global scale."""
+    flags = []
+    if (ok := _no_nan_codes(q.data)) is not None:
+        flags.append(("NaN element codes", ok))
+    scale = q.scale
+    if scale.dtype == torch.uint8:  # E8M0 exponents: 0xFF is NaN
+        flags.append(("NaN (0xFF) E8M0 scales", ~(scale == 0xFF).any()))
+    else:
+        if (ok := _no_nan_codes(scale)) is not None:
+            flags.append(("NaN scales", ok))
+        values = scale.float()
+        flags.append(("NaN/Inf scales", torch.isfinite(values).all()))
+        flags.append(("negative scales", ~(values < 0).any()))
+    if q.global_scale is not None:
+        g = q.global_scale.float()
+        flags.append(("a non-finite or non-positive global scale", (torch.isfinite(g) & (g > 0)).all()))
+    return flags
+
+
+def invalid_values(q: QuantizedTensor) -> str | None:
+    """What makes a stored quantized tensor unusable (``validity_flags``), or None."""
+    flags = validity_flags(q)
+    if not flags:
+        return None
+    ok = torch.stack([flag for _, flag in flags]).cpu()
+    return None if bool(ok.all()) else flags[int((~ok).nonzero()[0])][0]
+
+
 def check_input(x: torch.Tensor, name: str, *, weight: bool) -> None:
     """Refuse what no format can hold: wrong rank, non-float dtype, NaN or Inf.
 

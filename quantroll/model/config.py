@@ -69,60 +69,135 @@ class ModelConfig:
         return tuple(i for i in range(self.num_hidden_layers) if self.is_moe_layer(i))
 
 
-def _rope_from(raw: dict) -> RopeConfig:
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = params.get("rope_theta", raw.get("rope_theta", 1_000_000.0))
+_REQUIRED = object()
+
+
+class JsonFields:
+    """Typed reads of one JSON object: a wrong type, a null where a value is required, or a
+    value out of range is a one-line error naming the key (``where`` prefixes it)."""
+
+    def __init__(self, raw: dict, source: str, where: str = ""):
+        self.raw, self.source, self.where = raw, source, where
+
+    def _get(self, key: str, default):
+        """The value; ``default`` where the key is absent or null (``_REQUIRED``: an error)."""
+        value = self.raw.get(key)
+        if value is None and default is _REQUIRED:
+            what = "is null; it needs a value" if key in self.raw else "is missing"
+            raise QuantrollError(f"{self.source}: required key '{self.where}{key}' {what}")
+        return default if value is None else value
+
+    def _bad(self, key: str, what: str, value) -> QuantrollError:
+        return QuantrollError(f"{self.source}: '{self.where}{key}' must be {what}, got {value!r}")
+
+    def int(self, key: str, default=_REQUIRED, minimum: int | None = None) -> int | None:
+        value = self._get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad(key, "an integer", value)
+        if minimum is not None and value < minimum:
+            raise self._bad(key, f"an integer >= {minimum}", value)
+        return value
+
+    def float(self, key: str, default=_REQUIRED, positive: bool = False) -> float | None:
+        value = self._get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._bad(key, "a number", value)
+        if positive and not value > 0:
+            raise self._bad(key, "a positive number", value)
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false", value)
+        return value
+
+    def ints(self, key: str) -> tuple[int, ...]:
+        value = self._get(key, [])
+        if isinstance(value, bool) or not isinstance(value, (list, int)):
+            raise self._bad(key, "an integer or a list of integers", value)
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            raise self._bad(key, "an integer or a list of integers", value)
+        return tuple(items)
+
+
+def _rope_from(raw: dict, source: str) -> RopeConfig:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    where = "rope_parameters." if raw.get("rope_parameters") else "rope_scaling."
+    if not isinstance(params, dict):
+        raise QuantrollError(f"{source}: '{where.rstrip('.')}' must be an object, got {params!r}")
+    top = JsonFields(raw, source)
+    f = JsonFields(params, source, where)
+    theta = f.float("rope_theta", None, positive=True) or top.float("rope_theta", 1_000_000.0, positive=True)
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise QuantrollError(f"rope type '{rope_type}' is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     return RopeConfig(
-        theta=float(theta),
+        theta=theta,
         rope_type=rope_type,
-        factor=float(params.get("factor") or 1.0),
-        original_max_position_embeddings=params.get("original_max_position_embeddings"),
-        attention_factor=params.get("attention_factor"),
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        truncate=bool(params.get("truncate", True)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        factor=f.float("factor", 1.0, positive=True),
+        original_max_position_embeddings=f.int("original_max_position_embeddings", None, minimum=1),
+        attention_factor=f.float("attention_factor", None),
+        beta_fast=f.float("beta_fast", 32.0),
+        beta_slow=f.float("beta_slow", 1.0),
+        truncate=f.bool("truncate", True),
+        low_freq_factor=f.float("low_freq_factor", 1.0),
+        high_freq_factor=f.float("high_freq_factor", 4.0),
     )
 
 
 def config_from_dict(raw: dict, source: str = "config.json") -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise QuantrollError(f"{source}: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise QuantrollError(
             f"{source}: model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    try:
-        heads = int(raw["num_attention_heads"])
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return ModelConfig(
-            model_type=model_type,
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=int(raw["hidden_size"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            num_hidden_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-            rope=_rope_from(raw),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", False)),
-            num_experts=int(raw.get("num_experts", raw.get("num_local_experts", 0)) or 0) if model_type == "qwen3_moe" else 0,
-            num_experts_per_tok=int(raw.get("num_experts_per_tok", 0) or 0),
-            moe_intermediate_size=int(raw.get("moe_intermediate_size", 0) or 0),
-            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
-            mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers", []) or []),
-            eos_token_ids=eos_ids,
-        )
-    except KeyError as missing:
-        raise QuantrollError(f"{source}: required key {missing} is missing") from None
+    f = JsonFields(raw, source)
+    heads = f.int("num_attention_heads", minimum=1)
+    hidden = f.int("hidden_size", minimum=1)
+    kv_heads = f.int("num_key_value_heads", heads, minimum=1)
+    if heads % kv_heads:
+        raise QuantrollError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                             f"{kv_heads}")
+    moe = model_type == "qwen3_moe"
+    experts = 0
+    if moe:
+        experts = f.int("num_experts", None, minimum=0)
+        experts = f.int("num_local_experts", 0, minimum=0) if experts is None else experts
+    top_k = f.int("num_experts_per_tok", 0, minimum=0) if moe else 0
+    if experts and not 1 <= top_k <= experts:
+        raise QuantrollError(f"{source}: num_experts_per_tok must be in [1, num_experts = {experts}], got {top_k}")
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=f.int("vocab_size", minimum=1),
+        hidden_size=hidden,
+        intermediate_size=f.int("intermediate_size", minimum=1),
+        num_hidden_layers=f.int("num_hidden_layers", minimum=1),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=f.int("head_dim", None, minimum=1) or hidden // heads,
+        rms_norm_eps=f.float("rms_norm_eps", 1e-6, positive=True),
+        max_position_embeddings=f.int("max_position_embeddings", 32768, minimum=1),
+        rope=_rope_from(raw, source),
+        tie_word_embeddings=f.bool("tie_word_embeddings", False),
+        attention_bias=f.bool("attention_bias", False),
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=f.int("moe_intermediate_size", minimum=1) if experts else 0,
+        norm_topk_prob=f.bool("norm_topk_prob", False),
+        decoder_sparse_step=f.int("decoder_sparse_step", 1, minimum=1),
+        mlp_only_layers=f.ints("mlp_only_layers"),
+        eos_token_ids=f.ints("eos_token_id"),
+    )
 
 
 def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:

@@ -15,8 +15,8 @@ import torch
 
 from quantroll.checkpoint.loader import QuantizedCheckpoint
 from quantroll.checkpoint.reader import CheckpointReader
-from quantroll.errors import QuantrollError
-from quantroll.formats import Format
+from quantroll.errors import NonFiniteError, QuantrollError
+from quantroll.formats import Format, invalid_values
 from quantroll.model.config import config_from_dict
 from quantroll.model.qwen3 import Qwen3ForCausalLM
 
@@ -48,6 +48,9 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu", d
 
 def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedCheckpoint | None,
           quantized: set[str], path: Path) -> None:
+    """Every stored tensor onto its model tensor (names in sorted order, so that the first
+    problem reported is the same on every run); NaN/Inf values, NaN codes or bad scales,
+    float8 without a scale, and a wrong shape are one-line errors naming the tensor."""
     targets = dict(model.named_parameters())
     targets.update({n: b for n, b in model.named_buffers() if "rotary" not in n})
     filled: set[str] = set()
@@ -61,11 +64,18 @@ def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedChec
         if q.shape != (layer.out_features, layer.in_features):
             raise QuantrollError(f"{path}: tensor '{module}.weight' has shape {q.shape}, the config implies "
                                  f"{(layer.out_features, layer.in_features)}")
+        if (problem := invalid_values(q)) is not None:
+            raise NonFiniteError(f"{path}: tensor '{module}.weight' holds {problem}; the checkpoint is corrupt "
+                                 "(convert it again from its BF16 source)", tensor=f"{module}.weight")
         layer.load_quantized_(q.to(layer.weight.device))
         filled.update(n for n in targets if n.startswith(module + ".weight"))
-    owned = set(ckpt.plain_tensors()) if ckpt else set(reader.tensors)
+    owned = sorted(ckpt.plain_tensors() if ckpt else reader.tensors)
+    tied = model.config.tie_word_embeddings
+    stored_head = None
     for name in owned:
         target = targets.get(name)
+        if tied and name == "lm_head.weight":
+            target = None if "model.embed_tokens.weight" not in targets else targets["model.embed_tokens.weight"]
         if target is None:
             raise QuantrollError(f"{path}: tensor '{name}' matches nothing in a {model.config.model_type} model "
                                  "with this config.json; is it the right checkpoint?")
@@ -73,14 +83,27 @@ def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedChec
         if tuple(tensor.shape) != tuple(target.shape):
             raise QuantrollError(f"{path}: tensor '{name}' has shape {tuple(tensor.shape)}, the config implies "
                                  f"{tuple(target.shape)}")
-        if not tensor.is_floating_point() or tensor.dtype == torch.float8_e4m3fn:
+        if not tensor.is_floating_point() or tensor.element_size() == 1:
             raise QuantrollError(f"{path}: tensor '{name}' is stored as {tensor.dtype} without a scale; "
-                                 "a plain tensor must be float")
+                                 "a plain tensor must be float (16 bits or more)")
+        value = tensor.to(target.dtype)
+        if not bool(torch.isfinite(value).all()):
+            raise NonFiniteError(f"{path}: tensor '{name}' holds NaN/Inf values (or values beyond "
+                                 f"{str(target.dtype).replace('torch.', '')}'s range); fix the checkpoint",
+                                 tensor=name)
+        if tied and name == "lm_head.weight":
+            stored_head = value  # compared with the embedding once that is loaded
+            continue
         with torch.no_grad():
-            target.copy_(tensor.to(target.dtype))
+            target.copy_(value)
         filled.add(name)
-    if model.config.tie_word_embeddings:
+    if tied:
         filled.add("lm_head.weight")
+        embed = targets.get("model.embed_tokens.weight")
+        if stored_head is not None and embed is not None and not torch.equal(stored_head.to(embed.device), embed):
+            raise QuantrollError(f"{path}: config.json ties lm_head to the embedding (tie_word_embeddings true) but "
+                                 "the stored lm_head.weight differs from model.embed_tokens.weight; set "
+                                 "tie_word_embeddings to false in config.json if the head is its own")
     missing = sorted(set(targets) - filled)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

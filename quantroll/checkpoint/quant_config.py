@@ -103,10 +103,18 @@ def build_hf_quant_config(qc: dict) -> dict:
 
 def read_quantization_config(qc: dict, where: str = "config.json") -> QuantSpec:
     """The format (with MXFP8's scale rule) and rules recorded in a quantization_config."""
+    from quantroll.model.config import JsonFields
+
     method = qc.get("quant_method")
     ours = qc.get("quantroll") or {}
+    if not isinstance(ours, dict):
+        raise QuantrollError(f"{where}: quantization_config.quantroll must be an object, got {ours!r}")
     if method == "fp8":
-        block = list(qc.get("weight_block_size") or [])
+        raw_block = qc.get("weight_block_size") or []
+        if not isinstance(raw_block, list):
+            raise QuantrollError(f"{where}: quantization_config.weight_block_size must be a list like [128, 128], "
+                                 f"got {raw_block!r}")
+        block = list(raw_block)
         if block != [128, 128] or qc.get("fmt", "e4m3") != "e4m3":
             raise QuantrollError(
                 f"{where}: fp8 checkpoint with weight_block_size {block or None} and fmt {qc.get('fmt')!r}; "
@@ -123,11 +131,15 @@ def read_quantization_config(qc: dict, where: str = "config.json") -> QuantSpec:
         fmt = get_format("nvfp4")
     else:
         raise QuantrollError(f"{where}: quant_method {method!r} is not one quantroll reads (fp8, mxfp8, modelopt NVFP4)")
+    f = JsonFields(ours, where, "quantization_config.quantroll.")
+    skip = ours.get("skip") or ()
+    if not isinstance(skip, (list, tuple)) or not all(isinstance(name, str) for name in skip):
+        raise QuantrollError(f"{where}: quantization_config.quantroll.skip must be a list of names, got {skip!r}")
     rules = PlanRules(
-        skip=tuple(ours.get("skip", ())),
-        num_layers_at_start_in_bf16=int(ours.get("num_layers_at_start_in_bf16", 0)),
-        num_layers_at_end_in_bf16=int(ours.get("num_layers_at_end_in_bf16", 0)),
-        allow_partial_blocks=bool(ours.get("allow_partial_blocks", False)),
+        skip=tuple(skip),
+        num_layers_at_start_in_bf16=f.int("num_layers_at_start_in_bf16", 0, minimum=0),
+        num_layers_at_end_in_bf16=f.int("num_layers_at_end_in_bf16", 0, minimum=0),
+        allow_partial_blocks=f.bool("allow_partial_blocks", False),
     )
     producer = f"quantroll {ours['version']}" if "version" in ours else "unknown"
     return QuantSpec(fmt, rules, producer)

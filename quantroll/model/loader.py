@@ -77,6 +77,9 @@ def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedChec
         if tied and name == "lm_head.weight":
             target = None if "model.embed_tokens.weight" not in targets else targets["model.embed_tokens.weight"]
         if target is None:
+            if ckpt is None and ("_scale" in name.rsplit(".", 1)[-1]):
+                raise QuantrollError(f"{path}: tensor '{name}' is a quantization scale but config.json has no "
+                                     "quantization_config; restore it (quantroll convert writes it)")
             raise QuantrollError(f"{path}: tensor '{name}' matches nothing in a {model.config.model_type} model "
                                  "with this config.json; is it the right checkpoint?")
         tensor = reader.load(name)
@@ -84,8 +87,10 @@ def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedChec
             raise QuantrollError(f"{path}: tensor '{name}' has shape {tuple(tensor.shape)}, the config implies "
                                  f"{tuple(target.shape)}")
         if not tensor.is_floating_point() or tensor.element_size() == 1:
+            hint = (" (config.json has no quantization_config: a quantized checkpoint needs it)"
+                    if ckpt is None and tensor.element_size() == 1 else "")
             raise QuantrollError(f"{path}: tensor '{name}' is stored as {tensor.dtype} without a scale; "
-                                 "a plain tensor must be float (16 bits or more)")
+                                 f"a plain tensor must be float (16 bits or more){hint}")
         value = tensor.to(target.dtype)
         if not bool(torch.isfinite(value).all()):
             raise NonFiniteError(f"{path}: tensor '{name}' holds NaN/Inf values (or values beyond "

@@ -108,3 +108,28 @@ def test_a_tied_checkpoint_may_store_its_lm_head_if_it_equals_the_embedding(tiny
     (other / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
     with pytest.raises(QuantrollError, match="stored lm_head.weight differs from model.embed_tokens.weight"):
         Engine(other)
+
+
+def test_a_quantized_checkpoint_without_its_quantization_config_says_so(fp8_source, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(fp8_source, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    del cfg["quantization_config"]
+    (bare / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QuantrollError, match="config.json has no quantization_config"):
+        Engine(bare)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"weight_block_size": 128}, "weight_block_size must be a list like"),
+    ({"quantroll": "yes"}, "quantization_config.quantroll must be an object"),
+    ({"quantroll": {"num_layers_at_start_in_bf16": "x"}}, "num_layers_at_start_in_bf16' must be an integer"),
+])
+def test_malformed_quantization_config_values_are_named(fp8_source, tmp_path, change, message):
+    bad = tmp_path / "bad"
+    shutil.copytree(fp8_source, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"] = {**cfg["quantization_config"], **change}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QuantrollError, match=message):
+        Engine(bad)

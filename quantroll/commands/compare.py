@@ -75,7 +75,10 @@ def _source(args) -> tuple[Path, str, bool]:
 
 
 def _train_args(text: str) -> tuple[str, ...]:
-    extra = tuple(shlex.split(text))
+    try:
+        extra = tuple(shlex.split(text))
+    except ValueError as err:
+        raise QuantrollError(f"--train-args {text!r}: {err}") from None
     owned = {"--hf-checkpoint", "--ref-load", "--seed", "--metrics-file", "--num-rollout", "--device",
              "--rollout-max-response-len", "--use-tis", "--tis-mode", "--fp8-recipe", "--fp4-recipe",
              "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save"}
@@ -84,6 +87,28 @@ def _train_args(text: str) -> tuple[str, ...]:
         raise QuantrollError(f"--train-args may not set {', '.join(clash)}: compare sets them per run "
                              "(use compare's own flags)")
     return extra
+
+
+def _check_runs(setup, specs) -> None:
+    """Parse every run's `quantroll train` command line as that command will (its flags and
+    TrainConfig's checks), so that a bad value fails here, before any run or output."""
+    from quantroll.cli import build_parser
+    from quantroll.commands.train import config_from_args
+    from quantroll.compare.runner import command_for
+
+    parser = build_parser()
+    placeholders = {spec.precision: setup.source for spec in specs}
+    for spec in specs:
+        argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
+        try:
+            parsed = parser.parse_args(argv)
+        except SystemExit:
+            raise QuantrollError(f"run {spec.run_id}: `quantroll train` refuses its command line (see above); fix "
+                                 "--train-args or the sweep flags") from None
+        try:
+            config_from_args(parsed)
+        except QuantrollError as err:
+            raise QuantrollError(f"run {spec.run_id}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,13 +123,16 @@ def run(args: argparse.Namespace) -> int:
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
                          moe, args.sweep_response_len)
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise QuantrollError(f"--output-dir {out} is a file; give a directory path")
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
     sweep = ("--rollout-batch-size", str(args.sweep_rollout_batch_size),
              "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
     setup = CompareSetup(out, source, label, moe, args.device, args.num_rollout, args.sweep_num_rollout, common, sweep,
                          {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16})
+    _check_runs(setup, specs)
+    out.mkdir(parents=True, exist_ok=True)
     print(f"compare: {len(specs)} runs on {label} ({args.device}), {args.num_rollout} steps each -> {out}")
     checkpoints = prepare_checkpoints(setup, specs)
     start = time.perf_counter()

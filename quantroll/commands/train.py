@@ -11,6 +11,7 @@ import torch
 
 from quantroll.builtin import BUILTIN_MODELS
 from quantroll.compute import COMPUTE_DTYPES
+from quantroll.errors import QuantrollError
 from quantroll.formats import FORMAT_NAMES
 from quantroll.rl.config import TrainConfig
 
@@ -115,6 +116,9 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    if args.fp8_recipe and args.fp4_recipe:
+        raise QuantrollError(f"--fp8-recipe {args.fp8_recipe} and --fp4-recipe {args.fp4_recipe} both given; the "
+                             "trainer runs one recipe, pick one")
     recipe = {"blockwise": "fp8", "mxfp8": "mxfp8", None: None}[args.fp8_recipe] or args.fp4_recipe
     return TrainConfig(
         hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, builtin_model=args.builtin_model,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from quantroll.errors import QuantrollError
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,42 @@ class TrainConfig:
     load: str | None = None
     save_hf: str | None = None
     max_bad_steps: int = 3
+
+    def __post_init__(self):
+        """Every numeric setting checked before any work, one line naming the flag."""
+        def bad(flag: str, what: str, value) -> QuantrollError:
+            return QuantrollError(f"--{flag} must be {what}, got {value!r}")
+
+        for flag, value, least in (("rollout-batch-size", self.rollout_batch_size, 1),
+                                   ("rollout-max-response-len", self.rollout_max_response_len, 1),
+                                   ("num-rollout", self.num_rollout, 1), ("digits", self.digits, 1),
+                                   ("count-span", self.count_span, 1), ("eval-size", self.eval_size, 1),
+                                   ("train-problems", self.train_problems, 0), ("eval-interval", self.eval_interval, 0),
+                                   ("save-interval", self.save_interval, 0), ("seed", self.seed, 0),
+                                   ("num-layers-at-start-in-bf16", self.num_layers_at_start_in_bf16, 0),
+                                   ("num-layers-at-end-in-bf16", self.num_layers_at_end_in_bf16, 0)):
+            if value < least:
+                raise bad(flag, f">= {least}", value)
+        least = 2 if self.advantage_estimator == "grpo" else 1
+        if self.n_samples_per_prompt < least:
+            raise bad("n-samples-per-prompt", f">= {least} ({self.advantage_estimator} groups)", self.n_samples_per_prompt)
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            raise bad("global-batch-size", ">= 1", self.global_batch_size)
+        for flag, value in (("lr", self.lr), ("eps-clip", self.eps_clip), ("eps-clip-high", self.eps_clip_high),
+                            ("kv-cache-memory-gb", self.kv_cache_memory_gb), ("tis-clip", self.tis_clip)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise bad(flag, "a finite number > 0", value)
+        for flag, value in (("kl-loss-coef", self.kl_loss_coef), ("tis-clip-low", self.tis_clip_low),
+                            ("rollout-temperature", self.rollout_temperature)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise bad(flag, "a finite number >= 0", value)
+        if self.kl_loss_coef and not self.use_kl_loss:
+            raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
+        if self.use_kl_loss and not self.kl_loss_coef:
+            raise QuantrollError("--use-kl-loss needs a positive --kl-loss-coef")
+        if (self.tis_clip is not None or self.tis_clip_low is not None) and not self.use_tis:
+            raise QuantrollError("--tis-clip/--tis-clip-low are set but --use-tis is not; add --use-tis or drop them")
+        if self.tis_clip is not None and self.tis_clip_low is not None and not self.tis_clip_low < self.tis_clip:
+            raise QuantrollError(f"--tis-clip-low {self.tis_clip_low} must be below --tis-clip {self.tis_clip}")
+        if self.save and not self.save_interval:
+            raise QuantrollError("--save needs --save-interval N (the state is written every N steps and at the end)")

@@ -62,6 +62,9 @@ def _tokenizer(checkpoint: str):
 def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
     """Run ``cfg.num_rollout`` RL steps; returns the metrics records (also written to
     ``cfg.metrics_file``)."""
+    from quantroll.rl.preflight import check_outputs
+
+    check_outputs(cfg)
     with resolve_checkpoints(cfg) as (engine_dir, trainer_dir):
         return _train(cfg, engine_dir, trainer_dir, progress)
 

@@ -68,9 +68,9 @@ def test_rerun_keeps_finished_runs_and_redoes_an_interrupted_one(study, capsys):
 def test_a_failing_run_is_listed_with_its_error_and_the_others_complete(tmp_path, monkeypatch):
     real = runner.command_for
 
-    def broken_for_tis(setup, spec, checkpoints, run_dir):
+    def broken_for_tis(setup, spec, checkpoints, run_dir):  # parses, then fails when the run starts
         cmd = real(setup, spec, checkpoints, run_dir)
-        return cmd + ["--tis-clip", "not-a-number"] if spec.correction == "tis" else cmd
+        return cmd + ["--prompt-data", "no-such-prompts.jsonl"] if spec.correction == "tis" else cmd
 
     monkeypatch.setattr(runner, "command_for", broken_for_tis)
     out = tmp_path / "study"
@@ -80,8 +80,8 @@ def test_a_failing_run_is_listed_with_its_error_and_the_others_complete(tmp_path
     assert status == {"bf16-baseline-none-seed1": "done", "fp8-rollout-none-seed1": "done",
                       "fp8-rollout-tis-seed1": "failed"}
     failed = next(r for r in summary["runs"] if r["status"] == "failed")
-    assert "--tis-clip" in failed["error"] and "not-a-number" in failed["error"]
-    assert "not-a-number" in (out / "report.md").read_text()
+    assert "no-such-prompts.jsonl" in failed["error"]
+    assert "no-such-prompts.jsonl" in (out / "report.md").read_text()
 
 
 def test_train_args_may_not_override_what_compare_sets(tmp_path, capsys):

@@ -43,9 +43,13 @@ def use_device(device: str | None) -> None:
         dev = torch.device(device)
     except RuntimeError as err:
         raise QuantrollError(f"--device {device}: not a device name ({err})") from None
-    if dev.type != "cuda" or dev.index is None:
+    if dev.type != "cuda":
         return
     count = torch.cuda.device_count()
+    if dev.index is None:
+        if not count:
+            raise QuantrollError(f"--device {device}: this machine has no CUDA device; use --device cpu")
+        return
     if dev.index >= count:
         raise QuantrollError(f"--device {device}: this machine has {count} CUDA device(s); pick cuda:0 .. "
                              f"cuda:{count - 1}" if count else f"--device {device}: this machine has no CUDA device")

@@ -69,6 +69,22 @@ def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
         return _train(cfg, engine_dir, trainer_dir, progress)
 
 
+ARCHITECTURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                      "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
+                      "moe_intermediate_size", "tie_word_embeddings")
+
+
+def _check_same_architecture(cfg: TrainConfig, engine_cfg, policy_cfg) -> None:
+    """The trainer must train the model the engine samples from, and MoE-only switches need
+    a MoE model: refused before any step, naming the field."""
+    for name in ARCHITECTURE_FIELDS:
+        if getattr(engine_cfg, name) != getattr(policy_cfg, name):
+            raise QuantrollError(f"--ref-load's {name} is {getattr(policy_cfg, name)} but --hf-checkpoint's is "
+                                 f"{getattr(engine_cfg, name)}: the trainer must hold the model the engine runs")
+    if (cfg.use_rollout_routing_replay or cfg.use_routing_replay) and not engine_cfg.num_experts:
+        raise QuantrollError("--use-rollout-routing-replay/--use-routing-replay need a MoE model; this one is dense")
+
+
 def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool) -> list[dict]:
     torch.manual_seed(cfg.seed)
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
@@ -76,6 +92,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         torch.cuda.reset_peak_memory_stats(cfg.device)
     engine = Engine(engine_dir, device=cfg.device, dtype=dtype, max_kv_cache_gb=cfg.kv_cache_memory_gb)
     policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype)
+    _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
     ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None
     optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)

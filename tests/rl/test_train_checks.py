@@ -81,3 +81,32 @@ def test_compare_checks_every_runs_command_line_before_any_run(tmp_path, capsys)
     a_file.write_text("x")
     assert main(["compare", "--output-dir", str(a_file)]) == 2
     assert "is a file; give a directory path" in capsys.readouterr().err
+
+
+def test_a_ref_load_of_another_architecture_and_moe_switches_on_a_dense_model_are_refused(tiny_checkpoint, capsys):
+    """The engine runs the built-in dense model (4 layers); a --ref-load of 3 layers used to
+    train anyway (with a huge gap), routing replay on a dense model was ignored."""
+    from quantroll.builtin import builtin_checkpoint
+
+    engine_dir = builtin_checkpoint("dense")
+    other = tiny_checkpoint(num_hidden_layers=3)
+    assert main(["train", "--hf-checkpoint", str(engine_dir), "--ref-load", str(other), "--num-rollout", "1",
+                 "--device", "cpu"]) == 2
+    assert "--ref-load's " in capsys.readouterr().err
+    assert main(["train", "--use-rollout-routing-replay", "--num-rollout", "1", "--device", "cpu"]) == 2
+    assert "need a MoE model; this one is dense" in capsys.readouterr().err
+
+
+def test_cuda_asked_of_a_machine_without_it_is_one_line(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["train", "--device", "cuda", "--num-rollout", "1"]) == 2
+    assert "this machine has no CUDA device; use --device cpu" in capsys.readouterr().err
+
+
+def test_inspect_checks_its_json_path_first(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path), "--json", str(tmp_path)]) == 2
+    assert "not a writable file path" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path), "--json", str(tmp_path / "no" / "r.json")]) == 2
+    assert "not a writable file path" in capsys.readouterr().err

@@ -46,13 +46,13 @@ def use_device(device: str | None) -> None:
     if dev.type != "cuda":
         return
     count = torch.cuda.device_count()
+    if not count:
+        raise QuantrollError(f"--device {device}: this machine has no CUDA device; use --device cpu")
     if dev.index is None:
-        if not count:
-            raise QuantrollError(f"--device {device}: this machine has no CUDA device; use --device cpu")
         return
     if dev.index >= count:
         raise QuantrollError(f"--device {device}: this machine has {count} CUDA device(s); pick cuda:0 .. "
-                             f"cuda:{count - 1}" if count else f"--device {device}: this machine has no CUDA device")
+                             f"cuda:{count - 1}")
     torch.cuda.set_device(dev.index)
 
 

@@ -99,6 +99,30 @@ def write_tiny_qwen3(
     return path
 
 
+def copy_editing_tensors(src: Path, dst: Path, edit) -> Path:
+    """A copy of single-shard checkpoint ``src`` at ``dst`` after edit(tensors) on its model.safetensors."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def copy_editing_config(src: Path, dst: Path, edit) -> Path:
+    """A copy of checkpoint ``src`` at ``dst`` after edit(config) on its config.json (a dict, edited in place)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
 def read_config(path: str | Path) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
 

@@ -44,7 +44,7 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
         (["--prompt-len", "0"], "--prompt-len must be >= 1"),
         (["--new-tokens", "-3"], "--new-tokens must be >= 1"),
         (["--repeats", "0"], "--repeats must be >= 1"),
-        (["--json", str(tmp_path / "missing" / "out.json")], "its directory does not exist"),
+        (["--json", str(tmp_path / "missing" / "out.json")], "is not a directory; create it first"),
     ]
     for extra, message in cases:
         assert main(["bench", "rollout", *extra]) == 2, extra

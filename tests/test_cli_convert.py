@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from quantroll.cli import build_parser, main
+from tests.conftest import copy_editing_tensors
 
 
 def run(capsys, *argv):
@@ -112,14 +112,6 @@ def test_already_quantized_by_dtype(capsys, tmp_path, tiny_qwen3_dir):
     assert "F8_E4M3" in line or "F32" in line
 
 
-def _edited_copy(src, dst, edit):
-    shutil.copytree(src, dst)
-    tensors = load_file(dst / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
-
-
 @pytest.mark.parametrize(
     "fmt,tensor,value",
     [
@@ -132,14 +124,14 @@ def test_non_finite_weights_named(capsys, tmp_path, tiny_qwen3_dir, fmt, tensor,
     def poison(t):
         t[tensor].view(-1)[7] = value
 
-    src = _edited_copy(tiny_qwen3_dir, tmp_path / "src", poison)
+    src = copy_editing_tensors(tiny_qwen3_dir, tmp_path / "src", poison)
     dst = tmp_path / "o"
     line = assert_refused(capsys, tmp_path, dst, *_args(src, dst, fmt), match=f"'{tensor}'")
     assert "NaN/Inf" in line
 
 
 def test_failure_with_force_keeps_old_destination(capsys, tmp_path, tiny_qwen3_dir):
-    src = _edited_copy(tiny_qwen3_dir, tmp_path / "src", lambda t: t["model.layers.3.mlp.up_proj.weight"].fill_(float("nan")))
+    src = copy_editing_tensors(tiny_qwen3_dir, tmp_path / "src", lambda t: t["model.layers.3.mlp.up_proj.weight"].fill_(float("nan")))
     dst = tmp_path / "o"
     dst.mkdir()
     (dst / "keep.txt").write_text("old")
@@ -151,7 +143,7 @@ def test_unsupported_dtype(capsys, tmp_path, tiny_qwen3_dir):
     def to_int(t):
         t["model.layers.0.mlp.gate_proj.weight"] = torch.zeros(384, 256, dtype=torch.int32)
 
-    src = _edited_copy(tiny_qwen3_dir, tmp_path / "src", to_int)
+    src = copy_editing_tensors(tiny_qwen3_dir, tmp_path / "src", to_int)
     dst = tmp_path / "o"
     line = assert_refused(capsys, tmp_path, dst, *_args(src, dst), match="model.layers.0.mlp.gate_proj.weight")
     assert "I32" in line

@@ -28,10 +28,9 @@ def register(subparsers) -> None:
 def rollout_plan(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     """(batches, precisions) of a ``bench rollout`` call, every argument checked before any
     work (a bad --json path would otherwise surface after the whole benchmark)."""
-    from pathlib import Path
-
     from quantroll.bench.shapes import SHAPES
     from quantroll.formats import FORMAT_NAMES
+    from quantroll.outputs import check_output_path
 
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -50,8 +49,8 @@ def rollout_plan(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                         ("--repeats", args.repeats)):
         if value < 1:
             raise QuantrollError(f"{flag} must be >= 1, got {value}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise QuantrollError(f"--json {args.json}: its directory does not exist")
+    if args.json:
+        check_output_path("--json", args.json, is_file=True)
     return batches, precisions
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from quantroll.checkpoint.plan import REASONS
 from quantroll.checkpoint.stats import InspectReport, inspect_checkpoint, kept_by_reason
-from quantroll.errors import QuantrollError
+from quantroll.outputs import check_output_path
 
 _SHOW = 6  # names listed per kept reason before "... and N more"
 
@@ -73,10 +73,7 @@ def format_report(r: InspectReport, top: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.json:
-        target = Path(args.json)
-        if target.is_dir() or not target.resolve().parent.is_dir():
-            raise QuantrollError(f"--json {args.json}: not a writable file path (a directory, or its directory does "
-                                 "not exist)")
+        check_output_path("--json", args.json, is_file=True)
     report = inspect_checkpoint(args.dir, args.against)
     print(format_report(report, args.top))
     if args.json:

@@ -11,7 +11,6 @@ moe_layers, top_k]): the prompt's P positions and every response token but the l
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path

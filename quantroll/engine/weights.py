@@ -16,10 +16,7 @@ import torch
 
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
-from quantroll.formats.base import validity_flags
-
-# Dtypes a BF16 parameter (or a BF16 weight the engine quantizes) accepts; values are cast.
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+from quantroll.formats.base import FLOAT_DTYPES, validity_flags  # the dtypes a BF16 parameter takes (cast)
 
 
 @dataclass(frozen=True)
@@ -55,8 +52,7 @@ def _check_entry(name: str, value, linears: dict, params: dict) -> _Entry:
         return _Entry(name, value, layer)
     if name in params:
         target = params[name]
-        if not isinstance(value, torch.Tensor) or isinstance(value, QuantizedTensor) \
-                or tuple(value.shape) != tuple(target.shape):
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(target.shape):
             raise QuantrollError(f"load_weights: '{name}' does not match the engine's {tuple(target.shape)} "
                                  f"{target.dtype} parameter")
         if value.dtype not in FLOAT_DTYPES:
@@ -67,9 +63,12 @@ def _check_entry(name: str, value, linears: dict, params: dict) -> _Entry:
 
 
 def _flags(entry: _Entry) -> list[tuple[str, torch.Tensor]]:
-    """(what would be wrong, 0-dim bool True where it is not) for one entry, unsynced."""
+    """(what would be wrong, 0-dim bool True where it is not) for one entry, unsynced. A
+    QuantizedTensor's scales only: scanning every element code at each update would read the
+    whole model again on the weight-sync path, whose quantizer already refused non-finite
+    weights (the checkpoint loader checks the codes too)."""
     if isinstance(entry.value, QuantizedTensor):
-        return validity_flags(entry.value)
+        return validity_flags(entry.value, codes=False)
     return [("NaN/Inf value(s)", torch.isfinite(entry.value).all())]
 
 

@@ -59,13 +59,14 @@ def _no_nan_codes(t: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def validity_flags(q: QuantizedTensor) -> list[tuple[str, torch.Tensor]]:
+def validity_flags(q: QuantizedTensor, codes: bool = True) -> list[tuple[str, torch.Tensor]]:
     """(what would be wrong, 0-dim bool tensor True where it is not) for a stored quantized
     tensor, on its device and without a host sync (callers batch the syncs): no NaN
     element codes; float scales finite and >= 0 (a zero scale is a block of zeros), E8M0
-    scales not 0xFF (NaN), e4m3 scales without NaN codes; a finite positive global scale."""
+    scales not 0xFF (NaN), e4m3 scales without NaN codes; a finite positive global scale.
+    ``codes=False`` leaves out the element codes (the one check that reads every byte)."""
     flags = []
-    if (ok := _no_nan_codes(q.data)) is not None:
+    if codes and (ok := _no_nan_codes(q.data)) is not None:
         flags.append(("NaN element codes", ok))
     scale = q.scale
     if scale.dtype == torch.uint8:  # E8M0 exponents: 0xFF is NaN

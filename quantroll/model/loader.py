@@ -75,7 +75,7 @@ def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedChec
     for name in owned:
         target = targets.get(name)
         if tied and name == "lm_head.weight":
-            target = None if "model.embed_tokens.weight" not in targets else targets["model.embed_tokens.weight"]
+            target = targets.get("model.embed_tokens.weight")
         if target is None:
             if ckpt is None and ("_scale" in name.rsplit(".", 1)[-1]):
                 raise QuantrollError(f"{path}: tensor '{name}' is a quantization scale but config.json has no "

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from quantroll.errors import QuantrollError
+from quantroll.outputs import check_output_path
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.state import STATE_FILE
 
@@ -24,24 +25,13 @@ def _is_quantroll_conversion(path: Path) -> bool:
     return isinstance(config, dict) and "quantroll" in (config.get("quantization_config") or {})
 
 
-def _parent_is_dir(flag: str, value: str) -> None:
-    parent = Path(value).resolve().parent
-    if not parent.is_dir():
-        raise QuantrollError(f"{flag} {value}: {parent} is not a directory; create it first")
-
-
 def check_outputs(cfg: TrainConfig) -> None:
     """Refuse output paths the run could not write, or whose contents it would destroy."""
-    for flag, value in (("--metrics-file", cfg.metrics_file), ("--tensorboard-dir", cfg.tensorboard_dir),
-                        ("--save", cfg.save), ("--save-hf", cfg.save_hf), ("--convert-dir", cfg.convert_dir)):
+    for flag, value, is_file in (("--metrics-file", cfg.metrics_file, True),
+                                 ("--tensorboard-dir", cfg.tensorboard_dir, False), ("--save", cfg.save, False),
+                                 ("--save-hf", cfg.save_hf, False), ("--convert-dir", cfg.convert_dir, False)):
         if value:
-            _parent_is_dir(flag, value)
-    if cfg.metrics_file and Path(cfg.metrics_file).is_dir():
-        raise QuantrollError(f"--metrics-file {cfg.metrics_file} is a directory; give a file path")
-    for flag, value in (("--tensorboard-dir", cfg.tensorboard_dir), ("--save", cfg.save), ("--save-hf", cfg.save_hf),
-                        ("--convert-dir", cfg.convert_dir)):
-        if value and Path(value).exists() and not Path(value).is_dir():
-            raise QuantrollError(f"{flag} {value} is a file; give a directory path")
+            check_output_path(flag, value, is_file=is_file)
     if cfg.save_hf and _non_empty_dir(Path(cfg.save_hf)):
         raise QuantrollError(f"--save-hf {cfg.save_hf} exists and is not empty; the export would replace it: remove it "
                              "or choose another directory")

@@ -1,7 +1,6 @@
 """Engine generation against teacher-forced forward passes of the same model, batching
 invariance, seeds, stops, routed experts and in-place weight loading."""
 
-import json
 import shutil
 
 import pytest
@@ -11,6 +10,7 @@ from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
 from quantroll.model.moe import RecordRouting
+from tests.conftest import copy_editing_config
 
 
 @pytest.fixture(scope="module")
@@ -181,21 +181,13 @@ def test_malformed_requests_are_refused_in_one_line(dense_engine):
 
 
 def test_unknown_model_type_lists_supported(tiny_qwen3_dir, tmp_path):
-    bad = tmp_path / "llama"
-    shutil.copytree(tiny_qwen3_dir, bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["model_type"] = "llama"
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = copy_editing_config(tiny_qwen3_dir, tmp_path / "llama", lambda cfg: cfg.update(model_type="llama"))
     with pytest.raises(QuantrollError, match="supported: qwen3, qwen3_moe"):
         Engine(bad)
 
 
 def test_tensor_that_does_not_match_config_is_named(tiny_qwen3_dir, tmp_path):
-    bad = tmp_path / "wide"
-    shutil.copytree(tiny_qwen3_dir, bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["intermediate_size"] = 512
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = copy_editing_config(tiny_qwen3_dir, tmp_path / "wide", lambda cfg: cfg.update(intermediate_size=512))
     with pytest.raises(QuantrollError, match=r"mlp\.(gate|up|down)_proj\.weight' has shape"):
         Engine(bad)
 

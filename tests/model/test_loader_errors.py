@@ -14,15 +14,7 @@ from safetensors.torch import load_file, save_file
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.engine import Engine
 from quantroll.errors import NonFiniteError, QuantrollError
-
-
-def _edit(src, dst, change):
-    """A copy of checkpoint ``src`` at ``dst`` with change(tensors) applied to its single shard."""
-    shutil.copytree(src, dst)
-    tensors = load_file(dst / "model.safetensors")
-    change(tensors)
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
+from tests.conftest import copy_editing_config, copy_editing_tensors
 
 
 def test_non_finite_bf16_weights_are_named(tiny_qwen3_dir, tmp_path):
@@ -32,14 +24,14 @@ def test_non_finite_bf16_weights_are_named(tiny_qwen3_dir, tmp_path):
         t[name][0, 0] = float("nan")
 
     with pytest.raises(NonFiniteError, match=rf"tensor '{name}' holds NaN/Inf values"):
-        Engine(_edit(tiny_qwen3_dir, tmp_path / "nan", nan))
+        Engine(copy_editing_tensors(tiny_qwen3_dir, tmp_path / "nan", nan))
 
     def huge(t):  # finite in float64, inf once cast to the engine's bfloat16
         t["model.norm.weight"] = t["model.norm.weight"].double()
         t["model.norm.weight"][3] = 1e300
 
     with pytest.raises(NonFiniteError, match=r"'model.norm.weight' holds NaN/Inf values \(or values beyond bfloat16"):
-        Engine(_edit(tiny_qwen3_dir, tmp_path / "huge", huge))
+        Engine(copy_editing_tensors(tiny_qwen3_dir, tmp_path / "huge", huge))
 
 
 def test_float8_without_a_scale_is_refused_in_every_float8_dtype(tiny_qwen3_dir, tmp_path):
@@ -49,7 +41,7 @@ def test_float8_without_a_scale_is_refused_in_every_float8_dtype(tiny_qwen3_dir,
         t[name] = t[name].to(torch.float8_e5m2)
 
     with pytest.raises(QuantrollError, match=rf"'{name}' is stored as torch.float8_e5m2 without a scale"):
-        Engine(_edit(tiny_qwen3_dir, tmp_path / "e5m2", e5m2))
+        Engine(copy_editing_tensors(tiny_qwen3_dir, tmp_path / "e5m2", e5m2))
 
 
 @pytest.fixture(scope="module")
@@ -95,27 +87,22 @@ def test_a_tied_checkpoint_may_store_its_lm_head_if_it_equals_the_embedding(tiny
     def tie(t):
         t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
 
-    tied = _edit(tiny_qwen3_dir, tmp_path / "tied", tie)
-    cfg = json.loads((tied / "config.json").read_text())
-    (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    tied = copy_editing_tensors(tiny_qwen3_dir, tmp_path / "tied-src", tie)
+    tied = copy_editing_config(tied, tmp_path / "tied", lambda cfg: cfg.update(tie_word_embeddings=True))
     engine = Engine(tied)
     assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
 
     def untie(t):
         t["lm_head.weight"] = t["model.embed_tokens.weight"] * 2
 
-    other = _edit(tiny_qwen3_dir, tmp_path / "other", untie)
-    (other / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    other = copy_editing_tensors(tiny_qwen3_dir, tmp_path / "other-src", untie)
+    other = copy_editing_config(other, tmp_path / "other", lambda cfg: cfg.update(tie_word_embeddings=True))
     with pytest.raises(QuantrollError, match="stored lm_head.weight differs from model.embed_tokens.weight"):
         Engine(other)
 
 
 def test_a_quantized_checkpoint_without_its_quantization_config_says_so(fp8_source, tmp_path):
-    bare = tmp_path / "bare"
-    shutil.copytree(fp8_source, bare)
-    cfg = json.loads((bare / "config.json").read_text())
-    del cfg["quantization_config"]
-    (bare / "config.json").write_text(json.dumps(cfg))
+    bare = copy_editing_config(fp8_source, tmp_path / "bare", lambda cfg: cfg.pop("quantization_config"))
     with pytest.raises(QuantrollError, match="config.json has no quantization_config"):
         Engine(bare)
 
@@ -126,10 +113,6 @@ def test_a_quantized_checkpoint_without_its_quantization_config_says_so(fp8_sour
     ({"quantroll": {"num_layers_at_start_in_bf16": "x"}}, "num_layers_at_start_in_bf16' must be an integer"),
 ])
 def test_malformed_quantization_config_values_are_named(fp8_source, tmp_path, change, message):
-    bad = tmp_path / "bad"
-    shutil.copytree(fp8_source, bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["quantization_config"] = {**cfg["quantization_config"], **change}
-    (bad / "config.json").write_text(json.dumps(cfg))
+    bad = copy_editing_config(fp8_source, tmp_path / "bad", lambda cfg: cfg["quantization_config"].update(change))
     with pytest.raises(QuantrollError, match=message):
         Engine(bad)

@@ -107,6 +107,6 @@ def test_cuda_asked_of_a_machine_without_it_is_one_line(monkeypatch, capsys):
 
 def test_inspect_checks_its_json_path_first(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--json", str(tmp_path)]) == 2
-    assert "not a writable file path" in capsys.readouterr().err
+    assert "is a directory; give a file path" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path), "--json", str(tmp_path / "no" / "r.json")]) == 2
-    assert "not a writable file path" in capsys.readouterr().err
+    assert "is not a directory; create it first" in capsys.readouterr().err

@@ -1,0 +1,114 @@
+"""The block-FP8 decode GEMM on Hopper's warpgroup MMA (cuda/fp8_wgmma.cu) for 17-64 rows.
+
+Same contract as the other decode GEMMs (fp8_linear.fp8_gemm_decode, fp8_gemv): codes
+[M, K] e4m3 with 1x128 scales, weight codes [N, K] with 128x128 scales, BF16 output,
+float32-accurate (exact float16 products of the codes, float32 sums), the same result on
+every run. The weights stream into registers as wgmma's A operand (widened there); the
+block widens the token codes into shared memory as its B operand, always 64 rows wide
+(rows past the batch are zero). K is split over blocks where the weight has too few row
+tiles to fill the GPU; the last block of a tile adds the splits in order.
+
+wgmma exists on sm_90a only (Hopper): ``usable`` is False on any other GPU, where the
+Triton decode GEMM stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.kernels import cuda_jit, fp8_gemv
+from quantroll.kernels.counters import counters
+
+SOURCE = "fp8_wgmma.cu"
+MAX_M = 64
+MIN_M = 17
+TILE_COUNTERS = "wgmma split-K tiles"  # counters.py kind
+_MAX_TILES = 1 << 16
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """One compiled variant (warpgroups per block: 64 weight rows each; blocks per
+    multiprocessor its registers allow) and the K splits of a launch (0: ``default_splits``)."""
+
+    warpgroups: int
+    min_blocks: int
+    splits: int = 0
+
+    @property
+    def kernel(self) -> str:
+        return f"fp8_wgmma_wg{self.warpgroups}_b{self.min_blocks}"
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.warpgroups
+
+
+# Every variant cuda/fp8_wgmma.cu instantiates (keep the two lists equal: a test checks).
+VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 1), (1, 3), (2, 1), (2, 2)))
+DEFAULT = WgmmaConfig(2, 1)
+
+
+def default_splits(tiles: int, groups: int, target: int = 264) -> int:
+    """K splits for ``tiles`` row tiles: doubled while fewer than ``target`` blocks would
+    stream the weight and each split keeps at least 4 K groups."""
+    split = 1
+    while tiles * split < target and groups // (split * 2) >= 4:
+        split *= 2
+    return split
+
+
+def launch_shape(m: int, n: int, k: int, cfg: WgmmaConfig) -> tuple[int, int, int]:
+    """(row tiles, splits, K groups per split) of a launch."""
+    tiles, groups = n // cfg.rows, k // 128
+    splits = cfg.splits or default_splits(tiles, groups)
+    per_split = -(-groups // min(splits, groups))
+    return tiles, -(-groups // per_split), per_split
+
+
+def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16, cfg: WgmmaConfig = DEFAULT) -> bool:
+    """Shapes the kernel takes: 17-64 rows, whole 128-wide K groups, N a multiple of the
+    block's rows, BF16 output."""
+    return out_dtype == torch.bfloat16 and MIN_M <= m <= MAX_M and k % 128 == 0 and k > 0 and n > 0 and n % cfg.rows == 0
+
+
+def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype, cfg: WgmmaConfig = DEFAULT) -> bool:
+    return supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype, cfg) and fp8_gemv.rows_loadable(aq, wq)
+
+
+def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tensor | None = None,
+              early: bool | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16, cfg)`` must hold."""
+    cfg = cfg or DEFAULT
+    m, k = aq.shape
+    n = wq.shape[0]
+    if not supports(aq, wq, torch.bfloat16, cfg) or (out is not None and out.stride(1) != 1):
+        raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs "
+                         f"{MIN_M}-{MAX_M} rows, whole 128-wide K groups, N a multiple of {cfg.rows}, rows "
+                         "contiguous and 16-byte aligned")
+    tiles, splits, per_split = launch_shape(m, n, k, cfg)
+    y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
+    if splits > 1:
+        if tiles > _MAX_TILES:
+            raise ValueError(f"fp8_wgmma: {tiles} row tiles exceed the {_MAX_TILES} split-K counters")
+        scratch = torch.empty(splits * n * 64, dtype=torch.float32, device=aq.device)
+        tile_counters = counters(TILE_COUNTERS, aq.device, _MAX_TILES)
+    else:
+        scratch = tile_counters = y
+    module = cuda_jit.load(SOURCE, aq.device)
+    module.launch(cfg.kernel, (tiles, splits, 1), (128 * cfg.warpgroups, 1, 1),
+                  aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
+                  w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split,
+                  early=fp8_gemv.EARLY_LAUNCH if early is None else early)
+    return y
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the warpgroup decode GEMM can run on ``device``: Hopper (sm_90: wgmma is not
+    on later GPUs) and a successful build (cuda_jit.usable; logged once)."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    return cuda_jit.usable(SOURCE, device, "FP8 decode GEMM, 17-64 rows", "Triton kernel")

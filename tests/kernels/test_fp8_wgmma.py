@@ -1,0 +1,99 @@
+"""The warpgroup decode GEMM for 17-64 rows (kernels/cuda/fp8_wgmma.cu): its variants, its
+sm_90a build, its launch shapes, and on a Hopper GPU its outputs against float64 (each
+BF16 output float64's value rounded, up to float32 summation slack), run to run, with and
+without K splits, under CUDA-graph replay after the kernel that writes its input."""
+
+import re
+
+import pytest
+import torch
+
+from quantroll.kernels import cuda_jit, fp8_wgmma
+
+
+def test_variants_list_matches_the_instances_in_the_source():
+    source = (cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE).read_text()
+    found = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+)\)", source, re.M)
+    assert {tuple(map(int, m)) for m in found} == {(c.warpgroups, c.min_blocks) for c in fp8_wgmma.VARIANTS}
+    assert len(found) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
+
+
+@pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
+def test_source_builds_for_sm_90a_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
+    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (9, 0))
+    image = cubin.read_bytes()
+    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS)
+    with pytest.raises(cuda_jit.CompileError, match="nvcc failed on fp8_wgmma.cu"):  # no wgmma before Hopper
+        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (8, 9))
+
+
+def test_arch_flag_names_the_arch_specific_target():
+    assert cuda_jit.arch_flag((9, 0)) == "-gencode=arch=compute_90,code=sm_90"
+    assert cuda_jit.arch_flag((9, 0), True) == "-gencode=arch=compute_90a,code=sm_90a"
+
+
+@pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (24576, 4096), (4096, 12288), (128, 128), (256, 1152)])
+def test_launch_shape_covers_every_k_group_once(n, k):
+    for cfg in fp8_wgmma.VARIANTS:
+        for splits in (0, 1, 2, 3, 8, 200):
+            tiles, used, per_split = fp8_wgmma.launch_shape(64, n, k, fp8_wgmma.WgmmaConfig(cfg.warpgroups, cfg.min_blocks, splits))
+            groups = k // 128
+            assert tiles * cfg.rows == n and 1 <= used <= groups
+            assert (used - 1) * per_split < groups <= used * per_split  # no empty split, none left out
+
+
+def test_shapes_outside_the_kernel_are_refused():
+    assert not fp8_wgmma.supports_shape(16, 4096, 4096)
+    assert not fp8_wgmma.supports_shape(65, 4096, 4096)
+    assert not fp8_wgmma.supports_shape(32, 4096, 4000)
+    assert not fp8_wgmma.supports_shape(32, 4032, 4096)  # not a multiple of the default 128 rows
+    assert not fp8_wgmma.supports_shape(32, 4096, 4096, torch.float32)
+    assert fp8_wgmma.supports_shape(17, 128, 128) and fp8_wgmma.supports_shape(64, 24576, 4096)
+
+
+def test_cpu_tensors_never_take_the_kernel():
+    assert not fp8_wgmma.usable(torch.device("cpu"))
+
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                            or cuda_jit.unavailable_reason() is not None,
+                            reason="needs a Hopper GPU (sm_90a) and nvcc")
+
+
+@hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(17, 128, 128), (33, 256, 1152), (64, 4096, 4096), (48, 6144, 4096),
+                                   (64, 4096, 12288), (20, 24576, 4096)])
+def test_every_variant_rounds_the_float64_result(m, n, k):
+    from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
+
+    aq, a_s, wq = _operands(m, n, k)
+    for base in fp8_wgmma.VARIANTS:
+        if n % base.rows:
+            continue
+        for splits in (1, 0, 3):
+            cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.min_blocks, splits)
+            y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
+            assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
+            assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
+
+
+@hopper
+@pytest.mark.gpu
+def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
+    from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
+
+    aq, a_s, wq = _operands(40, 256, 512)
+    y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale)
+    assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s.contiguous(), wq.data, wq.scale))
+    y8 = fp8_wgmma.fp8_wgmma(aq[2:30], a_s[2:30], wq.data, wq.scale)
+    assert _excess_over_rounding(aq[2:30], a_s[2:30], wq, y8) <= 0
+
+
+@hopper
+@pytest.mark.gpu
+def test_graph_replay_after_a_kernel_that_writes_the_input():
+    from tests.kernels.test_fp8_gemv import check_graph_replay_reads_the_new_input
+
+    check_graph_replay_reads_the_new_input(fp8_wgmma.fp8_wgmma, 64, 4096, 4096)

@@ -47,7 +47,7 @@ def main():
             row["variants"] = {}
             for base in fp8_wgmma.VARIANTS:
                 for s in splits:
-                    cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.min_blocks, s)
+                    cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.depth, base.min_blocks, s)
                     y = fp8_wgmma.fp8_wgmma(aq, a_s, wqs[0].data, wqs[0].scale, cfg)
                     excess = excess_over_bf16_rounding(y, a64, w64)
                     again = fp8_wgmma.fp8_wgmma(aq, a_s, wqs[0].data, wqs[0].scale, cfg)

@@ -106,6 +106,7 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 REFUSED_INVALID_VALUE, REFUSED_NOT_SUPPORTED = 1, 801  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED
 early_launch_refused = False  # set once a driver refused the attribute; launches are plain from then on
@@ -124,7 +125,9 @@ class _Driver:
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), p, ctypes.POINTER(p), ctypes.POINTER(p)]
         lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
         lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
-        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent"):
+        lib.cuFuncSetAttribute.argtypes = [p, i, i]
+        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent",
+                     "cuFuncSetAttribute"):
             getattr(lib, name).restype = i
 
     def check(self, result: int, what: str) -> None:
@@ -162,7 +165,7 @@ class CudaModule:
             self._image = cubin.read_bytes()  # the driver may keep a pointer into it
             module = ctypes.c_void_p()
             drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), self._image), f"loading {cubin.name}")
-        self.module, self.device, self._functions = module, device, {}
+        self.module, self.device, self._functions, self._shared_limits = module, device, {}, {}
 
     def function(self, name: str) -> ctypes.c_void_p:
         if name not in self._functions:
@@ -172,31 +175,42 @@ class CudaModule:
             self._functions[name] = fn
         return self._functions[name]
 
+    def allow_shared(self, name: str, shared_bytes: int) -> None:
+        """Let kernel ``name`` take ``shared_bytes`` of dynamic shared memory (above 48 KB
+        the driver needs the kernel's limit raised first)."""
+        if self._shared_limits.get(name, 0) < shared_bytes:
+            driver().check(driver().lib.cuFuncSetAttribute(self.function(name), MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                           shared_bytes), f"raising {name}'s shared memory")
+            self._shared_limits[name] = shared_bytes
+
     def launch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], *args,
-               early: bool = False) -> None:
+               early: bool = False, shared_bytes: int = 0) -> None:
         """``early``: programmatic dependent launch (the kernel may start before the previous
-        one on the stream has finished and must wait for it itself: griddepcontrol.wait)."""
+        one on the stream has finished and must wait for it itself: griddepcontrol.wait).
+        ``shared_bytes``: dynamic shared memory of each block."""
         global early_launch_refused
         holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
                    for a in args]
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
         if torch.cuda.current_device() != self.device.index:  # the module's context must be current
             with torch.cuda.device(self.device):
-                return self.launch(name, grid, block, *args, early=early)
+                return self.launch(name, grid, block, *args, early=early, shared_bytes=shared_bytes)
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         drv = driver()
+        if shared_bytes > 48 * 1024:
+            self.allow_shared(name, shared_bytes)
         if not early or early_launch_refused:
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
                       f"launching {name}")
             return
         attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        config = _LaunchConfig(*grid, *block, 0, stream, ctypes.pointer(attr), 1)
+        config = _LaunchConfig(*grid, *block, shared_bytes, stream, ctypes.pointer(attr), 1)
         result = drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None)
         if result in (REFUSED_NOT_SUPPORTED, REFUSED_INVALID_VALUE):  # a driver without PDL (CUDA < 12.3)
             if not early_launch_refused:
                 log.warning("CUDA driver refused a programmatic dependent launch (error %d): launching plainly", result)
             early_launch_refused = True
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, 0, stream, params, None),
+            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
                       f"launching {name}")
             return
         drv.check(result, f"launching {name} (programmatic dependent launch)")

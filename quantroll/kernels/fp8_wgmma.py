@@ -30,16 +30,18 @@ _MAX_TILES = 1 << 16
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One compiled variant (warpgroups per block: 64 weight rows each; blocks per
-    multiprocessor its registers allow) and the K splits of a launch (0: ``default_splits``)."""
+    """One compiled variant (warpgroups per block: 64 weight rows each; K groups of weight
+    bytes in flight per thread; blocks per multiprocessor its registers allow) and the K
+    splits of a launch (0: ``default_splits``)."""
 
     warpgroups: int
+    depth: int
     min_blocks: int
     splits: int = 0
 
     @property
     def kernel(self) -> str:
-        return f"fp8_wgmma_wg{self.warpgroups}_b{self.min_blocks}"
+        return f"fp8_wgmma_wg{self.warpgroups}_d{self.depth}_b{self.min_blocks}"
 
     @property
     def rows(self) -> int:
@@ -47,8 +49,12 @@ class WgmmaConfig:
 
 
 # Every variant cuda/fp8_wgmma.cu instantiates (keep the two lists equal: a test checks).
-VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 1), (1, 3), (2, 1), (2, 2)))
-DEFAULT = WgmmaConfig(2, 1)
+VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 2, 3), (1, 3, 3), (1, 4, 2), (2, 2, 1), (2, 3, 1), (2, 4, 1)))
+DEFAULT = WgmmaConfig(1, 3, 3)
+
+# Dynamic shared memory of a block (the kernel's Shared): two 16 KB slots of widened tokens,
+# three 8 KB slots of token codes, three slots of 64 token scales.
+SHARED_BYTES = 2 * 16384 + 3 * 8192 + 3 * 64 * 4
 
 
 def default_splits(tiles: int, groups: int, target: int = 264) -> int:
@@ -101,7 +107,7 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
     module.launch(cfg.kernel, (tiles, splits, 1), (128 * cfg.warpgroups, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
                   w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split,
-                  early=fp8_gemv.EARLY_LAUNCH if early is None else early)
+                  early=fp8_gemv.EARLY_LAUNCH if early is None else early, shared_bytes=SHARED_BYTES)
     return y
 
 

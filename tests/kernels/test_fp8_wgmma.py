@@ -13,8 +13,8 @@ from quantroll.kernels import cuda_jit, fp8_wgmma
 
 def test_variants_list_matches_the_instances_in_the_source():
     source = (cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE).read_text()
-    found = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+)\)", source, re.M)
-    assert {tuple(map(int, m)) for m in found} == {(c.warpgroups, c.min_blocks) for c in fp8_wgmma.VARIANTS}
+    found = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+)\)", source, re.M)
+    assert {tuple(map(int, m)) for m in found} == {(c.warpgroups, c.depth, c.min_blocks) for c in fp8_wgmma.VARIANTS}
     assert len(found) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 
@@ -37,7 +37,7 @@ def test_arch_flag_names_the_arch_specific_target():
 def test_launch_shape_covers_every_k_group_once(n, k):
     for cfg in fp8_wgmma.VARIANTS:
         for splits in (0, 1, 2, 3, 8, 200):
-            tiles, used, per_split = fp8_wgmma.launch_shape(64, n, k, fp8_wgmma.WgmmaConfig(cfg.warpgroups, cfg.min_blocks, splits))
+            tiles, used, per_split = fp8_wgmma.launch_shape(64, n, k, fp8_wgmma.WgmmaConfig(cfg.warpgroups, cfg.depth, cfg.min_blocks, splits))
             groups = k // 128
             assert tiles * cfg.rows == n and 1 <= used <= groups
             assert (used - 1) * per_split < groups <= used * per_split  # no empty split, none left out
@@ -47,7 +47,7 @@ def test_shapes_outside_the_kernel_are_refused():
     assert not fp8_wgmma.supports_shape(16, 4096, 4096)
     assert not fp8_wgmma.supports_shape(65, 4096, 4096)
     assert not fp8_wgmma.supports_shape(32, 4096, 4000)
-    assert not fp8_wgmma.supports_shape(32, 4032, 4096)  # not a multiple of the default 128 rows
+    assert not fp8_wgmma.supports_shape(32, 4040, 4096)  # not a multiple of 64 rows
     assert not fp8_wgmma.supports_shape(32, 4096, 4096, torch.float32)
     assert fp8_wgmma.supports_shape(17, 128, 128) and fp8_wgmma.supports_shape(64, 24576, 4096)
 
@@ -73,7 +73,7 @@ def test_every_variant_rounds_the_float64_result(m, n, k):
         if n % base.rows:
             continue
         for splits in (1, 0, 3):
-            cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.min_blocks, splits)
+            cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.depth, base.min_blocks, splits)
             y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
             assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
             assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg

@@ -118,56 +118,73 @@ __device__ __forceinline__ void load_group(WeightGroup& grp, const uint8_t* row0
   grp.scale = w_s_block[g * w_s_stride_g];
 }
 
-// The token codes a thread widens per group: ITEMS pieces of 32 bytes (token row, quarter
-// t of the group), item = threadIdx.x + i * THREADS over the 256 pieces of 64 rows.
-template <int ITEMS>
-struct TokenPieces {
-  uint32_t w[ITEMS][8];
-  float scale[ITEMS];
+// Asynchronous copies of the token codes into shared memory (cp.async): no registers hold
+// them in flight. src_bytes 0 writes zeros (token rows past the batch).
+__device__ __forceinline__ void copy_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_4(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+constexpr int RAW_BYTES = TOKENS * 128;         // one group's token codes: 8 KB
+constexpr int RAW_SLOTS = 3;                    // groups c (scales in use), c + 1 (landing), c + 2 (requested)
+constexpr int PIECES = RAW_BYTES / 16;          // 16-byte pieces of a group's codes
+
+struct Shared {
+  uint8_t tokens[2][SLOT_BYTES];                // widened, wgmma's layout; group c in slot c % 2
+  uint8_t raw[RAW_SLOTS][RAW_BYTES];            // codes as copied, [token][128]; group c in slot c % 3
+  float scales[RAW_SLOTS][TOKENS];              // token scales of the same groups
 };
 
-template <int ITEMS, int THREADS>
-__device__ __forceinline__ void load_tokens(TokenPieces<ITEMS>& tok, const uint8_t* a_q, long long a_stride,
-                                            const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
-                                            int m_rows, int g) {
+// Request group g's token codes and scales (this thread's pieces: p = threadIdx.x + i *
+// THREADS, token p / 8, bytes 16 (p % 8) ..) into raw slot ``slot``; one commit group.
+template <int THREADS>
+__device__ __forceinline__ void request_tokens(Shared& sh, int slot, const uint8_t* a_q, long long a_stride,
+                                               const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
+                                               int m_rows, int g) {
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int item = threadIdx.x + i * THREADS;
-    const int n = item >> 2, t = item & 3;
-    if (n < m_rows) {
-      const uint8_t* p = a_q + n * a_stride + (static_cast<long long>(g) << 7) + 32 * t;
-      Words4 v = load_cached(p);
+  for (int i = 0; i < PIECES / THREADS; ++i) {
+    const int p = threadIdx.x + i * THREADS;
+    const int n = p >> 3;
+    const bool real = n < m_rows;
+    const uint8_t* src = a_q + (real ? n : 0) * a_stride + (static_cast<long long>(g) << 7) + 16 * (p & 7);
+    copy_async_16(sh.raw[slot] + 16 * p, src, real ? 16 : 0);
+  }
+  if (threadIdx.x < TOKENS) {
+    const int n = threadIdx.x;
+    const bool real = n < m_rows;
+    copy_async_4(&sh.scales[slot][n], a_s + (real ? n : 0) * a_s_stride_m + g * a_s_stride_g, real ? 4 : 0);
+  }
+  copy_async_commit();
+}
+
+// Widen this thread's pieces of raw slot ``raw`` into token slot ``dst`` (after its own
+// copies landed: no barrier needed before, one after). Piece p holds bytes 16 (p % 8) ..
+// of token p / 8: quarter t = (p % 8) / 2, words 4 ((p % 8) % 2) + {0..3} = k16 steps j.
+template <int THREADS>
+__device__ __forceinline__ void widen_tokens(Shared& sh, int raw, int dst) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) tok.w[i][j] = v.w[j];
-      v = load_cached(p + SECOND_PIECE);
+  for (int i = 0; i < PIECES / THREADS; ++i) {
+    const int p = threadIdx.x + i * THREADS;
+    const int n = p >> 3, q = p & 7, t = q >> 1;
+    const uint4 v = *reinterpret_cast<const uint4*>(sh.raw[raw] + 16 * p);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    uint8_t* base = sh.tokens[dst] + (n >> 3) * STRIDE_BYTES + (n & 7) * 16 + 4 * t + (q & 1) * 4 * STEP_BYTES;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) tok.w[i][4 + j] = v.w[j];
-      tok.scale[i] = a_s[n * a_s_stride_m + g * a_s_stride_g];
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) tok.w[i][j] = 0;
-      tok.scale[i] = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<uint32_t*>(base + j * STEP_BYTES) = e4m3x2_to_f16x2(words[j]);
+      *reinterpret_cast<uint32_t*>(base + j * STEP_BYTES + LEADING_BYTES) = e4m3x2_to_f16x2(words[j] >> 16);
     }
   }
 }
 
-template <int ITEMS, int THREADS>
-__device__ __forceinline__ void store_tokens(const TokenPieces<ITEMS>& tok, uint8_t* slot, float* slot_scales) {
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int item = threadIdx.x + i * THREADS;
-    const int n = item >> 2, t = item & 3;
-    uint8_t* base = slot + (n >> 3) * STRIDE_BYTES + (n & 7) * 16 + 4 * t;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      *reinterpret_cast<uint32_t*>(base + j * STEP_BYTES) = e4m3x2_to_f16x2(tok.w[i][j]);
-      *reinterpret_cast<uint32_t*>(base + j * STEP_BYTES + LEADING_BYTES) = e4m3x2_to_f16x2(tok.w[i][j] >> 16);
-    }
-    if (t == 0) slot_scales[n] = tok.scale[i];
-  }
-}
-
-template <int WG>
+template <int WG, int DEPTH>
 __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride, const float* a_s,
                                           long long a_s_stride_m, long long a_s_stride_g,
                                           const uint8_t* __restrict__ w_q, long long w_stride,
@@ -177,9 +194,8 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
                                           long long m_rows_ll, long long n_ll, long long k, long long per_split) {
   constexpr int THREADS = 128 * WG;
   constexpr int ROWS = 64 * WG;
-  constexpr int ITEMS = 256 / THREADS;
-  __shared__ __align__(128) uint8_t tokens[2][SLOT_BYTES];
-  __shared__ float token_scales[2][TOKENS];
+  extern __shared__ __align__(128) uint8_t shared_bytes[];
+  Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
   __shared__ int last_block;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -193,16 +209,22 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
   const uint8_t* row0 = w_q + row * w_stride + lane_offset(t);
   const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
 
-  WeightGroup ga, gb;
-  load_group<true>(ga, row0, w_stride, first, w_s_block, w_s_stride_g);
-  if (count > 1) load_group<true>(gb, row0, w_stride, first + 1, w_s_block, w_s_stride_g);
+  // DEPTH groups of weight bytes in flight per thread, the first ones requested before
+  // waiting for the previous kernel.
+  WeightGroup buf[DEPTH];
+#pragma unroll
+  for (int u = 0; u < DEPTH; ++u) {
+    if (u < count) load_group<true>(buf[u], row0, w_stride, first + u, w_s_block, w_s_stride_g);
+  }
   allow_next_grid();
   wait_for_previous_grid();
   a_q = after_wait(a_q);
 
-  TokenPieces<ITEMS> tok;
-  load_tokens<ITEMS, THREADS>(tok, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
-  store_tokens<ITEMS, THREADS>(tok, tokens[0], token_scales[0]);
+  request_tokens<THREADS>(sh, 0, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
+  if (count > 1) request_tokens<THREADS>(sh, 1, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + 1);
+  else copy_async_commit();
+  copy_async_wait<1>();
+  widen_tokens<THREADS>(sh, 0, 0);
   fence_async_shared();
   __syncthreads();
 
@@ -210,11 +232,15 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
 #pragma unroll
   for (int i = 0; i < 32; ++i) total[i] = 0.0f;
 
-  // Group c (slot c % 2) from grp, whose registers then take group c + 2.
+  // Group c (token slot c % 2, raw slot c % 3) from grp, whose registers then take group
+  // c + DEPTH; meanwhile group c + 2's codes are requested and group c + 1's widened.
   auto group = [&](WeightGroup& grp, int c) {
-    const int slot = c & 1;
-    const bool more = c + 1 < count;
-    if (more) load_tokens<ITEMS, THREADS>(tok, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + c + 1);
+    if (c + 2 < count) {
+      request_tokens<THREADS>(sh, (c + 2) % RAW_SLOTS, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows,
+                              first + c + 2);
+    } else {
+      copy_async_commit();  // an empty group keeps the wait counts uniform
+    }
     uint32_t a[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -224,90 +250,104 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
       a[j][3] = e4m3x2_to_f16x2(grp.w1[j] >> 16);  // row r + 8, k + {2, 3}
     }
     const float w_scale = grp.scale;
-    if (c + 2 < count) load_group<false>(grp, row0, w_stride, first + c + 2, w_s_block, w_s_stride_g);
-    const uint32_t base = shared_address(tokens[slot]);
+    if (c + DEPTH < count) load_group<false>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
+    const uint32_t base = shared_address(sh.tokens[c & 1]);
     fence_operands(part);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 8; ++j) wgmma_m64n64k16(part, a[j][0], a[j][1], a[j][2], a[j][3], b_descriptor(base + j * STEP_BYTES), j);
     wgmma_commit();
-    if (more) store_tokens<ITEMS, THREADS>(tok, tokens[slot ^ 1], token_scales[slot ^ 1]);
+    if (c + 1 < count) {
+      copy_async_wait<1>();  // group c + 1's codes (this thread's pieces) have landed
+      widen_tokens<THREADS>(sh, (c + 1) % RAW_SLOTS, (c + 1) & 1);
+    }
     wgmma_wait_all();
     fence_operands(part);
+    const float* scales = sh.scales[c % RAW_SLOTS];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float s0 = token_scales[slot][8 * j + 2 * t] * w_scale;
-      const float s1 = token_scales[slot][8 * j + 2 * t + 1] * w_scale;
+      const float s0 = scales[8 * j + 2 * t] * w_scale;
+      const float s1 = scales[8 * j + 2 * t + 1] * w_scale;
       total[4 * j + 0] += part[4 * j + 0] * s0;  // row r,     token 8j + 2t
       total[4 * j + 1] += part[4 * j + 1] * s1;  // row r,     token 8j + 2t + 1
       total[4 * j + 2] += part[4 * j + 2] * s0;  // row r + 8, token 8j + 2t
       total[4 * j + 3] += part[4 * j + 3] * s1;  // row r + 8, token 8j + 2t + 1
     }
     fence_async_shared();
-    __syncthreads();  // the next slot is written and visible; this one is free again
+    __syncthreads();  // group c + 1's tokens are widened and visible; slot c % 2 is free again
   };
 
-  for (int c = 0; c < count; c += 2) {
-    group(ga, c);
-    if (c + 1 >= count) break;
-    group(gb, c + 1);
+  for (int c0 = 0; c0 < count; c0 += DEPTH) {
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (c0 + u < count) group(buf[u], c0 + u);
+    }
   }
+  copy_async_wait<0>();
 
   const int splits = static_cast<int>(gridDim.y);
-  if (splits == 1) {
+  if (splits > 1) {
+    // This split's sums to scratch [split][N][64]; the tile's last block adds them in order.
+    float* mine = scratch + (static_cast<long long>(blockIdx.y) * n_ll + row) * TOKENS;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int m = 8 * j + 2 * t;
-      if (m < m_rows) {
-        y[m * y_stride + row] = f32_to_bf16_rne(total[4 * j + 0]);
-        y[m * y_stride + row + 8] = f32_to_bf16_rne(total[4 * j + 2]);
-      }
-      if (m + 1 < m_rows) {
-        y[(m + 1) * y_stride + row] = f32_to_bf16_rne(total[4 * j + 1]);
-        y[(m + 1) * y_stride + row + 8] = f32_to_bf16_rne(total[4 * j + 3]);
+      *reinterpret_cast<float2*>(mine + 8 * j + 2 * t) = make_float2(total[4 * j + 0], total[4 * j + 1]);
+      *reinterpret_cast<float2*>(mine + 8 * TOKENS + 8 * j + 2 * t) = make_float2(total[4 * j + 2], total[4 * j + 3]);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(&tile_counters[blockIdx.x], 1) == splits - 1;
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) total[i] = 0.0f;
+    const float* own = scratch + row * TOKENS;
+    for (int s = 0; s < splits; ++s) {
+      const float* src = own + static_cast<long long>(s) * n_ll * TOKENS;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 lo = __ldcg(reinterpret_cast<const float2*>(src + 8 * j + 2 * t));
+        const float2 hi = __ldcg(reinterpret_cast<const float2*>(src + 8 * TOKENS + 8 * j + 2 * t));
+        total[4 * j + 0] += lo.x;
+        total[4 * j + 1] += lo.y;
+        total[4 * j + 2] += hi.x;
+        total[4 * j + 3] += hi.y;
       }
     }
-    return;
+    if (threadIdx.x == 0) tile_counters[blockIdx.x] = 0;
   }
-
-  // Split-K: this split's sums to scratch, the last block of the tile adds them in order.
-  float* mine = scratch + (static_cast<long long>(blockIdx.y) * n_ll + row) * TOKENS;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    *reinterpret_cast<float2*>(mine + 8 * j + 2 * t) = make_float2(total[4 * j + 0], total[4 * j + 1]);
-    *reinterpret_cast<float2*>(mine + 8 * TOKENS + 8 * j + 2 * t) = make_float2(total[4 * j + 2], total[4 * j + 3]);
+    const int m = 8 * j + 2 * t;
+    if (m < m_rows) {
+      y[m * y_stride + row] = f32_to_bf16_rne(total[4 * j + 0]);
+      y[m * y_stride + row + 8] = f32_to_bf16_rne(total[4 * j + 2]);
+    }
+    if (m + 1 < m_rows) {
+      y[(m + 1) * y_stride + row] = f32_to_bf16_rne(total[4 * j + 1]);
+      y[(m + 1) * y_stride + row + 8] = f32_to_bf16_rne(total[4 * j + 3]);
+    }
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(&tile_counters[blockIdx.x], 1) == splits - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < ROWS * m_rows; idx += THREADS) {
-    const int n = idx % ROWS, m = idx / ROWS;
-    const float* src = scratch + (n0 + n) * TOKENS + m;
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += __ldcg(src + static_cast<long long>(s) * n_ll * TOKENS);
-    y[m * y_stride + n0 + n] = f32_to_bf16_rne(sum);
-  }
-  if (threadIdx.x == 0) tile_counters[blockIdx.x] = 0;
 }
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA(WG, MIN_BLOCKS)                                                                 \
-  extern "C" __global__ void __launch_bounds__(WG * 128, MIN_BLOCKS) fp8_wgmma_wg##WG##_b##MIN_BLOCKS(      \
+#define QUANTROLL_FP8_WGMMA(WG, DEPTH, MIN_BLOCKS)                                                          \
+  extern "C" __global__ void __launch_bounds__(WG * 128, MIN_BLOCKS) fp8_wgmma_wg##WG##_d##DEPTH##_b##MIN_BLOCKS( \
       const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m, long long a_s_stride_g, \
       const uint8_t* w_q, long long w_stride, const float* w_s, long long w_s_stride_n, long long w_s_stride_g, \
       uint16_t* y, long long y_stride, float* scratch, int* tile_counters, long long m_rows, long long n,      \
       long long k, long long per_split) {                                                                   \
-    fp8_wgmma<WG>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n,          \
-                  w_s_stride_g, y, y_stride, scratch, tile_counters, m_rows, n, k, per_split);              \
+    fp8_wgmma<WG, DEPTH>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n,   \
+                         w_s_stride_g, y, y_stride, scratch, tile_counters, m_rows, n, k, per_split);       \
   }
 
-// The compiled variants (fp8_wgmma.py's VARIANTS names them): warpgroups per block, and
-// the blocks per multiprocessor the register allocation must allow.
-QUANTROLL_FP8_WGMMA(1, 1)
-QUANTROLL_FP8_WGMMA(1, 3)
-QUANTROLL_FP8_WGMMA(2, 1)
-QUANTROLL_FP8_WGMMA(2, 2)
+// The compiled variants (fp8_wgmma.py's VARIANTS names them): warpgroups per block, weight
+// groups in flight per thread, and the blocks per multiprocessor the registers must allow.
+QUANTROLL_FP8_WGMMA(1, 2, 3)
+QUANTROLL_FP8_WGMMA(1, 3, 3)
+QUANTROLL_FP8_WGMMA(1, 4, 2)
+QUANTROLL_FP8_WGMMA(2, 2, 1)
+QUANTROLL_FP8_WGMMA(2, 3, 1)
+QUANTROLL_FP8_WGMMA(2, 4, 1)

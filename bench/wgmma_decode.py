@@ -9,6 +9,7 @@ per layer set (qkv + o + gate_up + down).
     python bench/wgmma_decode.py [--ms 17,32,64] [--splits 0,1,2,4,8] [--json out.json]
 """
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -47,7 +48,7 @@ def main():
             row["variants"] = {}
             for base in fp8_wgmma.VARIANTS:
                 for s in splits:
-                    cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.depth, base.min_blocks, s)
+                    cfg = dataclasses.replace(base, splits=s)
                     y = fp8_wgmma.fp8_wgmma(aq, a_s, wqs[0].data, wqs[0].scale, cfg)
                     excess = excess_over_bf16_rounding(y, a64, w64)
                     again = fp8_wgmma.fp8_wgmma(aq, a_s, wqs[0].data, wqs[0].scale, cfg)

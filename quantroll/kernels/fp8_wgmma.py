@@ -38,10 +38,26 @@ class WgmmaConfig:
     depth: int
     min_blocks: int
     splits: int = 0
+    producer_warps: int = 0  # > 0: warp-specialized (producers widen tokens into a ring of ``slots``)
+    slots: int = 0
 
     @property
     def kernel(self) -> str:
+        if self.producer_warps:
+            return (f"fp8_wgmma_ws_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}_s{self.slots}"
+                    f"_b{self.min_blocks}")
         return f"fp8_wgmma_wg{self.warpgroups}_d{self.depth}_b{self.min_blocks}"
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups + 32 * self.producer_warps
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of a block (the kernel's Ring or Shared)."""
+        if self.producer_warps:
+            return self.slots * (16384 + 64 * 4 + 16)
+        return SHARED_BYTES
 
     @property
     def rows(self) -> int:
@@ -49,7 +65,9 @@ class WgmmaConfig:
 
 
 # Every variant cuda/fp8_wgmma.cu instantiates (keep the two lists equal: a test checks).
-VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 2, 3), (1, 3, 3), (1, 4, 2), (2, 2, 1), (2, 3, 1), (2, 4, 1)))
+VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 2, 3), (1, 3, 3), (1, 4, 2), (2, 2, 1), (2, 3, 1), (2, 4, 1))) + tuple(
+    WgmmaConfig(wg, d, b, 0, pw, sl) for wg, pw, d, sl, b in (
+        (2, 2, 3, 4, 1), (2, 4, 3, 4, 1), (2, 2, 4, 3, 1), (1, 2, 3, 3, 2), (1, 1, 3, 3, 2), (3, 2, 3, 3, 1)))
 DEFAULT = WgmmaConfig(1, 3, 3)
 
 # Dynamic shared memory of a block (the kernel's Shared): two 16 KB slots of widened tokens,
@@ -104,10 +122,10 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
     else:
         scratch = tile_counters = y
     module = cuda_jit.load(SOURCE, aq.device)
-    module.launch(cfg.kernel, (tiles, splits, 1), (128 * cfg.warpgroups, 1, 1),
+    module.launch(cfg.kernel, (tiles, splits, 1), (cfg.threads, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
                   w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split,
-                  early=fp8_gemv.EARLY_LAUNCH if early is None else early, shared_bytes=SHARED_BYTES)
+                  early=fp8_gemv.EARLY_LAUNCH if early is None else early, shared_bytes=cfg.shared_bytes)
     return y
 
 

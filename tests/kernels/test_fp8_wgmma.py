@@ -3,6 +3,7 @@ sm_90a build, its launch shapes, and on a Hopper GPU its outputs against float64
 BF16 output float64's value rounded, up to float32 summation slack), run to run, with and
 without K splits, under CUDA-graph replay after the kernel that writes its input."""
 
+import dataclasses
 import re
 
 import pytest
@@ -13,9 +14,12 @@ from quantroll.kernels import cuda_jit, fp8_wgmma
 
 def test_variants_list_matches_the_instances_in_the_source():
     source = (cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE).read_text()
-    found = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+)\)", source, re.M)
-    assert {tuple(map(int, m)) for m in found} == {(c.warpgroups, c.depth, c.min_blocks) for c in fp8_wgmma.VARIANTS}
-    assert len(found) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
+    plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+)\)", source, re.M)
+    special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
+    found = {(int(wg), int(d), int(b), 0, 0) for wg, d, b in plain} | {
+        (int(wg), int(d), int(b), int(pw), int(sl)) for wg, pw, d, sl, b in special}
+    assert found == {(c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots) for c in fp8_wgmma.VARIANTS}
+    assert len(plain) + len(special) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
@@ -37,7 +41,7 @@ def test_arch_flag_names_the_arch_specific_target():
 def test_launch_shape_covers_every_k_group_once(n, k):
     for cfg in fp8_wgmma.VARIANTS:
         for splits in (0, 1, 2, 3, 8, 200):
-            tiles, used, per_split = fp8_wgmma.launch_shape(64, n, k, fp8_wgmma.WgmmaConfig(cfg.warpgroups, cfg.depth, cfg.min_blocks, splits))
+            tiles, used, per_split = fp8_wgmma.launch_shape(64, n, k, dataclasses.replace(cfg, splits=splits))
             groups = k // 128
             assert tiles * cfg.rows == n and 1 <= used <= groups
             assert (used - 1) * per_split < groups <= used * per_split  # no empty split, none left out
@@ -73,7 +77,7 @@ def test_every_variant_rounds_the_float64_result(m, n, k):
         if n % base.rows:
             continue
         for splits in (1, 0, 3):
-            cfg = fp8_wgmma.WgmmaConfig(base.warpgroups, base.depth, base.min_blocks, splits)
+            cfg = dataclasses.replace(base, splits=splits)
             y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
             assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
             assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg

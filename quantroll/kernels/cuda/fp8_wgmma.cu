@@ -250,7 +250,7 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
       a[j][3] = e4m3x2_to_f16x2(grp.w1[j] >> 16);  // row r + 8, k + {2, 3}
     }
     const float w_scale = grp.scale;
-    if (c + DEPTH < count) load_group<false>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
+    if (c + DEPTH < count) load_group<true>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
     const uint32_t base = shared_address(sh.tokens[c & 1]);
     fence_operands(part);
     wgmma_fence();
@@ -331,6 +331,235 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
   }
 }
 
+// ---- Warp-specialized variant: PW producer warps widen the tokens into a ring of SLOTS
+// slots, the WG consumer warpgroups multiply; mbarriers (full: tokens ready; empty: every
+// consumer warp done with the slot) instead of block-wide barriers.
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+// Wait until phase number ``parity`` (mod 2) of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+template <int THREADS>
+__device__ __forceinline__ void sync_threads_named() {
+  asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+}
+
+template <int SLOTS>
+struct Ring {
+  uint8_t tokens[SLOTS][SLOT_BYTES];
+  float scales[SLOTS][TOKENS];
+  uint64_t full[SLOTS];
+  uint64_t empty[SLOTS];
+};
+
+// A producer thread's token pieces of one group: PP pieces of 16 bytes (piece p = ptid + i *
+// PRODUCERS: token p / 8, bytes 16 (p % 8) ..), and the scale of token ptid (ptid < 64).
+template <int PP>
+struct ProducerPieces {
+  uint4 v[PP];
+  float scale;
+};
+
+template <int PP, int PRODUCERS>
+__device__ __forceinline__ void producer_load(ProducerPieces<PP>& pc, int ptid, const uint8_t* a_q, long long a_stride,
+                                              const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
+                                              int m_rows, int g) {
+#pragma unroll
+  for (int i = 0; i < PP; ++i) {
+    const int p = ptid + i * PRODUCERS;
+    const int n = p >> 3;
+    if (n < m_rows) {
+      const Words4 w = load_cached(a_q + n * a_stride + (static_cast<long long>(g) << 7) + 16 * (p & 7));
+      pc.v[i] = make_uint4(w.w[0], w.w[1], w.w[2], w.w[3]);
+    } else {
+      pc.v[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  pc.scale = ptid < m_rows && ptid < TOKENS ? a_s[ptid * a_s_stride_m + g * a_s_stride_g] : 0.0f;
+}
+
+template <int PP, int PRODUCERS>
+__device__ __forceinline__ void producer_store(const ProducerPieces<PP>& pc, int ptid, uint8_t* slot, float* scales) {
+#pragma unroll
+  for (int i = 0; i < PP; ++i) {
+    const int p = ptid + i * PRODUCERS;
+    const int n = p >> 3, q = p & 7, t = q >> 1;
+    const uint32_t words[4] = {pc.v[i].x, pc.v[i].y, pc.v[i].z, pc.v[i].w};
+    uint8_t* base = slot + (n >> 3) * STRIDE_BYTES + (n & 7) * 16 + 4 * t + (q & 1) * 4 * STEP_BYTES;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<uint32_t*>(base + j * STEP_BYTES) = e4m3x2_to_f16x2(words[j]);
+      *reinterpret_cast<uint32_t*>(base + j * STEP_BYTES + LEADING_BYTES) = e4m3x2_to_f16x2(words[j] >> 16);
+    }
+  }
+  if (ptid < TOKENS) scales[ptid] = pc.scale;
+}
+
+template <int WG, int PW, int DEPTH, int SLOTS>
+__device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_stride, const float* a_s,
+                                             long long a_s_stride_m, long long a_s_stride_g,
+                                             const uint8_t* __restrict__ w_q, long long w_stride,
+                                             const float* __restrict__ w_s, long long w_s_stride_n,
+                                             long long w_s_stride_g, uint16_t* __restrict__ y, long long y_stride,
+                                             float* __restrict__ scratch, int* __restrict__ tile_counters,
+                                             long long m_rows_ll, long long n_ll, long long k, long long per_split) {
+  constexpr int CONSUMERS = 128 * WG;
+  constexpr int PRODUCERS = 32 * PW;
+  constexpr int ROWS = 64 * WG;
+  constexpr int PP = PIECES / PRODUCERS;
+  extern __shared__ __align__(128) uint8_t shared_bytes[];
+  Ring<SLOTS>& ring = *reinterpret_cast<Ring<SLOTS>*>(shared_bytes);
+  __shared__ int last_block;
+
+  const int m_rows = static_cast<int>(m_rows_ll);
+  const int groups = static_cast<int>(k >> 7);
+  const int first = static_cast<int>(blockIdx.y * per_split);
+  const int count = min(groups - first, static_cast<int>(per_split));
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      mbar_init(&ring.full[s], PRODUCERS);
+      mbar_init(&ring.empty[s], CONSUMERS / 32);
+    }
+  }
+  __syncthreads();
+  allow_next_grid();
+
+  if (threadIdx.x >= CONSUMERS) {  // producer warps: the only ones that read the previous kernel's output
+    const int ptid = threadIdx.x - CONSUMERS;
+    wait_for_previous_grid();
+    a_q = after_wait(a_q);
+    ProducerPieces<PP> pa, pb;
+    producer_load<PP, PRODUCERS>(pa, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
+    auto produce = [&](ProducerPieces<PP>& cur, ProducerPieces<PP>& nxt, int c) {
+      if (c + 1 < count) producer_load<PP, PRODUCERS>(nxt, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + c + 1);
+      const int slot = c % SLOTS;
+      if (c >= SLOTS) mbar_wait(&ring.empty[slot], ((c / SLOTS) + 1) & 1);
+      producer_store<PP, PRODUCERS>(cur, ptid, ring.tokens[slot], ring.scales[slot]);
+      fence_async_shared();
+      mbar_arrive(&ring.full[slot]);
+    };
+    for (int c = 0; c < count; c += 2) {
+      produce(pa, pb, c);
+      if (c + 1 >= count) break;
+      produce(pb, pa, c + 1);
+    }
+    return;
+  }
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, t = lane & 3;
+  const long long n0 = static_cast<long long>(blockIdx.x) * ROWS;
+  const long long row = n0 + 16 * warp + r;
+  const uint8_t* row0 = w_q + row * w_stride + lane_offset(t);
+  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
+
+  WeightGroup buf[DEPTH];
+#pragma unroll
+  for (int u = 0; u < DEPTH; ++u) {
+    if (u < count) load_group<true>(buf[u], row0, w_stride, first + u, w_s_block, w_s_stride_g);
+  }
+  float total[32], part[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) total[i] = 0.0f;
+
+  auto group = [&](WeightGroup& grp, int c) {
+    uint32_t a[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      a[j][0] = e4m3x2_to_f16x2(grp.w0[j]);
+      a[j][1] = e4m3x2_to_f16x2(grp.w1[j]);
+      a[j][2] = e4m3x2_to_f16x2(grp.w0[j] >> 16);
+      a[j][3] = e4m3x2_to_f16x2(grp.w1[j] >> 16);
+    }
+    const float w_scale = grp.scale;
+    if (c + DEPTH < count) load_group<true>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
+    const int slot = c % SLOTS;
+    mbar_wait(&ring.full[slot], (c / SLOTS) & 1);
+    const uint32_t base = shared_address(ring.tokens[slot]);
+    fence_operands(part);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wgmma_m64n64k16(part, a[j][0], a[j][1], a[j][2], a[j][3], b_descriptor(base + j * STEP_BYTES), j);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(part);
+    const float* scales = ring.scales[slot];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float s0 = scales[8 * j + 2 * t] * w_scale;
+      const float s1 = scales[8 * j + 2 * t + 1] * w_scale;
+      total[4 * j + 0] += part[4 * j + 0] * s0;
+      total[4 * j + 1] += part[4 * j + 1] * s1;
+      total[4 * j + 2] += part[4 * j + 2] * s0;
+      total[4 * j + 3] += part[4 * j + 3] * s1;
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&ring.empty[slot]);
+  };
+  for (int c0 = 0; c0 < count; c0 += DEPTH) {
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (c0 + u < count) group(buf[u], c0 + u);
+    }
+  }
+
+  const int splits = static_cast<int>(gridDim.y);
+  if (splits > 1) {
+    float* mine = scratch + (static_cast<long long>(blockIdx.y) * n_ll + row) * TOKENS;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<float2*>(mine + 8 * j + 2 * t) = make_float2(total[4 * j + 0], total[4 * j + 1]);
+      *reinterpret_cast<float2*>(mine + 8 * TOKENS + 8 * j + 2 * t) = make_float2(total[4 * j + 2], total[4 * j + 3]);
+    }
+    __threadfence();
+    sync_threads_named<CONSUMERS>();
+    if (threadIdx.x == 0) last_block = atomicAdd(&tile_counters[blockIdx.x], 1) == splits - 1;
+    sync_threads_named<CONSUMERS>();
+    if (!last_block) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) total[i] = 0.0f;
+    const float* own = scratch + row * TOKENS;
+    for (int s = 0; s < splits; ++s) {
+      const float* src = own + static_cast<long long>(s) * n_ll * TOKENS;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 lo = __ldcg(reinterpret_cast<const float2*>(src + 8 * j + 2 * t));
+        const float2 hi = __ldcg(reinterpret_cast<const float2*>(src + 8 * TOKENS + 8 * j + 2 * t));
+        total[4 * j + 0] += lo.x;
+        total[4 * j + 1] += lo.y;
+        total[4 * j + 2] += hi.x;
+        total[4 * j + 3] += hi.y;
+      }
+    }
+    if (threadIdx.x == 0) tile_counters[blockIdx.x] = 0;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int m = 8 * j + 2 * t;
+    if (m < m_rows) {
+      y[m * y_stride + row] = f32_to_bf16_rne(total[4 * j + 0]);
+      y[m * y_stride + row + 8] = f32_to_bf16_rne(total[4 * j + 2]);
+    }
+    if (m + 1 < m_rows) {
+      y[(m + 1) * y_stride + row] = f32_to_bf16_rne(total[4 * j + 1]);
+      y[(m + 1) * y_stride + row + 8] = f32_to_bf16_rne(total[4 * j + 3]);
+    }
+  }
+}
+
 }  // namespace
 
 #define QUANTROLL_FP8_WGMMA(WG, DEPTH, MIN_BLOCKS)                                                          \
@@ -351,3 +580,22 @@ QUANTROLL_FP8_WGMMA(1, 4, 2)
 QUANTROLL_FP8_WGMMA(2, 2, 1)
 QUANTROLL_FP8_WGMMA(2, 3, 1)
 QUANTROLL_FP8_WGMMA(2, 4, 1)
+
+#define QUANTROLL_FP8_WGMMA_WS(WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                            \
+  extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS)                              \
+      fp8_wgmma_ws_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS(                                     \
+          const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                 \
+          long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                 \
+          long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride, float* scratch,  \
+          int* tile_counters, long long m_rows, long long n, long long k, long long per_split) {             \
+    fp8_wgmma_ws<WG, PW, DEPTH, SLOTS>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,  \
+                                       w_s_stride_n, w_s_stride_g, y, y_stride, scratch, tile_counters,    \
+                                       m_rows, n, k, per_split);                                            \
+  }
+
+QUANTROLL_FP8_WGMMA_WS(2, 2, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(2, 4, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(2, 2, 4, 3, 1)
+QUANTROLL_FP8_WGMMA_WS(1, 2, 3, 3, 2)
+QUANTROLL_FP8_WGMMA_WS(1, 1, 3, 3, 2)
+QUANTROLL_FP8_WGMMA_WS(3, 2, 3, 3, 1)

@@ -40,6 +40,8 @@ def test_arch_flag_names_the_arch_specific_target():
 @pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (24576, 4096), (4096, 12288), (128, 128), (256, 1152)])
 def test_launch_shape_covers_every_k_group_once(n, k):
     for cfg in fp8_wgmma.VARIANTS:
+        if n % cfg.rows:
+            continue
         for splits in (0, 1, 2, 3, 8, 200):
             tiles, used, per_split = fp8_wgmma.launch_shape(64, n, k, dataclasses.replace(cfg, splits=splits))
             groups = k // 128

@@ -11,6 +11,9 @@ CUDA-graph decode, median of the repeats) at each batch.
 
     python bench/switch_ab.py --variant norm8:fused.NORM_WARPS=8 --approx norm8 --batches 1,16,64 \\
         [--shape qwen3-8b] [--layers N]
+
+A value is a Python literal or an expression over the module's names, e.g.
+``--variant ws:fp8_wgmma.ENGINE_CONFIG=WgmmaConfig(2,3,1,0,2,4,0) --approx ws``.
 """
 import argparse
 import ast
@@ -24,13 +27,33 @@ from quantroll.engine import Engine, SamplingParams
 from quantroll.formats import get_format
 
 
+def setting_value(module: str, text: str):
+    """A Python literal, or an expression over the target module's names (e.g.
+    ``fp8_wgmma.ENGINE_CONFIG=WgmmaConfig(2,3,1,0,2,4,0)``)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return eval(text, {"__builtins__": {}}, vars(importlib.import_module(module)))  # a bench's own command line
+
+
+def top_level_items(body: str) -> list[str]:
+    """``body`` split at the commas outside parentheses."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+    return items + [body[start:]]
+
+
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
     name, _, body = text.partition(":")
     settings = []
-    for item in filter(None, body.split(",")):
+    for item in filter(None, top_level_items(body)):
         target, _, value = item.partition("=")
         module, _, attr = target.rpartition(".")
-        settings.append((f"quantroll.kernels.{module}", attr, ast.literal_eval(value)))
+        settings.append((f"quantroll.kernels.{module}", attr, setting_value(f"quantroll.kernels.{module}", value)))
     return name, settings
 
 

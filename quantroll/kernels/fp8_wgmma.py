@@ -1,15 +1,20 @@
-"""The block-FP8 decode GEMM on Hopper's warpgroup MMA (cuda/fp8_wgmma.cu) for 17-64 rows.
+"""The block-FP8 decode GEMMs on Hopper's warpgroup MMA for 17-64 rows: cuda/fp8_wgmma.cu
+(every thread stages tokens and multiplies) and its warp-specialized twin
+cuda/fp8_wgmma_ws.cu (producer warps widen tokens into an mbarrier ring, consumer
+warpgroups multiply).
 
 Same contract as the other decode GEMMs (fp8_linear.fp8_gemm_decode, fp8_gemv): codes
 [M, K] e4m3 with 1x128 scales, weight codes [N, K] with 128x128 scales, BF16 output,
 float32-accurate (exact float16 products of the codes, float32 sums), the same result on
 every run. The weights stream into registers as wgmma's A operand (widened there); the
-block widens the token codes into shared memory as its B operand, always 64 rows wide
-(rows past the batch are zero). K is split over blocks where the weight has too few row
-tiles to fill the GPU; the last block of a tile adds the splits in order.
+token codes are widened into shared memory as its B operand, always 64 rows wide (rows
+past the batch are zero). K is split over blocks where the weight has too few row tiles
+to fill the GPU; the last block of a tile adds the splits in order.
 
-wgmma exists on sm_90a only (Hopper): ``usable`` is False on any other GPU, where the
-Triton decode GEMM stays.
+``fp8_linear.gemm_path`` takes it for 17-64 rows only where ``ENGINE_CONFIG`` names a
+variant; it is None: the first design measured slower than the Triton decode GEMM on the
+H200 (docs/PERFORMANCE.md, session 11), the warp-specialized one is built and CPU-checked
+but not yet run. wgmma exists on sm_90a only (Hopper): ``usable`` is False on any other GPU.
 """
 
 from __future__ import annotations
@@ -21,32 +26,43 @@ import torch
 from quantroll.kernels import cuda_jit, fp8_gemv
 from quantroll.kernels.counters import counters
 
-SOURCE = "fp8_wgmma.cu"
 MAX_M = 64
 MIN_M = 17
 TILE_COUNTERS = "wgmma split-K tiles"  # counters.py kind
 _MAX_TILES = 1 << 16
+_SLOT_BYTES = 64 * 128 * 2  # one K group of 64 widened token rows
 
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One compiled variant (warpgroups per block: 64 weight rows each; K groups of weight
-    bytes in flight per thread; blocks per multiprocessor its registers allow) and the K
-    splits of a launch (0: ``default_splits``)."""
+    """One compiled variant and the K splits of a launch (0: ``default_splits``).
+    warpgroups: multiplying warpgroups per block (64 weight rows each); depth: K groups of
+    weight bytes in flight per thread; min_blocks: blocks per multiprocessor its registers
+    allow; producer_warps > 0: the warp-specialized kernel with a ring of ``slots`` tiles
+    (consumer_regs > 0: setmaxnreg moves registers from producers to consumers)."""
 
     warpgroups: int
     depth: int
     min_blocks: int
     splits: int = 0
-    producer_warps: int = 0  # > 0: warp-specialized (producers widen tokens into a ring of ``slots``)
+    producer_warps: int = 0
     slots: int = 0
+    consumer_regs: int = 0
+
+    @property
+    def source(self) -> str:
+        return "fp8_wgmma_ws.cu" if self.producer_warps else "fp8_wgmma.cu"
 
     @property
     def kernel(self) -> str:
         if self.producer_warps:
             return (f"fp8_wgmma_ws_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}_s{self.slots}"
-                    f"_b{self.min_blocks}")
+                    f"_b{self.min_blocks}_r{self.consumer_regs}")
         return f"fp8_wgmma_wg{self.warpgroups}_d{self.depth}_b{self.min_blocks}"
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.warpgroups
 
     @property
     def threads(self) -> int:
@@ -54,40 +70,40 @@ class WgmmaConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory of a block (the kernel's Ring or Shared)."""
+        """Dynamic shared memory of a block: the ws kernel's Ring (tiles, scales, two
+        mbarriers per slot), or fp8_wgmma.cu's Shared (two tiles, three slots of codes and
+        scales)."""
         if self.producer_warps:
-            return self.slots * (16384 + 64 * 4 + 16)
-        return SHARED_BYTES
-
-    @property
-    def rows(self) -> int:
-        return 64 * self.warpgroups
+            return self.slots * (_SLOT_BYTES + 64 * 4 + 16)
+        return 2 * _SLOT_BYTES + 3 * (64 * 128 + 64 * 4)
 
 
-# Every variant cuda/fp8_wgmma.cu instantiates (keep the two lists equal: a test checks).
+# Every variant the two sources instantiate (keep the lists equal: a test checks).
 VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 2, 3), (1, 3, 3), (1, 4, 2), (2, 2, 1), (2, 3, 1), (2, 4, 1))) + tuple(
-    WgmmaConfig(wg, d, b, 0, pw, sl) for wg, pw, d, sl, b in (
-        (2, 2, 3, 4, 1), (2, 4, 3, 4, 1), (2, 2, 4, 3, 1), (1, 2, 3, 3, 2), (1, 1, 3, 3, 2), (3, 2, 3, 3, 1)))
+    WgmmaConfig(wg, d, b, 0, pw, sl, cr) for wg, pw, d, sl, b, cr in (
+        (2, 2, 3, 4, 1, 0), (2, 2, 2, 4, 1, 0), (2, 4, 3, 4, 1, 0), (2, 4, 4, 4, 1, 232), (1, 2, 3, 3, 2, 0),
+        (1, 2, 2, 4, 2, 0)))
 DEFAULT = WgmmaConfig(1, 3, 3)
 
-# Dynamic shared memory of a block (the kernel's Shared): two 16 KB slots of widened tokens,
-# three 8 KB slots of token codes, three slots of 64 token scales.
-SHARED_BYTES = 2 * 16384 + 3 * 8192 + 3 * 64 * 4
+# The variant the engine's decode GEMMs of 17-64 rows take (fp8_linear.gemm_path); None:
+# they stay on the Triton decode GEMM (faster than every variant measured so far).
+ENGINE_CONFIG: WgmmaConfig | None = None
 
 
-def default_splits(tiles: int, groups: int, target: int = 264) -> int:
-    """K splits for ``tiles`` row tiles: doubled while fewer than ``target`` blocks would
-    stream the weight and each split keeps at least 4 K groups."""
+def default_splits(tiles: int, groups: int, target: int) -> int:
+    """K splits for ``tiles`` row tiles: doubled while fewer than ``target`` blocks (one
+    wave: multiprocessors x resident blocks) would stream the weight and each split keeps
+    at least 4 K groups."""
     split = 1
     while tiles * split < target and groups // (split * 2) >= 4:
         split *= 2
     return split
 
 
-def launch_shape(m: int, n: int, k: int, cfg: WgmmaConfig) -> tuple[int, int, int]:
-    """(row tiles, splits, K groups per split) of a launch."""
+def launch_shape(m: int, n: int, k: int, cfg: WgmmaConfig, multiprocessors: int = 132) -> tuple[int, int, int]:
+    """(row tiles, splits, K groups per split) of a launch on a GPU of ``multiprocessors``."""
     tiles, groups = n // cfg.rows, k // 128
-    splits = cfg.splits or default_splits(tiles, groups)
+    splits = cfg.splits or default_splits(tiles, groups, multiprocessors * cfg.min_blocks)
     per_split = -(-groups // min(splits, groups))
     return tiles, -(-groups // per_split), per_split
 
@@ -112,7 +128,7 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
         raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs "
                          f"{MIN_M}-{MAX_M} rows, whole 128-wide K groups, N a multiple of {cfg.rows}, rows "
                          "contiguous and 16-byte aligned")
-    tiles, splits, per_split = launch_shape(m, n, k, cfg)
+    tiles, splits, per_split = launch_shape(m, n, k, cfg, torch.cuda.get_device_properties(aq.device).multi_processor_count)
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     if splits > 1:
         if tiles > _MAX_TILES:
@@ -121,7 +137,7 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
         tile_counters = counters(TILE_COUNTERS, aq.device, _MAX_TILES)
     else:
         scratch = tile_counters = y
-    module = cuda_jit.load(SOURCE, aq.device)
+    module = cuda_jit.load(cfg.source, aq.device)
     module.launch(cfg.kernel, (tiles, splits, 1), (cfg.threads, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
                   w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split,
@@ -129,10 +145,10 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
     return y
 
 
-def usable(device: torch.device) -> bool:
-    """Whether the warpgroup decode GEMM can run on ``device``: Hopper (sm_90: wgmma is not
-    on later GPUs) and a successful build (cuda_jit.usable; logged once)."""
+def usable(device: torch.device, cfg: WgmmaConfig = DEFAULT) -> bool:
+    """Whether ``cfg``'s kernel can run on ``device``: Hopper (sm_90: wgmma is not on later
+    GPUs) and a successful build (cuda_jit.usable; logged once)."""
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return False
-    return cuda_jit.usable(SOURCE, device, "FP8 decode GEMM, 17-64 rows", "Triton kernel")
+    return cuda_jit.usable(cfg.source, device, "FP8 decode GEMM, 17-64 rows", "Triton kernel")

@@ -4,6 +4,7 @@ BF16 output float64's value rounded, up to float32 summation slack), run to run,
 without K splits, under CUDA-graph replay after the kernel that writes its input."""
 
 import dataclasses
+import functools
 import re
 
 import pytest
@@ -12,24 +13,26 @@ import torch
 from quantroll.kernels import cuda_jit, fp8_wgmma
 
 
-def test_variants_list_matches_the_instances_in_the_source():
-    source = (cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE).read_text()
-    plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+)\)", source, re.M)
-    special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
-    found = {(int(wg), int(d), int(b), 0, 0) for wg, d, b in plain} | {
-        (int(wg), int(d), int(b), int(pw), int(sl)) for wg, pw, d, sl, b in special}
-    assert found == {(c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots) for c in fp8_wgmma.VARIANTS}
+def test_variants_list_matches_the_instances_in_the_sources():
+    plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+)\)", (cuda_jit.SOURCE_DIR / "fp8_wgmma.cu").read_text(), re.M)
+    special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)",
+                         (cuda_jit.SOURCE_DIR / "fp8_wgmma_ws.cu").read_text(), re.M)
+    found = {(int(wg), int(d), int(b), 0, 0, 0) for wg, d, b in plain} | {
+        (int(wg), int(d), int(b), int(pw), int(sl), int(cr)) for wg, pw, d, sl, b, pr, cr in special}
+    assert found == {(c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs)
+                     for c in fp8_wgmma.VARIANTS}
     assert len(plain) + len(special) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
-def test_source_builds_for_sm_90a_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("source", ["fp8_wgmma.cu", "fp8_wgmma_ws.cu"])
+def test_sources_build_for_sm_90a_only(source, tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
-    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (9, 0))
+    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / source, (9, 0))
     image = cubin.read_bytes()
-    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS)
-    with pytest.raises(cuda_jit.CompileError, match="nvcc failed on fp8_wgmma.cu"):  # no wgmma before Hopper
-        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (8, 9))
+    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS if c.source == source)
+    with pytest.raises(cuda_jit.CompileError, match=f"nvcc failed on {source}"):  # no wgmma before Hopper
+        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / source, (8, 9))
 
 
 def test_arch_flag_names_the_arch_specific_target():
@@ -97,9 +100,42 @@ def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
     assert _excess_over_rounding(aq[2:30], a_s[2:30], wq, y8) <= 0
 
 
+# One variant of each kernel: the first design and the warp-specialized one.
+EACH_KERNEL = [fp8_wgmma.DEFAULT, next(c for c in fp8_wgmma.VARIANTS if c.producer_warps)]
+
+
 @hopper
 @pytest.mark.gpu
-def test_graph_replay_after_a_kernel_that_writes_the_input():
+@pytest.mark.parametrize("cfg", EACH_KERNEL, ids=lambda c: c.kernel)
+def test_graph_replay_after_a_kernel_that_writes_the_input(cfg):
     from tests.kernels.test_fp8_gemv import check_graph_replay_reads_the_new_input
 
-    check_graph_replay_reads_the_new_input(fp8_wgmma.fp8_wgmma, 64, 4096, 4096)
+    check_graph_replay_reads_the_new_input(functools.partial(fp8_wgmma.fp8_wgmma, cfg=cfg), 64, 4096, 4096)
+
+
+@hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", EACH_KERNEL, ids=lambda c: c.kernel)
+def test_logits_criterion_holds_with_the_wgmma_decode_gemm(cfg, tmp_path, monkeypatch):
+    """Issue 3's criterion (test_gpu_engine.py) with the decode GEMMs of 17-64 rows on the
+    kernel (batch 4 decodes 36 rows), and the kernel seen to run."""
+    pytest.importorskip("triton")
+    from tests.engine.test_gpu_engine import test_real_fp8_logits_vs_emulation_on_the_warm_started_model as criterion
+
+    calls = []
+    real = fp8_wgmma.fp8_wgmma
+    monkeypatch.setattr(fp8_wgmma, "fp8_wgmma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIG", cfg)
+    criterion("dense", 4, tmp_path)
+    assert calls
+
+
+@hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", EACH_KERNEL, ids=lambda c: c.kernel)
+def test_engine_decode_logprobs_match_a_full_forward_with_the_wgmma_decode_gemm(cfg, tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
+
+    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIG", cfg)
+    check(tmp_path)

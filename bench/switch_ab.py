@@ -13,7 +13,7 @@ CUDA-graph decode, median of the repeats) at each batch.
         [--shape qwen3-8b] [--layers N]
 
 A value is a Python literal or an expression over the module's names, e.g.
-``--variant ws:fp8_wgmma.ENGINE_CONFIG=WgmmaConfig(2,3,1,0,2,4,0) --approx ws``.
+``--variant ws:fp8_wgmma.ENGINE_CONFIGS={(17,64):WgmmaConfig(64,2,3,1,0,2,4)} --approx ws``.
 """
 import argparse
 import ast
@@ -29,7 +29,7 @@ from quantroll.formats import get_format
 
 def setting_value(module: str, text: str):
     """A Python literal, or an expression over the target module's names (e.g.
-    ``fp8_wgmma.ENGINE_CONFIG=WgmmaConfig(2,3,1,0,2,4,0)``)."""
+    ``fp8_wgmma.ENGINE_CONFIGS={(17,64):WgmmaConfig(64,2,3,1,0,2,4)}``)."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -37,10 +37,10 @@ def setting_value(module: str, text: str):
 
 
 def top_level_items(body: str) -> list[str]:
-    """``body`` split at the commas outside parentheses."""
+    """``body`` split at the commas outside brackets."""
     items, depth, start = [], 0, 0
     for i, ch in enumerate(body):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
         if ch == "," and depth == 0:
             items.append(body[start:i])
             start = i + 1

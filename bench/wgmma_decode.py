@@ -1,23 +1,27 @@
-"""The warpgroup decode GEMM (fp8_wgmma) against the Triton decode GEMM at 17-64 rows on
-Qwen3-8B's layer shapes, after a correctness check of every variant (each BF16 output
-float64's value rounded, and the same bits run to run).
+"""The warpgroup-MMA decode GEMMs (fp8_wgmma: both kernels, every variant, several K
+splits) against the shipped decode GEMM (what fp8_linear.fp8_gemm takes today: the CUDA
+mma.sync kernel up to 16 rows, Triton's above) on Qwen3-8B's layer shapes, after a
+correctness check of every variant (each BF16 output float64's value rounded, and the
+same bits run to run).
 
 Times: GPU time of one call inside a CUDA graph over 8 distinct weights (no call finds its
 weight in L2), median of 20 replays (quantroll.bench.graph_time); the table gives the sum
-per layer set (qkv + o + gate_up + down).
+per layer set (qkv + o + gate_up + down) of the shipped GEMM and of the best variant per
+shape, and the best single variant (one kernel for all four shapes, splits per shape).
 
-    python bench/wgmma_decode.py [--ms 17,32,64] [--splits 0,1,2,4,8] [--json out.json]
+    python bench/wgmma_decode.py [--ms 16,32,64] [--splits 0,1,2,4] [--kernels all|plain|ws] [--json out.json]
 """
 import argparse
 import dataclasses
 import json
+from collections import defaultdict
 
 import torch
 
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.formats import get_format
 from quantroll.kernels import fp8_wgmma
-from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantize_activation_fp8
+from quantroll.kernels.fp8_linear import fp8_gemm, gemm_path, quantize_activation_fp8
 from tests.numerics import excess_over_bf16_rounding
 
 FP8 = get_format("fp8")
@@ -27,12 +31,15 @@ COPIES = 8
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--ms", default="17,32,64")
-    p.add_argument("--splits", default="0,1,2,4,8")
+    p.add_argument("--ms", default="16,32,64")
+    p.add_argument("--splits", default="0,1,2,4")
+    p.add_argument("--kernels", default="all", choices=("all", "plain", "ws"))
     p.add_argument("--json", default=None)
     args = p.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     splits = [int(v) for v in args.splits.split(",")]
+    variants = [v for v in fp8_wgmma.VARIANTS
+                if args.kernels == "all" or (args.kernels == "ws") == bool(v.producer_warps)]
     torch.manual_seed(0)
     rows, bad = [], 0
     for name, (n, k) in SHAPES.items():
@@ -42,35 +49,45 @@ def main():
             x = (torch.randn(m, k, device="cuda") * torch.logspace(-1, 1, k, device="cuda")).to(torch.bfloat16)
             aq, a_s = quantize_activation_fp8(x)
             a64 = aq.double() * a_s.double().repeat_interleave(128, dim=1)
-            row = {"layer": name, "m": m, "n": n, "k": k}
-            tcfg = decode_config(n, k, m)
-            row["triton_us"] = graph_time_us(lambda j: fp8_gemm_decode(aq, a_s, wqs[j].data, wqs[j].scale, torch.bfloat16, tcfg), COPIES)
+            row = {"layer": name, "m": m, "n": n, "k": k, "shipped_path": gemm_path(m, n, k, aq.device)}
+            row["shipped_us"] = graph_time_us(lambda j: fp8_gemm(aq, a_s, wqs[j].data, wqs[j].scale), COPIES)
             row["variants"] = {}
-            for base in fp8_wgmma.VARIANTS:
+            for base in variants:
+                if m > base.tokens or n % base.rows:
+                    continue
+                best = None
                 for s in splits:
                     cfg = dataclasses.replace(base, splits=s)
+                    used = fp8_wgmma.launch_shape(m, n, k, cfg)[1]
                     y = fp8_wgmma.fp8_wgmma(aq, a_s, wqs[0].data, wqs[0].scale, cfg)
                     excess = excess_over_bf16_rounding(y, a64, w64)
                     again = fp8_wgmma.fp8_wgmma(aq, a_s, wqs[0].data, wqs[0].scale, cfg)
-                    tag = f"{cfg.kernel}_s{fp8_wgmma.launch_shape(m, n, k, cfg)[1]}"
                     if excess > 0 or not torch.equal(y, again):
                         bad += 1
-                        print(f"BAD {name} m={m} {tag}: excess {excess:.3e} repeatable {torch.equal(y, again)}", flush=True)
+                        print(f"BAD {name} m={m} {cfg.kernel} s{used}: excess {excess:.3e} "
+                              f"repeatable {torch.equal(y, again)}", flush=True)
                         continue
-                    if tag in row["variants"]:
-                        continue
-                    row["variants"][tag] = graph_time_us(
-                        lambda j: fp8_wgmma.fp8_wgmma(aq, a_s, wqs[j].data, wqs[j].scale, cfg), COPIES)
-            best = min(row["variants"].items(), key=lambda kv: kv[1]) if row["variants"] else ("-", float("nan"))
-            row["best"] = best
-            print(f"{name:8s} M={m:3d} triton {row['triton_us']:6.1f} best wgmma {best[1]:6.1f} {best[0]}  "
-                  + " ".join(f"{t.replace('fp8_wgmma_', '')}={v:.1f}" for t, v in row["variants"].items()), flush=True)
+                    us = graph_time_us(lambda j: fp8_wgmma.fp8_wgmma(aq, a_s, wqs[j].data, wqs[j].scale, cfg), COPIES)
+                    if best is None or us < best[0]:
+                        best = (us, used)
+                if best:
+                    row["variants"][base.kernel] = best
             rows.append(row)
-    print("\nper layer set (qkv + o + gate_up + down), us")
-    print("   M  triton  wgmma(best per shape)")
+            top = sorted(row["variants"].items(), key=lambda kv: kv[1][0])[:4]
+            print(f"{name:8s} M={m:3d} shipped ({row['shipped_path']}) {row['shipped_us']:6.1f} | "
+                  + "  ".join(f"{kname.replace('fp8_wgmma_', '')} s{s} {us:.1f}" for kname, (us, s) in top), flush=True)
+    print("\nper Qwen3-8B layer set (qkv + o + gate_up + down), us")
+    print("   M  shipped  best-per-shape  best-single-variant")
     for m in ms:
         sel = [r for r in rows if r["m"] == m]
-        print(f"{m:4d} {sum(r['triton_us'] for r in sel):7.1f} {sum(r['best'][1] for r in sel):7.1f}")
+        per_shape = sum(min((v[0] for v in r["variants"].values()), default=float("nan")) for r in sel)
+        single = defaultdict(float)
+        for r in sel:
+            for kname, (us, _) in r["variants"].items():
+                single[kname] += us
+        complete = {kname: t for kname, t in single.items() if all(kname in r["variants"] for r in sel)}
+        best_single = min(complete.items(), key=lambda kv: kv[1]) if complete else ("-", float("nan"))
+        print(f"{m:4d} {sum(r['shipped_us'] for r in sel):8.1f} {per_shape:15.1f} {best_single[1]:10.1f} {best_single[0]}")
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
     raise SystemExit(1 if bad else 0)

@@ -7,8 +7,8 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
 - decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
   registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
   can build it;
-- decode, 17-64 rows, only where ``fp8_wgmma.ENGINE_CONFIG`` is set (None until it beats
-  Triton on the H200): the warpgroup-MMA kernels of fp8_wgmma.py on Hopper;
+- decode, only for the batch ranges ``fp8_wgmma.ENGINE_CONFIGS`` names (none until one
+  beats the kernels below on the H200): the warpgroup-MMA kernels of fp8_wgmma.py, Hopper;
 - decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
   tiles of 32 weight rows (64 on long-K weights at 17-64 rows, ``LONG_K_DECODE``), split-K
   summed in the same launch, products on mma.sync
@@ -207,15 +207,14 @@ def splits_to_fill(tiles: int, k: int, target: int) -> int:
 def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16) -> str:
     """Which FP8 GEMM an M x N x K product on ``device`` takes (``fp8_gemm`` follows it; a
     CUDA-kernel choice also needs 16-byte aligned rows, which every engine buffer has):
-    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "cuda wgmma" (fp8_wgmma, 17-64 rows,
-    where ``fp8_wgmma.ENGINE_CONFIG`` is set), "triton decode" (M <= 64), "cublas"
+    "cuda wgmma" (fp8_wgmma, batch ranges named in ``fp8_wgmma.ENGINE_CONFIGS``), "cuda
+    decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
     (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
+    wgmma = fp8_wgmma.engine_config(m)
+    if wgmma is not None and fp8_wgmma.supports_shape(m, n, k, out_dtype, wgmma) and fp8_wgmma.usable(device, wgmma):
+        return "cuda wgmma"
     if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
         return "cuda decode"
-    wgmma = fp8_wgmma.ENGINE_CONFIG
-    if (wgmma is not None and fp8_wgmma.supports_shape(m, n, k, out_dtype, wgmma)
-            and fp8_wgmma.usable(device, wgmma)):
-        return "cuda wgmma"
     if m <= 64:
         return "triton decode"
     return "cublas" if scaled_mm_supports(m, n, k) and scaled_mm_verified_on(device) else "triton prefill"
@@ -228,10 +227,10 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
     path = gemm_path(m, n, k, aq.device, out_dtype)
+    if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype, fp8_wgmma.engine_config(m)):
+        return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s, fp8_wgmma.engine_config(m))
     if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
-    if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype, fp8_wgmma.ENGINE_CONFIG):
-        return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s, fp8_wgmma.ENGINE_CONFIG)
     if m <= 64:
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
     if path == "cublas":

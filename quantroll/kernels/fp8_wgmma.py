@@ -7,14 +7,15 @@ Same contract as the other decode GEMMs (fp8_linear.fp8_gemm_decode, fp8_gemv): 
 [M, K] e4m3 with 1x128 scales, weight codes [N, K] with 128x128 scales, BF16 output,
 float32-accurate (exact float16 products of the codes, float32 sums), the same result on
 every run. The weights stream into registers as wgmma's A operand (widened there); the
-token codes are widened into shared memory as its B operand, always 64 rows wide (rows
-past the batch are zero). K is split over blocks where the weight has too few row tiles
-to fill the GPU; the last block of a tile adds the splits in order.
+token codes are widened into shared memory as its B operand, a tile of 16, 32 or 64 token
+rows (``tokens``; rows past the batch are zero). K is split over blocks where the weight
+has too few row tiles to fill the GPU; the last block of a tile adds the splits in order.
 
-``fp8_linear.gemm_path`` takes it for 17-64 rows only where ``ENGINE_CONFIG`` names a
-variant; it is None: the first design measured slower than the Triton decode GEMM on the
-H200 (docs/PERFORMANCE.md, session 11), the warp-specialized one is built and CPU-checked
-but not yet run. wgmma exists on sm_90a only (Hopper): ``usable`` is False on any other GPU.
+``fp8_linear.gemm_path`` takes it only for the batch ranges ``ENGINE_CONFIGS`` names; it is
+empty: the first design's 64-row tile measured slower than the Triton decode GEMM on the
+H200 (docs/PERFORMANCE.md, session 11); the warp-specialized kernel and the 16- and
+32-row tiles are built and CPU-checked but not yet run. wgmma exists on sm_90a only
+(Hopper): ``usable`` is False on any other GPU.
 """
 
 from __future__ import annotations
@@ -26,21 +27,20 @@ import torch
 from quantroll.kernels import cuda_jit, fp8_gemv
 from quantroll.kernels.counters import counters
 
-MAX_M = 64
-MIN_M = 17
 TILE_COUNTERS = "wgmma split-K tiles"  # counters.py kind
 _MAX_TILES = 1 << 16
-_SLOT_BYTES = 64 * 128 * 2  # one K group of 64 widened token rows
 
 
 @dataclass(frozen=True)
 class WgmmaConfig:
     """One compiled variant and the K splits of a launch (0: ``default_splits``).
+    tokens: token rows of the tile (wgmma's n: 16, 32, 64; the batch may be smaller);
     warpgroups: multiplying warpgroups per block (64 weight rows each); depth: K groups of
     weight bytes in flight per thread; min_blocks: blocks per multiprocessor its registers
     allow; producer_warps > 0: the warp-specialized kernel with a ring of ``slots`` tiles
     (consumer_regs > 0: setmaxnreg moves registers from producers to consumers)."""
 
+    tokens: int
     warpgroups: int
     depth: int
     min_blocks: int
@@ -56,9 +56,9 @@ class WgmmaConfig:
     @property
     def kernel(self) -> str:
         if self.producer_warps:
-            return (f"fp8_wgmma_ws_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}_s{self.slots}"
-                    f"_b{self.min_blocks}_r{self.consumer_regs}")
-        return f"fp8_wgmma_wg{self.warpgroups}_d{self.depth}_b{self.min_blocks}"
+            return (f"fp8_wgmma_ws_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
+                    f"_s{self.slots}_b{self.min_blocks}_r{self.consumer_regs}")
+        return f"fp8_wgmma_n{self.tokens}_wg{self.warpgroups}_d{self.depth}_b{self.min_blocks}"
 
     @property
     def rows(self) -> int:
@@ -73,21 +73,34 @@ class WgmmaConfig:
         """Dynamic shared memory of a block: the ws kernel's Ring (tiles, scales, two
         mbarriers per slot), or fp8_wgmma.cu's Shared (two tiles, three slots of codes and
         scales)."""
+        tile = self.tokens * 128 * 2  # one K group of widened token rows
         if self.producer_warps:
-            return self.slots * (_SLOT_BYTES + 64 * 4 + 16)
-        return 2 * _SLOT_BYTES + 3 * (64 * 128 + 64 * 4)
+            return self.slots * (tile + self.tokens * 4 + 16)
+        return 2 * tile + 3 * (self.tokens * 128 + self.tokens * 4)
 
 
 # Every variant the two sources instantiate (keep the lists equal: a test checks).
-VARIANTS = tuple(WgmmaConfig(*v) for v in ((1, 2, 3), (1, 3, 3), (1, 4, 2), (2, 2, 1), (2, 3, 1), (2, 4, 1))) + tuple(
-    WgmmaConfig(wg, d, b, 0, pw, sl, cr) for wg, pw, d, sl, b, cr in (
-        (2, 2, 3, 4, 1, 0), (2, 2, 2, 4, 1, 0), (2, 4, 3, 4, 1, 0), (2, 4, 4, 4, 1, 232), (1, 2, 3, 3, 2, 0),
-        (1, 2, 2, 4, 2, 0)))
-DEFAULT = WgmmaConfig(1, 3, 3)
+VARIANTS = tuple(WgmmaConfig(*v) for v in (
+    (64, 1, 2, 3), (64, 1, 3, 3), (64, 1, 4, 2), (64, 2, 2, 1), (64, 2, 3, 1), (64, 2, 4, 1), (32, 1, 3, 3),
+    (16, 1, 2, 4), (16, 1, 3, 3), (16, 1, 4, 3), (16, 2, 3, 1))) + tuple(
+    WgmmaConfig(n, wg, d, b, 0, pw, sl, cr) for n, wg, pw, d, sl, b, cr in (
+        (64, 2, 2, 3, 4, 1, 0), (64, 2, 2, 2, 4, 1, 0), (64, 2, 4, 3, 4, 1, 0), (64, 2, 4, 4, 4, 1, 232),
+        (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
+        (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0)))
+DEFAULT = WgmmaConfig(64, 1, 3, 3)
 
-# The variant the engine's decode GEMMs of 17-64 rows take (fp8_linear.gemm_path); None:
-# they stay on the Triton decode GEMM (faster than every variant measured so far).
-ENGINE_CONFIG: WgmmaConfig | None = None
+# The variant each range of decode batch rows takes in the engine (fp8_linear.gemm_path),
+# e.g. {(1, 16): WgmmaConfig(16, ...), (17, 64): WgmmaConfig(64, ...)}; rows outside every
+# range stay on the other decode GEMMs. Empty: no variant has beaten them yet.
+ENGINE_CONFIGS: dict[tuple[int, int], WgmmaConfig] = {}
+
+
+def engine_config(m: int) -> WgmmaConfig | None:
+    """The variant ``ENGINE_CONFIGS`` gives M-row decode GEMMs, or None."""
+    for (low, high), cfg in ENGINE_CONFIGS.items():
+        if low <= m <= high:
+            return cfg
+    return None
 
 
 def default_splits(tiles: int, groups: int, target: int) -> int:
@@ -109,9 +122,10 @@ def launch_shape(m: int, n: int, k: int, cfg: WgmmaConfig, multiprocessors: int 
 
 
 def supports_shape(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16, cfg: WgmmaConfig = DEFAULT) -> bool:
-    """Shapes the kernel takes: 17-64 rows, whole 128-wide K groups, N a multiple of the
-    block's rows, BF16 output."""
-    return out_dtype == torch.bfloat16 and MIN_M <= m <= MAX_M and k % 128 == 0 and k > 0 and n > 0 and n % cfg.rows == 0
+    """Shapes the kernel takes: 1 to ``cfg.tokens`` rows, whole 128-wide K groups, N a
+    multiple of the block's rows, BF16 output."""
+    return (out_dtype == torch.bfloat16 and 1 <= m <= cfg.tokens and k % 128 == 0 and k > 0 and n > 0
+            and n % cfg.rows == 0)
 
 
 def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype, cfg: WgmmaConfig = DEFAULT) -> bool:
@@ -125,15 +139,15 @@ def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tenso
     m, k = aq.shape
     n = wq.shape[0]
     if not supports(aq, wq, torch.bfloat16, cfg) or (out is not None and out.stride(1) != 1):
-        raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: the kernel needs "
-                         f"{MIN_M}-{MAX_M} rows, whole 128-wide K groups, N a multiple of {cfg.rows}, rows "
+        raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: {cfg.kernel} needs "
+                         f"1-{cfg.tokens} rows, whole 128-wide K groups, N a multiple of {cfg.rows}, rows "
                          "contiguous and 16-byte aligned")
     tiles, splits, per_split = launch_shape(m, n, k, cfg, torch.cuda.get_device_properties(aq.device).multi_processor_count)
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
     if splits > 1:
         if tiles > _MAX_TILES:
             raise ValueError(f"fp8_wgmma: {tiles} row tiles exceed the {_MAX_TILES} split-K counters")
-        scratch = torch.empty(splits * n * 64, dtype=torch.float32, device=aq.device)
+        scratch = torch.empty(splits * n * cfg.tokens, dtype=torch.float32, device=aq.device)
         tile_counters = counters(TILE_COUNTERS, aq.device, _MAX_TILES)
     else:
         scratch = tile_counters = y
@@ -151,4 +165,4 @@ def usable(device: torch.device, cfg: WgmmaConfig = DEFAULT) -> bool:
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return False
-    return cuda_jit.usable(cfg.source, device, "FP8 decode GEMM, 17-64 rows", "Triton kernel")
+    return cuda_jit.usable(cfg.source, device, "FP8 decode GEMM on wgmma", "the other decode GEMMs")

@@ -14,12 +14,13 @@ from quantroll.kernels import cuda_jit, fp8_wgmma
 
 
 def test_variants_list_matches_the_instances_in_the_sources():
-    plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+)\)", (cuda_jit.SOURCE_DIR / "fp8_wgmma.cu").read_text(), re.M)
-    special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)",
+    plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+), (\d+)\)",
+                       (cuda_jit.SOURCE_DIR / "fp8_wgmma.cu").read_text(), re.M)
+    special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)",
                          (cuda_jit.SOURCE_DIR / "fp8_wgmma_ws.cu").read_text(), re.M)
-    found = {(int(wg), int(d), int(b), 0, 0, 0) for wg, d, b in plain} | {
-        (int(wg), int(d), int(b), int(pw), int(sl), int(cr)) for wg, pw, d, sl, b, pr, cr in special}
-    assert found == {(c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs)
+    found = {(int(n), int(wg), int(d), int(b), 0, 0, 0) for n, wg, d, b in plain} | {
+        (int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr)) for n, wg, pw, d, sl, b, pr, cr in special}
+    assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs)
                      for c in fp8_wgmma.VARIANTS}
     assert len(plain) + len(special) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
@@ -53,12 +54,28 @@ def test_launch_shape_covers_every_k_group_once(n, k):
 
 
 def test_shapes_outside_the_kernel_are_refused():
-    assert not fp8_wgmma.supports_shape(16, 4096, 4096)
+    n16 = next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16)
+    assert not fp8_wgmma.supports_shape(17, 4096, 4096, cfg=n16) and fp8_wgmma.supports_shape(16, 4096, 4096, cfg=n16)
     assert not fp8_wgmma.supports_shape(65, 4096, 4096)
+    assert not fp8_wgmma.supports_shape(0, 4096, 4096)
     assert not fp8_wgmma.supports_shape(32, 4096, 4000)
     assert not fp8_wgmma.supports_shape(32, 4040, 4096)  # not a multiple of 64 rows
     assert not fp8_wgmma.supports_shape(32, 4096, 4096, torch.float32)
-    assert fp8_wgmma.supports_shape(17, 128, 128) and fp8_wgmma.supports_shape(64, 24576, 4096)
+    assert fp8_wgmma.supports_shape(1, 128, 128) and fp8_wgmma.supports_shape(64, 24576, 4096)
+
+
+def test_engine_configs_map_batch_ranges(monkeypatch):
+    assert fp8_wgmma.engine_config(32) is None  # empty until a variant beats the other decode GEMMs
+    n16 = next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16)
+    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIGS", {(1, 16): n16, (33, 64): fp8_wgmma.DEFAULT})
+    assert [fp8_wgmma.engine_config(m) for m in (1, 16, 17, 32, 33, 64, 65)] == [
+        n16, n16, None, None, fp8_wgmma.DEFAULT, fp8_wgmma.DEFAULT, None]
+
+
+def test_shared_memory_fits_a_block_and_the_blocks_asked_for():
+    for cfg in fp8_wgmma.VARIANTS:
+        assert cfg.shared_bytes * cfg.min_blocks <= 227 * 1024, cfg  # H100/H200: 227 KB per block, 228 per SM
+        assert cfg.threads * cfg.min_blocks <= 2048, cfg
 
 
 def test_cpu_tensors_never_take_the_kernel():
@@ -72,14 +89,14 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 
 @hopper
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(17, 128, 128), (33, 256, 1152), (64, 4096, 4096), (48, 6144, 4096),
-                                   (64, 4096, 12288), (20, 24576, 4096)])
+@pytest.mark.parametrize("m,n,k", [(1, 128, 128), (9, 384, 256), (16, 4096, 4096), (17, 128, 128), (33, 256, 1152),
+                                   (64, 4096, 4096), (48, 6144, 4096), (64, 4096, 12288), (20, 24576, 4096)])
 def test_every_variant_rounds_the_float64_result(m, n, k):
     from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
 
     aq, a_s, wq = _operands(m, n, k)
     for base in fp8_wgmma.VARIANTS:
-        if n % base.rows:
+        if n % base.rows or m > base.tokens:
             continue
         for splits in (1, 0, 3):
             cfg = dataclasses.replace(base, splits=splits)
@@ -100,8 +117,9 @@ def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
     assert _excess_over_rounding(aq[2:30], a_s[2:30], wq, y8) <= 0
 
 
-# One variant of each kernel: the first design and the warp-specialized one.
-EACH_KERNEL = [fp8_wgmma.DEFAULT, next(c for c in fp8_wgmma.VARIANTS if c.producer_warps)]
+# One variant of each kernel (the first design, the warp-specialized one) and tile width.
+EACH_KERNEL = [next(c for c in fp8_wgmma.VARIANTS if c.producer_warps == pw and c.tokens == n)
+               for pw in (0, 2) for n in (64, 32)] + [next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16)]
 
 
 @hopper
@@ -110,23 +128,23 @@ EACH_KERNEL = [fp8_wgmma.DEFAULT, next(c for c in fp8_wgmma.VARIANTS if c.produc
 def test_graph_replay_after_a_kernel_that_writes_the_input(cfg):
     from tests.kernels.test_fp8_gemv import check_graph_replay_reads_the_new_input
 
-    check_graph_replay_reads_the_new_input(functools.partial(fp8_wgmma.fp8_wgmma, cfg=cfg), 64, 4096, 4096)
+    check_graph_replay_reads_the_new_input(functools.partial(fp8_wgmma.fp8_wgmma, cfg=cfg), cfg.tokens, 4096, 4096)
 
 
 @hopper
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", EACH_KERNEL, ids=lambda c: c.kernel)
 def test_logits_criterion_holds_with_the_wgmma_decode_gemm(cfg, tmp_path, monkeypatch):
-    """Issue 3's criterion (test_gpu_engine.py) with the decode GEMMs of 17-64 rows on the
-    kernel (batch 4 decodes 36 rows), and the kernel seen to run."""
+    """Issue 3's criterion (test_gpu_engine.py) with the decode GEMMs on the kernel (batch 4
+    decodes 36 rows, batch 1 nine; the 32-row tile takes 9), and the kernel seen to run."""
     pytest.importorskip("triton")
     from tests.engine.test_gpu_engine import test_real_fp8_logits_vs_emulation_on_the_warm_started_model as criterion
 
     calls = []
     real = fp8_wgmma.fp8_wgmma
     monkeypatch.setattr(fp8_wgmma, "fp8_wgmma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIG", cfg)
-    criterion("dense", 4, tmp_path)
+    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIGS", {(1, cfg.tokens): cfg})
+    criterion("dense", 4 if cfg.tokens == 64 else 1, tmp_path)
     assert calls
 
 
@@ -137,5 +155,5 @@ def test_engine_decode_logprobs_match_a_full_forward_with_the_wgmma_decode_gemm(
     pytest.importorskip("triton")
     from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
 
-    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIG", cfg)
+    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIGS", {(1, cfg.tokens): cfg})
     check(tmp_path)

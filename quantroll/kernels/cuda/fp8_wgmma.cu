@@ -44,27 +44,27 @@ __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_
 
 constexpr int RAW_SLOTS = 3;  // groups c (scales in use), c + 1 (landing), c + 2 (requested)
 
+template <int N>
 struct Shared {
-  uint8_t tokens[2][SLOT_BYTES];       // widened tiles; group c in slot c % 2
-  uint8_t raw[RAW_SLOTS][PIECES][16];  // codes as copied, by piece; group c in slot c % 3
-  float scales[RAW_SLOTS][TOKENS];     // token scales of the same groups
+  uint8_t tokens[2][slot_bytes<N>()];     // widened tiles; group c in slot c % 2
+  uint8_t raw[RAW_SLOTS][pieces<N>()][16];  // codes as copied, by piece; group c in slot c % 3
+  float scales[RAW_SLOTS][N];             // token scales of the same groups
 };
 
 // Request group g's token codes (this thread's pieces p = threadIdx.x + i * THREADS) and
 // scales into raw slot ``slot``: one commit group.
-template <int THREADS>
-__device__ __forceinline__ void request_tokens(Shared& sh, int slot, const uint8_t* a_q, long long a_stride,
+template <int N, int THREADS>
+__device__ __forceinline__ void request_tokens(Shared<N>& sh, int slot, const uint8_t* a_q, long long a_stride,
                                                const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
                                                int m_rows, int g) {
 #pragma unroll
-  for (int i = 0; i < PIECES / THREADS; ++i) {
-    const int p = threadIdx.x + i * THREADS;
+  for (int p = threadIdx.x; p < pieces<N>(); p += THREADS) {
     const Piece pc(p);
     const bool real = pc.n < m_rows;
     const uint8_t* src = a_q + (real ? pc.n : 0) * a_stride + (static_cast<long long>(g) << 7) + pc.byte();
     copy_async_16(sh.raw[slot][p], src, real ? 16 : 0);
   }
-  if (threadIdx.x < TOKENS) {
+  if (threadIdx.x < N) {
     const int n = threadIdx.x;
     const bool real = n < m_rows;
     copy_async_4(&sh.scales[slot][n], a_s + (real ? n : 0) * a_s_stride_m + g * a_s_stride_g, real ? 4 : 0);
@@ -74,16 +74,15 @@ __device__ __forceinline__ void request_tokens(Shared& sh, int slot, const uint8
 
 // Widen this thread's pieces of raw slot ``raw`` into tile ``dst`` (its own copies, landed:
 // no barrier before; one after).
-template <int THREADS>
-__device__ __forceinline__ void widen_tokens(Shared& sh, int raw, int dst) {
+template <int N, int THREADS>
+__device__ __forceinline__ void widen_tokens(Shared<N>& sh, int raw, int dst) {
 #pragma unroll
-  for (int i = 0; i < PIECES / THREADS; ++i) {
-    const int p = threadIdx.x + i * THREADS;
-    widen_piece(sh.tokens[dst], Piece(p), *reinterpret_cast<const uint4*>(sh.raw[raw][p]));
+  for (int p = threadIdx.x; p < pieces<N>(); p += THREADS) {
+    widen_piece<N>(sh.tokens[dst], Piece(p), *reinterpret_cast<const uint4*>(sh.raw[raw][p]));
   }
 }
 
-template <int WG, int DEPTH>
+template <int N, int WG, int DEPTH>
 __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride, const float* a_s,
                                           long long a_s_stride_m, long long a_s_stride_g,
                                           const uint8_t* __restrict__ w_q, long long w_stride,
@@ -94,7 +93,7 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
   constexpr int THREADS = 128 * WG;
   constexpr int ROWS = 64 * WG;
   extern __shared__ __align__(128) uint8_t shared_bytes[];
-  Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
+  Shared<N>& sh = *reinterpret_cast<Shared<N>*>(shared_bytes);
   __shared__ int last_block;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -117,22 +116,22 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
   wait_for_previous_grid();
   a_q = after_wait(a_q);
 
-  request_tokens<THREADS>(sh, 0, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
-  if (count > 1) request_tokens<THREADS>(sh, 1, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + 1);
+  request_tokens<N, THREADS>(sh, 0, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
+  if (count > 1) request_tokens<N, THREADS>(sh, 1, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + 1);
   else copy_async_commit();
   copy_async_wait<1>();
-  widen_tokens<THREADS>(sh, 0, 0);
+  widen_tokens<N, THREADS>(sh, 0, 0);
   fence_async_shared();
   __syncthreads();
 
-  float total[32], part[32];
+  float total[N / 2], part[N / 2];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) total[i] = 0.0f;
+  for (int i = 0; i < N / 2; ++i) total[i] = 0.0f;
 
   // Group c (tile c % 2, raw slot c % 3) from grp, whose registers then take group c + DEPTH.
   auto group = [&](WeightGroup& grp, int c) {
     if (c + 2 < count) {
-      request_tokens<THREADS>(sh, (c + 2) % RAW_SLOTS, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows,
+      request_tokens<N, THREADS>(sh, (c + 2) % RAW_SLOTS, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows,
                               first + c + 2);
     } else {
       copy_async_commit();  // an empty group keeps the wait counts uniform
@@ -141,13 +140,13 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
     to_fragments(grp, a);
     const float w_scale = grp.scale;
     if (c + DEPTH < count) load_group<true>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
-    issue_group(a, shared_address(sh.tokens[c & 1]), part);
+    issue_group<N>(a, shared_address(sh.tokens[c & 1]), part);
     if (c + 1 < count) {
       copy_async_wait<1>();  // group c + 1's codes (this thread's pieces) have landed
-      widen_tokens<THREADS>(sh, (c + 1) % RAW_SLOTS, (c + 1) & 1);
+      widen_tokens<N, THREADS>(sh, (c + 1) % RAW_SLOTS, (c + 1) & 1);
     }
     wgmma_wait_all();
-    add_scaled(total, part, sh.scales[c % RAW_SLOTS], w_scale, t);
+    add_scaled<N>(total, part, sh.scales[c % RAW_SLOTS], w_scale, t);
     fence_async_shared();
     __syncthreads();  // group c + 1's tile is written and visible; tile c % 2 is free again
   };
@@ -158,26 +157,34 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
     }
   }
   copy_async_wait<0>();
-  finish(total, row, t, m_rows, n_ll, y, y_stride, scratch, tile_counters, last_block, [] { __syncthreads(); });
+  finish<N>(total, row, t, m_rows, n_ll, y, y_stride, scratch, tile_counters, last_block, [] { __syncthreads(); });
 }
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA(WG, DEPTH, MIN_BLOCKS)                                                          \
-  extern "C" __global__ void __launch_bounds__(WG * 128, MIN_BLOCKS) fp8_wgmma_wg##WG##_d##DEPTH##_b##MIN_BLOCKS( \
-      const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m, long long a_s_stride_g, \
-      const uint8_t* w_q, long long w_stride, const float* w_s, long long w_s_stride_n, long long w_s_stride_g, \
-      uint16_t* y, long long y_stride, float* scratch, int* tile_counters, long long m_rows, long long n,      \
-      long long k, long long per_split) {                                                                   \
-    fp8_wgmma<WG, DEPTH>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n,   \
-                         w_s_stride_g, y, y_stride, scratch, tile_counters, m_rows, n, k, per_split);       \
+#define QUANTROLL_FP8_WGMMA(N, WG, DEPTH, MIN_BLOCKS)                                                      \
+  extern "C" __global__ void __launch_bounds__(WG * 128, MIN_BLOCKS)                                        \
+      fp8_wgmma_n##N##_wg##WG##_d##DEPTH##_b##MIN_BLOCKS(                                                   \
+          const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                 \
+          long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                 \
+          long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride, float* scratch,  \
+          int* tile_counters, long long m_rows, long long n, long long k, long long per_split) {             \
+    fp8_wgmma<N, WG, DEPTH>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,             \
+                            w_s_stride_n, w_s_stride_g, y, y_stride, scratch, tile_counters, m_rows, n, k,  \
+                            per_split);                                                                     \
   }
 
-// The compiled variants (fp8_wgmma.py's VARIANTS names them): warpgroups per block, weight
-// groups in flight per thread, and the blocks per multiprocessor the registers must allow.
-QUANTROLL_FP8_WGMMA(1, 2, 3)
-QUANTROLL_FP8_WGMMA(1, 3, 3)
-QUANTROLL_FP8_WGMMA(1, 4, 2)
-QUANTROLL_FP8_WGMMA(2, 2, 1)
-QUANTROLL_FP8_WGMMA(2, 3, 1)
-QUANTROLL_FP8_WGMMA(2, 4, 1)
+// The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,
+// warpgroups per block, weight groups in flight per thread, and the blocks per
+// multiprocessor the registers must allow. The 64-row ones were measured (2026-12-01).
+QUANTROLL_FP8_WGMMA(64, 1, 2, 3)
+QUANTROLL_FP8_WGMMA(64, 1, 3, 3)
+QUANTROLL_FP8_WGMMA(64, 1, 4, 2)
+QUANTROLL_FP8_WGMMA(64, 2, 2, 1)
+QUANTROLL_FP8_WGMMA(64, 2, 3, 1)
+QUANTROLL_FP8_WGMMA(64, 2, 4, 1)
+QUANTROLL_FP8_WGMMA(32, 1, 3, 3)
+QUANTROLL_FP8_WGMMA(16, 1, 2, 4)
+QUANTROLL_FP8_WGMMA(16, 1, 3, 3)
+QUANTROLL_FP8_WGMMA(16, 1, 4, 3)
+QUANTROLL_FP8_WGMMA(16, 2, 3, 1)

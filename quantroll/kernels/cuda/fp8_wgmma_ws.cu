@@ -42,23 +42,23 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       : "memory");
 }
 
-template <int SLOTS>
+template <int N, int SLOTS>
 struct Ring {
-  uint8_t tokens[SLOTS][SLOT_BYTES];
-  float scales[SLOTS][TOKENS];
+  uint8_t tokens[SLOTS][slot_bytes<N>()];
+  float scales[SLOTS][N];
   uint64_t full[SLOTS];
   uint64_t empty[SLOTS];
 };
 
 // A producer thread's pieces of one group (p = ptid + i * PRODUCERS) and the scale of
-// token ptid (ptid < 64).
+// token ptid (ptid < N).
 template <int PP>
 struct ProducerPieces {
   uint4 v[PP];
   float scale;
 };
 
-template <int PP, int PRODUCERS>
+template <int N, int PP, int PRODUCERS>
 __device__ __forceinline__ void producer_load(ProducerPieces<PP>& pc, int ptid, const uint8_t* a_q, long long a_stride,
                                               const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
                                               int m_rows, int g) {
@@ -72,10 +72,10 @@ __device__ __forceinline__ void producer_load(ProducerPieces<PP>& pc, int ptid, 
       pc.v[i] = make_uint4(0, 0, 0, 0);
     }
   }
-  pc.scale = ptid < m_rows && ptid < TOKENS ? a_s[ptid * a_s_stride_m + g * a_s_stride_g] : 0.0f;
+  pc.scale = ptid < m_rows && ptid < N ? a_s[ptid * a_s_stride_m + g * a_s_stride_g] : 0.0f;
 }
 
-template <int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS>
+template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS>
 __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_stride, const float* a_s,
                                              long long a_s_stride_m, long long a_s_stride_g,
                                              const uint8_t* __restrict__ w_q, long long w_stride,
@@ -86,11 +86,11 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
   constexpr int CONSUMERS = 128 * WG;
   constexpr int PRODUCERS = 32 * PW;
   constexpr int ROWS = 64 * WG;
-  constexpr int PP = PIECES / PRODUCERS;
-  static_assert(PIECES % PRODUCERS == 0 && PRODUCERS >= TOKENS, "producers: whole pieces, one scale per token");
+  constexpr int PP = pieces<N>() / PRODUCERS;
+  static_assert(pieces<N>() % PRODUCERS == 0 && PRODUCERS >= N, "producers: whole pieces, one scale per token");
   static_assert(!PRODUCER_REGS || PW == 4, "setmaxnreg needs the producers to be one whole warpgroup");
   extern __shared__ __align__(128) uint8_t shared_bytes[];
-  Ring<SLOTS>& ring = *reinterpret_cast<Ring<SLOTS>*>(shared_bytes);
+  Ring<N, SLOTS>& ring = *reinterpret_cast<Ring<N, SLOTS>*>(shared_bytes);
   __shared__ int last_block;
 
   const int m_rows = static_cast<int>(m_rows_ll);
@@ -113,16 +113,16 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
     wait_for_previous_grid();
     a_q = after_wait(a_q);
     ProducerPieces<PP> pa, pb;
-    producer_load<PP, PRODUCERS>(pa, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
+    producer_load<N, PP, PRODUCERS>(pa, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
     auto produce = [&](const ProducerPieces<PP>& cur, ProducerPieces<PP>& nxt, int c) {
       if (c + 1 < count) {
-        producer_load<PP, PRODUCERS>(nxt, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + c + 1);
+        producer_load<N, PP, PRODUCERS>(nxt, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + c + 1);
       }
       const int slot = c % SLOTS;
       if (c >= SLOTS) mbar_wait(&ring.empty[slot], ((c / SLOTS) + 1) & 1);  // its previous use is read
 #pragma unroll
-      for (int i = 0; i < PP; ++i) widen_piece(ring.tokens[slot], Piece(ptid + i * PRODUCERS), cur.v[i]);
-      if (ptid < TOKENS) ring.scales[slot][ptid] = cur.scale;
+      for (int i = 0; i < PP; ++i) widen_piece<N>(ring.tokens[slot], Piece(ptid + i * PRODUCERS), cur.v[i]);
+      if (ptid < N) ring.scales[slot][ptid] = cur.scale;
       fence_async_shared();
       mbar_arrive(&ring.full[slot]);
     };
@@ -147,9 +147,9 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
   for (int u = 0; u < DEPTH; ++u) {
     if (u < count) load_group<true>(buf[u], row0, w_stride, first + u, w_s_block, w_s_stride_g);
   }
-  float total[32], part[32];
+  float total[N / 2], part[N / 2];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) total[i] = 0.0f;
+  for (int i = 0; i < N / 2; ++i) total[i] = 0.0f;
 
   auto group = [&](WeightGroup& grp, int c) {
     uint32_t a[8][4];
@@ -158,9 +158,9 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
     if (c + DEPTH < count) load_group<true>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
     const int slot = c % SLOTS;
     mbar_wait(&ring.full[slot], (c / SLOTS) & 1);
-    issue_group(a, shared_address(ring.tokens[slot]), part);
+    issue_group<N>(a, shared_address(ring.tokens[slot]), part);
     wgmma_wait_all();
-    add_scaled(total, part, ring.scales[slot], w_scale, t);
+    add_scaled<N>(total, part, ring.scales[slot], w_scale, t);
     __syncwarp();
     if (lane == 0) mbar_arrive(&ring.empty[slot]);
   };
@@ -170,31 +170,36 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
       if (c0 + u < count) group(buf[u], c0 + u);
     }
   }
-  finish(total, row, t, m_rows, n_ll, y, y_stride, scratch, tile_counters, last_block,
+  finish<N>(total, row, t, m_rows, n_ll, y, y_stride, scratch, tile_counters, last_block,
          [] { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); });
 }
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA_WS(WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                              \
+#define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                           \
   extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS)                              \
-      fp8_wgmma_ws_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS(                          \
+      fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS(                   \
           const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                 \
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                 \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride, float* scratch,  \
           int* tile_counters, long long m_rows, long long n, long long k, long long per_split) {             \
-    fp8_wgmma_ws<WG, PW, DEPTH, SLOTS, PREGS, CREGS>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q,   \
-                                                     w_stride, w_s, w_s_stride_n, w_s_stride_g, y,          \
-                                                     y_stride, scratch, tile_counters, m_rows, n, k,        \
-                                                     per_split);                                            \
+    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, \
+                                                        w_stride, w_s, w_s_stride_n, w_s_stride_g, y,       \
+                                                        y_stride, scratch, tile_counters, m_rows, n, k,     \
+                                                        per_split);                                         \
   }
 
-// The compiled variants (fp8_wgmma.py's VARIANTS names them): consumer warpgroups, producer
-// warps, weight groups in flight, ring slots, blocks per multiprocessor, and the register
-// split (0: none; else producers drop to PREGS and consumers rise to CREGS).
-QUANTROLL_FP8_WGMMA_WS(2, 2, 3, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(2, 2, 2, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(2, 4, 3, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(2, 4, 4, 4, 1, 40, 232)
-QUANTROLL_FP8_WGMMA_WS(1, 2, 3, 3, 2, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(1, 2, 2, 4, 2, 0, 0)
+// The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,
+// consumer warpgroups, producer warps, weight groups in flight, ring slots, blocks per
+// multiprocessor, and the register split (0: none; else producers drop to PREGS and
+// consumers rise to CREGS).
+QUANTROLL_FP8_WGMMA_WS(64, 2, 2, 3, 4, 1, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(64, 2, 2, 2, 4, 1, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(64, 2, 4, 3, 4, 1, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(64, 2, 4, 4, 4, 1, 40, 232)
+QUANTROLL_FP8_WGMMA_WS(64, 1, 2, 3, 3, 2, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(64, 1, 2, 2, 4, 2, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(32, 2, 2, 3, 4, 1, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 3, 4, 1, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 4, 4, 1, 0, 0)
+QUANTROLL_FP8_WGMMA_WS(16, 1, 1, 4, 4, 2, 0, 0)

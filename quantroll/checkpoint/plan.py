@@ -222,6 +222,11 @@ def plan(
         num_layers = max(indices) + 1 if indices else 0
     first = rules.num_layers_at_start_in_bf16
     last_start = num_layers - rules.num_layers_at_end_in_bf16
+    if num_layers and (first or rules.num_layers_at_end_in_bf16) and first >= last_start:
+        raise QuantrollError(
+            f"--num-layers-at-start-in-bf16 {first} and --num-layers-at-end-in-bf16 {rules.num_layers_at_end_in_bf16} "
+            f"keep all {num_layers} layers of the model in BF16, so nothing would be quantized: keep their sum "
+            f"below {num_layers}")
 
     decisions: dict[str, Decision] = {}
     for name, shape in shapes.items():

@@ -103,7 +103,9 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     rng = random.Random(cfg.seed)
     first_step = 0
     if cfg.load:
-        first_step = load_state(cfg.load, policy, optimizer, rng) + 1
+        source = ("--ref-load" if cfg.ref_load else "--hf-checkpoint" if cfg.hf_checkpoint
+                  else f"the built-in {cfg.builtin_model} model")
+        first_step = load_state(cfg.load, policy, optimizer, rng, source) + 1
         truncate_metrics(cfg.metrics_file, first_step - 1)
     sink = JsonlSink(cfg.metrics_file, append=bool(cfg.load))
     board = TensorBoardSink(cfg.tensorboard_dir)

@@ -41,7 +41,7 @@ def build_task(cfg) -> tuple[object, list | None]:
 
     task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
                      cfg.custom_rm_path)
-    evaluation = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key) if cfg.eval_data else None
+    evaluation = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key, "--eval-data") if cfg.eval_data else None
     if cfg.prompt_data:
         return task, evaluation
     # one draw of the held-out stream: its head is the evaluation set, all of it stays out of the pool

@@ -33,19 +33,36 @@ def save_state(directory: str | Path, policy, optimizer, step: int, rng: random.
         (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
 
 
-def load_state(directory: str | Path, policy, optimizer, rng: random.Random) -> int:
-    """Restore in place; returns the last finished step."""
+def load_state(directory: str | Path, policy, optimizer, rng: random.Random, source: str = "the trainer's checkpoint"
+               ) -> int:
+    """Restore in place; returns the last finished step. ``source`` names where the
+    trainer's model came from (the flag), for the error when the save does not fit it."""
     path = Path(directory) / STATE_FILE
     if not path.is_file():
         raise QuantrollError(f"--load {directory}: {STATE_FILE} not found; point it at a directory written by --save")
     state = torch.load(path, map_location="cpu", weights_only=False)
-    missing, unexpected = policy.load_state_dict(state["model"], strict=False)
-    if [m for m in missing if "rotary" not in m] or unexpected:
-        raise QuantrollError(f"--load {directory}: the saved model does not match --ref-load's architecture")
+    check_saved_model_fits(directory, state["model"], policy.state_dict(), source)
+    policy.load_state_dict(state["model"], strict=False)
     optimizer.load_state_dict(state["optimizer"])
     rng.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])
     return int(state["step"])
+
+
+def check_saved_model_fits(directory, saved: dict, current: dict, source: str) -> None:
+    """Every tensor of the saved policy must exist in the trainer's model with its shape,
+    and every trained tensor of that model must be saved (the rotary caches are rebuilt,
+    not saved): otherwise one line naming the first tensor that differs."""
+    hint = f"resume with the checkpoint the state was trained from as {source}"
+    for name in sorted(saved):
+        if name not in current:
+            raise QuantrollError(f"--load {directory}: the saved model has {name}, which {source}'s model lacks; {hint}")
+        if tuple(saved[name].shape) != tuple(current[name].shape):
+            raise QuantrollError(f"--load {directory}: the saved {name} is {list(saved[name].shape)} but {source}'s "
+                                 f"model has {list(current[name].shape)}; {hint}")
+    missing = sorted(n for n in current if n not in saved and "rotary" not in n)
+    if missing:
+        raise QuantrollError(f"--load {directory}: the save lacks {missing[0]} of {source}'s model; {hint}")
 
 
 def truncate_metrics(path: str | Path | None, last_step: int) -> None:

@@ -31,10 +31,11 @@ def load_reward(path: str) -> Callable[[str, str], float]:
     return fn
 
 
-def read_problems(path: str | Path, input_key: str, label_key: str) -> list[Problem]:
+def read_problems(path: str | Path, input_key: str, label_key: str, flag: str = "--prompt-data") -> list[Problem]:
+    """The rows of a JSONL file given by ``flag`` (named in every error)."""
     p = Path(path)
     if not p.is_file():
-        raise QuantrollError(f"prompt data {p} not found")
+        raise QuantrollError(f"{flag} {p} not found")
     problems = []
     for i, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip():
@@ -47,7 +48,7 @@ def read_problems(path: str | Path, input_key: str, label_key: str) -> list[Prob
             raise QuantrollError(f"{p}:{i} lacks '{input_key}' or '{label_key}' (set --input-key / --label-key)")
         problems.append(Problem(str(row[input_key]), str(row[label_key])))
     if not problems:
-        raise QuantrollError(f"prompt data {p} holds no rows")
+        raise QuantrollError(f"{flag} {p} holds no rows")
     return problems
 
 

@@ -103,6 +103,18 @@ def test_first_and_last_layers():
     assert {n.split(".")[2] for n in p.quantized()} == {"1", "2"}
 
 
+@pytest.mark.parametrize("first,last", [(5, 0), (0, 5), (3, 2), (9, 9)])
+def test_first_and_last_layers_covering_the_model_are_refused(first, last):
+    """A conversion that would quantize nothing is a mistake in the flags, not a BF16 copy
+    labelled fp8 (the probe of 2026-12-01 found it written silently)."""
+    from quantroll.errors import QuantrollError
+
+    with pytest.raises(QuantrollError, match="keep all 5 layers of the model in BF16"):
+        plan(qwen3_shapes(layers=5), FP8, PlanRules(num_layers_at_start_in_bf16=first, num_layers_at_end_in_bf16=last),
+             num_layers=5)
+    assert plan(qwen3_shapes(layers=5), FP8, PlanRules(num_layers_at_start_in_bf16=4), num_layers=5).quantized()
+
+
 def test_num_layers_inferred_from_names():
     p = plan(qwen3_shapes(layers=3), FP8, PlanRules(num_layers_at_end_in_bf16=1))
     assert {n.split(".")[2] for n in p.quantized()} == {"0", "1"}

@@ -37,6 +37,19 @@ def test_read_problems_and_errors(setup, tmp_path):
         load_reward("nonexistent_module_xyz:f")
 
 
+def test_a_missing_or_empty_file_names_its_flag(setup, tmp_path):
+    from quantroll.rl.rollout import build_task
+
+    _, data = setup
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(QuantrollError, match="^--prompt-data .*nope.jsonl not found"):
+        build_task(TrainConfig(prompt_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a"))
+    with pytest.raises(QuantrollError, match="^--eval-data .*nope.jsonl not found"):
+        build_task(TrainConfig(prompt_data=str(data), eval_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a"))
+    with pytest.raises(QuantrollError, match="^--eval-data .*empty.jsonl holds no rows"):
+        build_task(TrainConfig(prompt_data=str(data), eval_data=str(tmp_path / "empty.jsonl"), input_key="q", label_key="a"))
+
+
 def test_custom_reward_is_used(setup):
     task = DataTask(read_problems(setup[1], "q", "a"), load_reward("tests.rl.rewards_for_tests:length_reward"))
     assert task.reward("abc", "x") == 1.0 and task.reward("ab", "x") == 0.0

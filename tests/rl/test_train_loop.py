@@ -143,3 +143,22 @@ def test_resume_reproduces_an_uninterrupted_run(ckpts, tmp_path):
     assert resumed[0]["response_len_mean"] == straight[2]["response_len_mean"]
     assert resumed[0]["train_rollout_logprob_abs_diff"] == pytest.approx(straight[2]["train_rollout_logprob_abs_diff"],
                                                                          rel=1e-6)
+
+
+@pytest.mark.parametrize("other", [TinyQwen3(num_hidden_layers=1), TinyQwen3(num_hidden_layers=2, intermediate_size=512)])
+def test_resume_into_another_model_names_the_tensor_and_the_flag(ckpts, tmp_path, other):
+    """A save of a 2-layer model resumed with a checkpoint that lacks a layer, or whose
+    MLP is narrower: one line naming the first tensor that differs and the flag the
+    trainer's model came from (it used to blame --ref-load, or raise torch's size error)."""
+    from quantroll.errors import QuantrollError
+
+    bf16, _ = ckpts
+    save = tmp_path / "s"
+    run_training(TrainConfig(hf_checkpoint=str(bf16), save=str(save), save_interval=1, **{**FAST, "num_rollout": 1}),
+                 progress=False)
+    elsewhere = write_tiny_qwen3(tmp_path / "other", other)
+    with pytest.raises(QuantrollError, match=r"^--load .*(has model\.layers\.1\..*which --hf-checkpoint's model lacks"
+                                             r"|the saved model\.layers\.0\.mlp\.\w+_proj\.weight is \[\d+, \d+\] but "
+                                             r"--hf-checkpoint's model has)"):
+        run_training(TrainConfig(hf_checkpoint=str(elsewhere), load=str(save), **{**FAST, "num_rollout": 2}),
+                     progress=False)

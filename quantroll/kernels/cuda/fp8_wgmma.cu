@@ -54,20 +54,18 @@ struct Shared {
 // Request group g's token codes (this thread's pieces p = threadIdx.x + i * THREADS) and
 // scales into raw slot ``slot``: one commit group.
 template <int N, int THREADS>
-__device__ __forceinline__ void request_tokens(Shared<N>& sh, int slot, const uint8_t* a_q, long long a_stride,
-                                               const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
-                                               int m_rows, int g) {
+__device__ __forceinline__ void request_tokens(Shared<N>& sh, int slot, const GemmArgs& args, int g) {
+  const int m_rows = static_cast<int>(args.m_rows);
 #pragma unroll
   for (int p = threadIdx.x; p < pieces<N>(); p += THREADS) {
     const Piece pc(p);
     const bool real = pc.n < m_rows;
-    const uint8_t* src = a_q + (real ? pc.n : 0) * a_stride + (static_cast<long long>(g) << 7) + pc.byte();
-    copy_async_16(sh.raw[slot][p], src, real ? 16 : 0);
+    copy_async_16(sh.raw[slot][p], args.token_group(real ? pc.n : 0, g) + pc.byte(), real ? 16 : 0);
   }
   if (threadIdx.x < N) {
     const int n = threadIdx.x;
     const bool real = n < m_rows;
-    copy_async_4(&sh.scales[slot][n], a_s + (real ? n : 0) * a_s_stride_m + g * a_s_stride_g, real ? 4 : 0);
+    copy_async_4(&sh.scales[slot][n], args.token_scale(real ? n : 0, g), real ? 4 : 0);
   }
   copy_async_commit();
 }
@@ -83,41 +81,25 @@ __device__ __forceinline__ void widen_tokens(Shared<N>& sh, int raw, int dst) {
 }
 
 template <int N, int WG, int DEPTH>
-__device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride, const float* a_s,
-                                          long long a_s_stride_m, long long a_s_stride_g,
-                                          const uint8_t* __restrict__ w_q, long long w_stride,
-                                          const float* __restrict__ w_s, long long w_s_stride_n,
-                                          long long w_s_stride_g, uint16_t* __restrict__ y, long long y_stride,
-                                          float* __restrict__ scratch, int* __restrict__ tile_counters,
-                                          long long m_rows_ll, long long n_ll, long long k, long long per_split) {
+__device__ __forceinline__ void fp8_wgmma(GemmArgs args) {
   constexpr int THREADS = 128 * WG;
-  constexpr int ROWS = 64 * WG;
   extern __shared__ __align__(128) uint8_t shared_bytes[];
   Shared<N>& sh = *reinterpret_cast<Shared<N>*>(shared_bytes);
   __shared__ int last_block;
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r = lane >> 2, t = lane & 3;
-  const int m_rows = static_cast<int>(m_rows_ll);
-  const long long n0 = static_cast<long long>(blockIdx.x) * ROWS;
-  const long long row = n0 + 16 * warp + r;
-  const int groups = static_cast<int>(k >> 7);
-  const int first = static_cast<int>(blockIdx.y * per_split);
-  const int count = min(groups - first, static_cast<int>(per_split));
-  const uint8_t* row0 = w_q + row * w_stride + lane_offset(t);
-  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
+  const WeightSide at(args, 64 * WG);
+  const int count = at.count;
 
   WeightGroup buf[DEPTH];
 #pragma unroll
   for (int u = 0; u < DEPTH; ++u) {
-    if (u < count) load_group<true>(buf[u], row0, w_stride, first + u, w_s_block, w_s_stride_g);
+    if (u < count) at.load<true>(buf[u], u);
   }
   allow_next_grid();
   wait_for_previous_grid();
-  a_q = after_wait(a_q);
+  args.a_q = after_wait(args.a_q);
 
-  request_tokens<N, THREADS>(sh, 0, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
-  if (count > 1) request_tokens<N, THREADS>(sh, 1, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + 1);
+  request_tokens<N, THREADS>(sh, 0, args, at.first);
+  if (count > 1) request_tokens<N, THREADS>(sh, 1, args, at.first + 1);
   else copy_async_commit();
   copy_async_wait<1>();
   widen_tokens<N, THREADS>(sh, 0, 0);
@@ -131,22 +113,21 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
   // Group c (tile c % 2, raw slot c % 3) from grp, whose registers then take group c + DEPTH.
   auto group = [&](WeightGroup& grp, int c) {
     if (c + 2 < count) {
-      request_tokens<N, THREADS>(sh, (c + 2) % RAW_SLOTS, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows,
-                              first + c + 2);
+      request_tokens<N, THREADS>(sh, (c + 2) % RAW_SLOTS, args, at.first + c + 2);
     } else {
       copy_async_commit();  // an empty group keeps the wait counts uniform
     }
     uint32_t a[8][4];
     to_fragments(grp, a);
     const float w_scale = grp.scale;
-    if (c + DEPTH < count) load_group<true>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
+    if (c + DEPTH < count) at.load<true>(grp, c + DEPTH);
     issue_group<N>(a, shared_address(sh.tokens[c & 1]), part);
     if (c + 1 < count) {
       copy_async_wait<1>();  // group c + 1's codes (this thread's pieces) have landed
       widen_tokens<N, THREADS>(sh, (c + 1) % RAW_SLOTS, (c + 1) & 1);
     }
     wgmma_wait_all();
-    add_scaled<N>(total, part, sh.scales[c % RAW_SLOTS], w_scale, t);
+    add_scaled<N>(total, part, sh.scales[c % RAW_SLOTS], w_scale, at.t);
     fence_async_shared();
     __syncthreads();  // group c + 1's tile is written and visible; tile c % 2 is free again
   };
@@ -157,21 +138,15 @@ __device__ __forceinline__ void fp8_wgmma(const uint8_t* a_q, long long a_stride
     }
   }
   copy_async_wait<0>();
-  finish<N>(total, row, t, m_rows, n_ll, y, y_stride, scratch, tile_counters, last_block, [] { __syncthreads(); });
+  finish<N>(total, at, args, last_block, [] { __syncthreads(); });
 }
 
 }  // namespace
 
 #define QUANTROLL_FP8_WGMMA(N, WG, DEPTH, MIN_BLOCKS)                                                      \
   extern "C" __global__ void __launch_bounds__(WG * 128, MIN_BLOCKS)                                        \
-      fp8_wgmma_n##N##_wg##WG##_d##DEPTH##_b##MIN_BLOCKS(                                                   \
-          const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                 \
-          long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                 \
-          long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride, float* scratch,  \
-          int* tile_counters, long long m_rows, long long n, long long k, long long per_split) {             \
-    fp8_wgmma<N, WG, DEPTH>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s,             \
-                            w_s_stride_n, w_s_stride_g, y, y_stride, scratch, tile_counters, m_rows, n, k,  \
-                            per_split);                                                                     \
+      fp8_wgmma_n##N##_wg##WG##_d##DEPTH##_b##MIN_BLOCKS(QUANTROLL_WGMMA_PARAMS) {                           \
+    fp8_wgmma<N, WG, DEPTH>(QUANTROLL_WGMMA_ARGS);                                                          \
   }
 
 // The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,

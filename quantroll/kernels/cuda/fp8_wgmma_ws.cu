@@ -59,33 +59,25 @@ struct ProducerPieces {
 };
 
 template <int N, int PP, int PRODUCERS>
-__device__ __forceinline__ void producer_load(ProducerPieces<PP>& pc, int ptid, const uint8_t* a_q, long long a_stride,
-                                              const float* a_s, long long a_s_stride_m, long long a_s_stride_g,
-                                              int m_rows, int g) {
+__device__ __forceinline__ void producer_load(ProducerPieces<PP>& pc, int ptid, const GemmArgs& args, int g) {
+  const int m_rows = static_cast<int>(args.m_rows);
 #pragma unroll
   for (int i = 0; i < PP; ++i) {
     const Piece piece(ptid + i * PRODUCERS);
     if (piece.n < m_rows) {
-      const Words4 w = load_cached(a_q + piece.n * a_stride + (static_cast<long long>(g) << 7) + piece.byte());
+      const Words4 w = load_cached(args.token_group(piece.n, g) + piece.byte());
       pc.v[i] = make_uint4(w.w[0], w.w[1], w.w[2], w.w[3]);
     } else {
       pc.v[i] = make_uint4(0, 0, 0, 0);
     }
   }
-  pc.scale = ptid < m_rows && ptid < N ? a_s[ptid * a_s_stride_m + g * a_s_stride_g] : 0.0f;
+  pc.scale = ptid < m_rows && ptid < N ? *args.token_scale(ptid, g) : 0.0f;
 }
 
 template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS>
-__device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_stride, const float* a_s,
-                                             long long a_s_stride_m, long long a_s_stride_g,
-                                             const uint8_t* __restrict__ w_q, long long w_stride,
-                                             const float* __restrict__ w_s, long long w_s_stride_n,
-                                             long long w_s_stride_g, uint16_t* __restrict__ y, long long y_stride,
-                                             float* __restrict__ scratch, int* __restrict__ tile_counters,
-                                             long long m_rows_ll, long long n_ll, long long k, long long per_split) {
+__device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
   constexpr int CONSUMERS = 128 * WG;
   constexpr int PRODUCERS = 32 * PW;
-  constexpr int ROWS = 64 * WG;
   constexpr int PP = pieces<N>() / PRODUCERS;
   static_assert(pieces<N>() % PRODUCERS == 0 && PRODUCERS >= N, "producers: whole pieces, one scale per token");
   static_assert(!PRODUCER_REGS || PW == 4, "setmaxnreg needs the producers to be one whole warpgroup");
@@ -93,10 +85,8 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
   Ring<N, SLOTS>& ring = *reinterpret_cast<Ring<N, SLOTS>*>(shared_bytes);
   __shared__ int last_block;
 
-  const int m_rows = static_cast<int>(m_rows_ll);
-  const int groups = static_cast<int>(k >> 7);
-  const int first = static_cast<int>(blockIdx.y * per_split);
-  const int count = min(groups - first, static_cast<int>(per_split));
+  const WeightSide at(args, 64 * WG);  // the producers use only first and count
+  const int first = at.first, count = at.count;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
@@ -111,13 +101,11 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
     if (PRODUCER_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     const int ptid = threadIdx.x - CONSUMERS;
     wait_for_previous_grid();
-    a_q = after_wait(a_q);
+    args.a_q = after_wait(args.a_q);
     ProducerPieces<PP> pa, pb;
-    producer_load<N, PP, PRODUCERS>(pa, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first);
+    producer_load<N, PP, PRODUCERS>(pa, ptid, args, first);
     auto produce = [&](const ProducerPieces<PP>& cur, ProducerPieces<PP>& nxt, int c) {
-      if (c + 1 < count) {
-        producer_load<N, PP, PRODUCERS>(nxt, ptid, a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, m_rows, first + c + 1);
-      }
+      if (c + 1 < count) producer_load<N, PP, PRODUCERS>(nxt, ptid, args, first + c + 1);
       const int slot = c % SLOTS;
       if (c >= SLOTS) mbar_wait(&ring.empty[slot], ((c / SLOTS) + 1) & 1);  // its previous use is read
 #pragma unroll
@@ -135,17 +123,10 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
   }
 
   if (CONSUMER_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r = lane >> 2, t = lane & 3;
-  const long long n0 = static_cast<long long>(blockIdx.x) * ROWS;
-  const long long row = n0 + 16 * warp + r;
-  const uint8_t* row0 = w_q + row * w_stride + lane_offset(t);
-  const float* w_s_block = w_s + (n0 >> 7) * w_s_stride_n;
-
   WeightGroup buf[DEPTH];
 #pragma unroll
   for (int u = 0; u < DEPTH; ++u) {
-    if (u < count) load_group<true>(buf[u], row0, w_stride, first + u, w_s_block, w_s_stride_g);
+    if (u < count) at.load<true>(buf[u], u);
   }
   float total[N / 2], part[N / 2];
 #pragma unroll
@@ -155,14 +136,14 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
     uint32_t a[8][4];
     to_fragments(grp, a);
     const float w_scale = grp.scale;
-    if (c + DEPTH < count) load_group<true>(grp, row0, w_stride, first + c + DEPTH, w_s_block, w_s_stride_g);
+    if (c + DEPTH < count) at.load<true>(grp, c + DEPTH);
     const int slot = c % SLOTS;
     mbar_wait(&ring.full[slot], (c / SLOTS) & 1);
     issue_group<N>(a, shared_address(ring.tokens[slot]), part);
     wgmma_wait_all();
-    add_scaled<N>(total, part, ring.scales[slot], w_scale, t);
+    add_scaled<N>(total, part, ring.scales[slot], w_scale, at.t);
     __syncwarp();
-    if (lane == 0) mbar_arrive(&ring.empty[slot]);
+    if (at.lane == 0) mbar_arrive(&ring.empty[slot]);
   };
   for (int c0 = 0; c0 < count; c0 += DEPTH) {
 #pragma unroll
@@ -170,8 +151,7 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
       if (c0 + u < count) group(buf[u], c0 + u);
     }
   }
-  finish<N>(total, row, t, m_rows, n_ll, y, y_stride, scratch, tile_counters, last_block,
-         [] { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); });
+  finish<N>(total, at, args, last_block, [] { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); });
 }
 
 }  // namespace
@@ -179,14 +159,8 @@ __device__ __forceinline__ void fp8_wgmma_ws(const uint8_t* a_q, long long a_str
 #define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                           \
   extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS)                              \
       fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS(                   \
-          const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                 \
-          long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                 \
-          long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride, float* scratch,  \
-          int* tile_counters, long long m_rows, long long n, long long k, long long per_split) {             \
-    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, \
-                                                        w_stride, w_s, w_s_stride_n, w_s_stride_g, y,       \
-                                                        y_stride, scratch, tile_counters, m_rows, n, k,     \
-                                                        per_split);                                         \
+          QUANTROLL_WGMMA_PARAMS) {                                                                         \
+    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS>(QUANTROLL_WGMMA_ARGS);                              \
   }
 
 // The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,

@@ -95,6 +95,43 @@ __device__ __forceinline__ void wgmma_step(float (&d)[N / 2], uint32_t a0, uint3
   }
 }
 
+// A launch's arguments, in the order fp8_wgmma.py passes them (QUANTROLL_WGMMA_PARAMS
+// declares them as a kernel's parameters, QUANTROLL_WGMMA_ARGS collects them).
+struct GemmArgs {
+  const uint8_t* a_q;
+  long long a_stride;
+  const float* a_s;
+  long long a_s_stride_m, a_s_stride_g;
+  const uint8_t* w_q;
+  long long w_stride;
+  const float* w_s;
+  long long w_s_stride_n, w_s_stride_g;
+  uint16_t* y;
+  long long y_stride;
+  float* scratch;
+  int* tile_counters;
+  long long m_rows, n, k, per_split;
+
+  // Token g's (row n's) codes of K group g, and its scale.
+  __device__ __forceinline__ const uint8_t* token_group(int n, int g) const {
+    return a_q + n * a_stride + (static_cast<long long>(g) << 7);
+  }
+  __device__ __forceinline__ const float* token_scale(int n, int g) const {
+    return a_s + n * a_s_stride_m + g * a_s_stride_g;
+  }
+};
+
+#define QUANTROLL_WGMMA_PARAMS                                                                             \
+  const uint8_t *a_q, long long a_stride, const float *a_s, long long a_s_stride_m, long long a_s_stride_g,    \
+      const uint8_t *w_q, long long w_stride, const float *w_s, long long w_s_stride_n, long long w_s_stride_g, \
+      uint16_t *y, long long y_stride, float *scratch, int *tile_counters, long long m_rows, long long n,      \
+      long long k, long long per_split
+#define QUANTROLL_WGMMA_ARGS                                                                                 \
+  GemmArgs {                                                                                                 \
+    a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n, w_s_stride_g, y,        \
+        y_stride, scratch, tile_counters, m_rows, n, k, per_split                                            \
+  }
+
 // A thread's weight bytes of one K group (rows r and r + 8 of its warp, 32 bytes each)
 // and the group's weight scale.
 struct WeightGroup {
@@ -122,6 +159,39 @@ __device__ __forceinline__ void load_group(WeightGroup& grp, const uint8_t* row0
   for (int i = 0; i < 4; ++i) grp.w1[4 + i] = v.w[i];
   grp.scale = w_s_block[g * w_s_stride_g];
 }
+
+// Where a multiplying thread of a block of ``rows`` weight rows works: lane, warp, fragment
+// row r and quarter t, its weight row (warp w holds rows 16 w + {r, r + 8}), the block's K
+// groups [first, first + count) of split blockIdx.y, and where its weight bytes and the
+// block's weight scales start.
+struct WeightSide {
+  int lane, warp, r, t, first, count;
+  long long row;
+  const uint8_t* row0;
+  const float* w_s_block;
+  long long w_stride, w_s_stride_g;
+
+  __device__ __forceinline__ WeightSide(const GemmArgs& g, int rows) {
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+    r = lane >> 2;
+    t = lane & 3;
+    const long long n0 = static_cast<long long>(blockIdx.x) * rows;
+    row = n0 + 16 * warp + r;
+    first = static_cast<int>(blockIdx.y * g.per_split);
+    count = min(static_cast<int>(g.k >> 7) - first, static_cast<int>(g.per_split));
+    row0 = g.w_q + row * g.w_stride + lane_offset(t);
+    w_s_block = g.w_s + (n0 >> 7) * g.w_s_stride_n;
+    w_stride = g.w_stride;
+    w_s_stride_g = g.w_s_stride_g;
+  }
+
+  // Request the block's c-th K group of this thread's weight bytes into grp.
+  template <bool PINNED>
+  __device__ __forceinline__ void load(WeightGroup& grp, int c) const {
+    load_group<PINNED>(grp, row0, w_stride, first + c, w_s_block, w_s_stride_g);
+  }
+};
 
 // Piece p of a group's token codes: token 8 (p >> 6) + ((p >> 2) & 7), quarter t = p & 3,
 // half (p >> 5) & 1 of that quarter, i.e. bytes 32 t + 16 half .. of the token's group.
@@ -191,9 +261,13 @@ __device__ __forceinline__ void add_scaled(float (&total)[N / 2], float (&part)[
 // BF16 and resets the counter for the next launch. ``sync`` is a barrier over exactly the
 // multiplying threads; ``last_block`` a shared flag.
 template <int N, typename Sync>
-__device__ __forceinline__ void finish(float (&total)[N / 2], long long row, int t, int m_rows, long long n_ll,
-                                       uint16_t* __restrict__ y, long long y_stride, float* __restrict__ scratch,
-                                       int* __restrict__ tile_counters, int& last_block, Sync sync) {
+__device__ __forceinline__ void finish(float (&total)[N / 2], const WeightSide& at, const GemmArgs& g, int& last_block,
+                                       Sync sync) {
+  const long long row = at.row, n_ll = g.n, y_stride = g.y_stride;
+  const int t = at.t, m_rows = static_cast<int>(g.m_rows);
+  uint16_t* __restrict__ y = g.y;
+  float* __restrict__ scratch = g.scratch;
+  int* __restrict__ tile_counters = g.tile_counters;
   const int splits = static_cast<int>(gridDim.y);
   if (splits > 1) {
     float* mine = scratch + (static_cast<long long>(blockIdx.y) * n_ll + row) * N;

@@ -7,7 +7,9 @@ same bits run to run).
 Times: GPU time of one call inside a CUDA graph over 8 distinct weights (no call finds its
 weight in L2), median of 20 replays (quantroll.bench.graph_time); the table gives the sum
 per layer set (qkv + o + gate_up + down) of the shipped GEMM and of the best variant per
-shape, and the best single variant (one kernel for all four shapes, splits per shape).
+shape (any split), and the best single variant at its default splits (what the engine
+would run with it in fp8_wgmma.ENGINE_CONFIGS); last, the switch_ab.py variant that puts
+the winners in, where they beat the shipped GEMM.
 
     python bench/wgmma_decode.py [--ms 16,32,64] [--splits 0,1,2,4] [--kernels all|plain|ws] [--json out.json]
 """
@@ -55,7 +57,7 @@ def main():
             for base in variants:
                 if m > base.tokens or n % base.rows:
                     continue
-                best = None
+                best, default = None, None
                 for s in splits:
                     cfg = dataclasses.replace(base, splits=s)
                     used = fp8_wgmma.launch_shape(m, n, k, cfg)[1]
@@ -70,24 +72,39 @@ def main():
                     us = graph_time_us(lambda j: fp8_wgmma.fp8_wgmma(aq, a_s, wqs[j].data, wqs[j].scale, cfg), COPIES)
                     if best is None or us < best[0]:
                         best = (us, used)
+                    if s == 0:
+                        default = us
                 if best:
                     row["variants"][base.kernel] = best
+                if default is not None:
+                    row.setdefault("default_splits", {})[base.kernel] = default
             rows.append(row)
             top = sorted(row["variants"].items(), key=lambda kv: kv[1][0])[:4]
             print(f"{name:8s} M={m:3d} shipped ({row['shipped_path']}) {row['shipped_us']:6.1f} | "
                   + "  ".join(f"{kname.replace('fp8_wgmma_', '')} s{s} {us:.1f}" for kname, (us, s) in top), flush=True)
     print("\nper Qwen3-8B layer set (qkv + o + gate_up + down), us")
-    print("   M  shipped  best-per-shape  best-single-variant")
+    print("   M  shipped  best-per-shape  best-single-variant (default splits)")
+    winners = {}
     for m in ms:
         sel = [r for r in rows if r["m"] == m]
+        shipped = sum(r["shipped_us"] for r in sel)
         per_shape = sum(min((v[0] for v in r["variants"].values()), default=float("nan")) for r in sel)
         single = defaultdict(float)
         for r in sel:
-            for kname, (us, _) in r["variants"].items():
+            for kname, us in r.get("default_splits", {}).items():
                 single[kname] += us
-        complete = {kname: t for kname, t in single.items() if all(kname in r["variants"] for r in sel)}
+        complete = {kname: t for kname, t in single.items() if all(kname in r.get("default_splits", {}) for r in sel)}
         best_single = min(complete.items(), key=lambda kv: kv[1]) if complete else ("-", float("nan"))
-        print(f"{m:4d} {sum(r['shipped_us'] for r in sel):8.1f} {per_shape:15.1f} {best_single[1]:10.1f} {best_single[0]}")
+        print(f"{m:4d} {shipped:8.1f} {per_shape:15.1f} {best_single[1]:10.1f} {best_single[0]}")
+        if best_single[1] < shipped:
+            winners[m] = next(v for v in variants if v.kernel == best_single[0])
+    if winners:
+        bounds = sorted(winners)
+        ranges = {(1 if i == 0 else bounds[i - 1] + 1, m): winners[m] for i, m in enumerate(bounds)}
+        body = ",".join(f"({lo},{hi}):WgmmaConfig{dataclasses.astuple(cfg)}".replace(" ", "") for (lo, hi), cfg in ranges.items())
+        print(f"\nswitch_ab.py: --variant 'wgmma:fp8_wgmma.ENGINE_CONFIGS={{{body}}}' --approx wgmma")
+    else:
+        print("\nno variant beats the shipped decode GEMM at any measured M")
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
     raise SystemExit(1 if bad else 0)

@@ -31,6 +31,11 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 COPIES = 8
 
 
+def config_map(ranges: dict) -> str:
+    """{(lo, hi): WgmmaConfig(...)} as a switch_ab.py value (no spaces)."""
+    return ",".join(f"({lo},{hi}):WgmmaConfig{dataclasses.astuple(cfg)}".replace(" ", "") for (lo, hi), cfg in ranges.items())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ms", default="16,32,64")
@@ -101,8 +106,13 @@ def main():
     if winners:
         bounds = sorted(winners)
         ranges = {(1 if i == 0 else bounds[i - 1] + 1, m): winners[m] for i, m in enumerate(bounds)}
-        body = ",".join(f"({lo},{hi}):WgmmaConfig{dataclasses.astuple(cfg)}".replace(" ", "") for (lo, hi), cfg in ranges.items())
-        print(f"\nswitch_ab.py: --variant 'wgmma:fp8_wgmma.ENGINE_CONFIGS={{{body}}}' --approx wgmma")
+        gemms = f"fp8_wgmma.ENGINE_CONFIGS={{{config_map(ranges)}}}"
+        twins = {r: next(t for t in fp8_wgmma.SILU_VARIANTS if t.tokens == cfg.tokens) for r, cfg in ranges.items()
+                 if any(t.tokens == cfg.tokens for t in fp8_wgmma.SILU_VARIANTS)}
+        line = f"--variant 'wgmma:{gemms}' --approx wgmma"
+        if twins:  # the same GEMMs, and down_proj computing silu * up itself where a twin exists
+            line += f" --variant 'wgmma_silu:{gemms},fp8_wgmma.ENGINE_SILU_CONFIGS={{{config_map(twins)}}}' --approx wgmma_silu"
+        print(f"\nswitch_ab.py: {line}")
     else:
         print("\nno variant beats the shipped decode GEMM at any measured M")
     if args.json:

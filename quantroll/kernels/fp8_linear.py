@@ -68,6 +68,25 @@ class Fp8Activation:
     source: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class GateUpActivation:
+    """The input bf16(silu(gate)) * up of an MLP's down_proj, handed over as the BF16
+    gate_up [..., 2I] it comes from, for a down_proj GEMM that computes and quantizes it
+    itself (fp8_wgmma.fp8_wgmma_silu, chosen by ``fp8_wgmma.silu_config``): the silu
+    kernel is not launched. ``shape`` and ``dtype`` are those of the silu output."""
+
+    gate_up: torch.Tensor
+    config: object  # the fp8_wgmma.WgmmaConfig (a silu twin) that takes it
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([*self.gate_up.shape[:-1], self.gate_up.shape[-1] // 2])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.gate_up.dtype
+
+
 def fp8_activation_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Empty codes [M, K] e4m3 and scales [M, ceil(K/128)] float32 laid out outer-dim-major
     (stride (1, M)), the layout torch._scaled_mm and the Triton GEMMs read; every producer
@@ -241,6 +260,11 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
 def fp8_linear_forward(layer, x) -> torch.Tensor:
     """QLinear backend: real FP8 GEMMs on the layer's block-FP8 buffers."""
     shape = x.shape
+    if isinstance(x, GateUpActivation):
+        y = fp8_wgmma.fp8_wgmma_silu(x.gate_up, layer.weight, layer.weight_scale, x.config)
+        if layer.bias is not None:
+            y = y + layer.bias
+        return y.reshape(*shape[:-1], layer.out_features)
     if isinstance(x, Fp8Activation):
         aq, a_s = x.codes, x.scales
     else:

@@ -48,6 +48,7 @@ class WgmmaConfig:
     producer_warps: int = 0
     slots: int = 0
     consumer_regs: int = 0
+    silu: bool = False  # the down_proj twin: its input is silu(gate) * up of a BF16 gate_up, quantized here
 
     @property
     def source(self) -> str:
@@ -55,6 +56,9 @@ class WgmmaConfig:
 
     @property
     def kernel(self) -> str:
+        if self.silu:
+            return (f"fp8_wgmma_ws_silu_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
+                    f"_s{self.slots}_b{self.min_blocks}")
         if self.producer_warps:
             return (f"fp8_wgmma_ws_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
                     f"_s{self.slots}_b{self.min_blocks}_r{self.consumer_regs}")
@@ -87,20 +91,42 @@ VARIANTS = tuple(WgmmaConfig(*v) for v in (
         (64, 2, 2, 3, 4, 1, 0), (64, 2, 2, 2, 4, 1, 0), (64, 2, 4, 3, 4, 1, 0), (64, 2, 4, 4, 4, 1, 224),
         (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
         (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0)))
+# The down_proj twins that take a BF16 gate_up and compute silu(gate) * up and its
+# quantization in their producer warps (no silu kernel launch); same arithmetic, bit for bit.
+SILU_VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, True) for n, wg, pw, d, sl, b in (
+    (32, 2, 4, 3, 4, 1), (16, 2, 2, 3, 4, 1), (16, 1, 2, 4, 4, 2)))
 DEFAULT = WgmmaConfig(64, 1, 3, 3)
 
 # The variant each range of decode batch rows takes in the engine (fp8_linear.gemm_path),
 # e.g. {(1, 16): WgmmaConfig(16, ...), (17, 64): WgmmaConfig(64, ...)}; rows outside every
 # range stay on the other decode GEMMs. Empty: no variant has beaten them yet.
 ENGINE_CONFIGS: dict[tuple[int, int], WgmmaConfig] = {}
+# Likewise for the MLP's down_proj given its gate_up (a SILU_VARIANTS entry per range): the
+# silu kernel is then not launched. Empty: off.
+ENGINE_SILU_CONFIGS: dict[tuple[int, int], WgmmaConfig] = {}
+
+
+def _in_range(configs: dict[tuple[int, int], WgmmaConfig], m: int) -> WgmmaConfig | None:
+    for (low, high), cfg in configs.items():
+        if low <= m <= high:
+            return cfg
+    return None
 
 
 def engine_config(m: int) -> WgmmaConfig | None:
     """The variant ``ENGINE_CONFIGS`` gives M-row decode GEMMs, or None."""
-    for (low, high), cfg in ENGINE_CONFIGS.items():
-        if low <= m <= high:
-            return cfg
-    return None
+    return _in_range(ENGINE_CONFIGS, m)
+
+
+def silu_config(gate_up: torch.Tensor, wq: torch.Tensor) -> WgmmaConfig | None:
+    """The SILU_VARIANTS entry ``ENGINE_SILU_CONFIGS`` gives a down_proj of weight codes
+    ``wq`` fed by ``gate_up`` [..., 2I], where the kernel takes it (``supports_silu``), or None."""
+    if not ENGINE_SILU_CONFIGS or not gate_up.is_cuda:
+        return None
+    cfg = _in_range(ENGINE_SILU_CONFIGS, gate_up.numel() // max(gate_up.shape[-1], 1))
+    if cfg is None or not supports_silu(gate_up, wq, cfg) or not usable(gate_up.device, cfg):
+        return None
+    return cfg
 
 
 def default_splits(tiles: int, groups: int, target: int) -> int:
@@ -132,29 +158,60 @@ def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype, cfg: Wg
     return supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype, cfg) and fp8_gemv.rows_loadable(aq, wq)
 
 
+def supports_silu(gate_up: torch.Tensor, wq: torch.Tensor, cfg: WgmmaConfig) -> bool:
+    """A silu twin takes a BF16 gate_up [..., 2I] with I = the weight's K (a multiple of
+    128), rows contiguous and 16-byte aligned, and as many rows as its tile holds."""
+    g2 = gate_up.reshape(-1, gate_up.shape[-1]) if gate_up.dim() else gate_up
+    inter = g2.shape[-1] // 2
+    return (cfg.silu and gate_up.dtype == torch.bfloat16 and g2.dim() == 2 and g2.shape[-1] == 2 * inter
+            and inter == wq.shape[1] and supports_shape(g2.shape[0], wq.shape[0], inter, torch.bfloat16, cfg)
+            and g2.stride(1) == 1 and (g2.stride(0) * 2) % 16 == 0 and g2.data_ptr() % 16 == 0
+            and wq.stride(1) == 1 and wq.stride(0) % 16 == 0 and wq.data_ptr() % 16 == 0)
+
+
+def fp8_wgmma_silu(gate_up: torch.Tensor, wq, w_s, cfg: WgmmaConfig, out: torch.Tensor | None = None,
+                   early: bool | None = None) -> torch.Tensor:
+    """y [M, N] bf16 = quantized(bf16(silu(gate)) * up) @ (wq * w_s)^T for gate_up [M, 2I]
+    BF16: what ``silu_mul(gate_up, quantize=True)`` followed by ``fp8_wgmma`` gives, in one
+    launch (``supports_silu`` must hold)."""
+    if not supports_silu(gate_up, wq, cfg) or (out is not None and out.stride(1) != 1):
+        raise ValueError(f"fp8_wgmma_silu: gate_up {tuple(gate_up.shape)} {gate_up.dtype} x weights "
+                         f"{tuple(wq.shape)}: {cfg.kernel} needs BF16 [M, 2K] with K the weight's, 1-{cfg.tokens} "
+                         f"rows, N a multiple of {cfg.rows}, rows contiguous and 16-byte aligned")
+    g2 = gate_up.reshape(-1, gate_up.shape[-1])
+    return _launch(cfg, g2, g2.stride(0) * 2, g2, 0, 0, wq, w_s, g2.shape[0], g2.shape[1] // 2, out, early)
+
+
 def fp8_wgmma(aq, a_s, wq, w_s, cfg: WgmmaConfig | None = None, out: torch.Tensor | None = None,
               early: bool | None = None) -> torch.Tensor:
     """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16, cfg)`` must hold."""
     cfg = cfg or DEFAULT
-    m, k = aq.shape
-    n = wq.shape[0]
-    if not supports(aq, wq, torch.bfloat16, cfg) or (out is not None and out.stride(1) != 1):
+    if cfg.silu or not supports(aq, wq, torch.bfloat16, cfg) or (out is not None and out.stride(1) != 1):
         raise ValueError(f"fp8_wgmma: codes {tuple(aq.shape)} x weights {tuple(wq.shape)}: {cfg.kernel} needs "
                          f"1-{cfg.tokens} rows, whole 128-wide K groups, N a multiple of {cfg.rows}, rows "
-                         "contiguous and 16-byte aligned")
-    tiles, splits, per_split = launch_shape(m, n, k, cfg, torch.cuda.get_device_properties(aq.device).multi_processor_count)
-    y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=aq.device)
+                         "contiguous and 16-byte aligned" + (" (and FP8 codes: it is a silu twin)" if cfg.silu else ""))
+    return _launch(cfg, aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, w_s, aq.shape[0], aq.shape[1], out,
+                   early)
+
+
+def _launch(cfg: WgmmaConfig, a, a_stride_bytes: int, a_s, a_s_stride_m: int, a_s_stride_g: int, wq, w_s, m: int,
+            k: int, out, early) -> torch.Tensor:
+    """One launch (QUANTROLL_WGMMA_PARAMS order); ``a`` is FP8 codes, or a BF16 gate_up for a
+    silu twin (then K = I, its ``silu_inter``)."""
+    n = wq.shape[0]
+    tiles, splits, per_split = launch_shape(m, n, k, cfg, torch.cuda.get_device_properties(a.device).multi_processor_count)
+    y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
     if splits > 1:
         if tiles > _MAX_TILES:
             raise ValueError(f"fp8_wgmma: {tiles} row tiles exceed the {_MAX_TILES} split-K counters")
-        scratch = torch.empty(splits * n * cfg.tokens, dtype=torch.float32, device=aq.device)
-        tile_counters = counters(TILE_COUNTERS, aq.device, _MAX_TILES)
+        scratch = torch.empty(splits * n * cfg.tokens, dtype=torch.float32, device=a.device)
+        tile_counters = counters(TILE_COUNTERS, a.device, _MAX_TILES)
     else:
         scratch = tile_counters = y
-    module = cuda_jit.load(cfg.source, aq.device)
+    module = cuda_jit.load(cfg.source, a.device)
     module.launch(cfg.kernel, (tiles, splits, 1), (cfg.threads, 1, 1),
-                  aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
-                  w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split,
+                  a, a_stride_bytes, a_s, a_s_stride_m, a_s_stride_g, wq, wq.stride(0), w_s, w_s.stride(0),
+                  w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split, k if cfg.silu else 0,
                   early=fp8_gemv.EARLY_LAUNCH if early is None else early, shared_bytes=cfg.shared_bytes)
     return y
 

@@ -16,12 +16,16 @@ from quantroll.kernels import cuda_jit, fp8_wgmma
 def test_variants_list_matches_the_instances_in_the_sources():
     plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+), (\d+)\)",
                        (cuda_jit.SOURCE_DIR / "fp8_wgmma.cu").read_text(), re.M)
+    ws_source = (cuda_jit.SOURCE_DIR / "fp8_wgmma_ws.cu").read_text()
     special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)",
-                         (cuda_jit.SOURCE_DIR / "fp8_wgmma_ws.cu").read_text(), re.M)
-    found = {(int(n), int(wg), int(d), int(b), 0, 0, 0) for n, wg, d, b in plain} | {
-        (int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr)) for n, wg, pw, d, sl, b, pr, cr in special}
-    assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs)
-                     for c in fp8_wgmma.VARIANTS}
+                         ws_source, re.M)
+    silu = re.findall(r"^QUANTROLL_FP8_WGMMA_WS_SILU\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", ws_source, re.M)
+    found = {(int(n), int(wg), int(d), int(b), 0, 0, 0, False) for n, wg, d, b in plain} | {
+        (int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr), False) for n, wg, pw, d, sl, b, pr, cr in special} | {
+        (int(n), int(wg), int(d), int(b), int(pw), int(sl), 0, True) for n, wg, pw, d, sl, b in silu}
+    assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs, c.silu)
+                     for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS}
+    assert len(found) == len(plain) + len(special) + len(silu)
     assert len(plain) + len(special) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 
@@ -31,7 +35,7 @@ def test_sources_build_for_sm_90a_only(source, tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
     cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / source, (9, 0))
     image = cubin.read_bytes()
-    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS if c.source == source)
+    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS if c.source == source)
     with pytest.raises(cuda_jit.CompileError, match=f"nvcc failed on {source}"):  # no wgmma before Hopper
         cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / source, (8, 9))
 
@@ -72,8 +76,23 @@ def test_engine_configs_map_batch_ranges(monkeypatch):
         n16, n16, None, None, fp8_wgmma.DEFAULT, fp8_wgmma.DEFAULT, None]
 
 
+def test_silu_twins_take_a_bf16_gate_up_of_the_weights_k_only():
+    twin = next(c for c in fp8_wgmma.SILU_VARIANTS if c.tokens == 16)
+    wq = torch.zeros(256, 384, dtype=torch.float8_e4m3fn)
+    gate_up = torch.zeros(16, 768, dtype=torch.bfloat16)
+    assert fp8_wgmma.supports_silu(gate_up, wq, twin)
+    assert fp8_wgmma.supports_silu(gate_up.view(2, 8, 768), wq, twin)  # [batch, tokens, 2I]
+    assert not fp8_wgmma.supports_silu(gate_up.float(), wq, twin)
+    assert not fp8_wgmma.supports_silu(torch.zeros(17, 768, dtype=torch.bfloat16), wq, twin)  # more rows than the tile
+    assert not fp8_wgmma.supports_silu(torch.zeros(16, 512, dtype=torch.bfloat16), wq, twin)  # I != K
+    assert not fp8_wgmma.supports_silu(gate_up, wq, dataclasses.replace(twin, silu=False))
+    assert fp8_wgmma.silu_config(gate_up, wq) is None  # off by default, and never on CPU tensors
+    with pytest.raises(ValueError, match="silu twin"):
+        fp8_wgmma.fp8_wgmma(wq[:16], torch.ones(16, 3), wq, torch.ones(2, 3), twin)
+
+
 def test_shared_memory_fits_a_block_and_the_blocks_asked_for():
-    for cfg in fp8_wgmma.VARIANTS:
+    for cfg in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS:
         assert cfg.shared_bytes * cfg.min_blocks <= 227 * 1024, cfg  # H100/H200: 227 KB per block, 228 per SM
         assert cfg.threads * cfg.min_blocks <= 2048, cfg
 
@@ -157,3 +176,47 @@ def test_engine_decode_logprobs_match_a_full_forward_with_the_wgmma_decode_gemm(
 
     monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIGS", {(1, cfg.tokens): cfg})
     check(tmp_path)
+
+
+@hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", fp8_wgmma.SILU_VARIANTS, ids=lambda c: c.kernel)
+def test_silu_twin_gives_the_bits_of_the_silu_kernel_then_the_gemm(cfg):
+    """The down_proj twin computing bf16(silu(gate)) * up and its 1x128 quantization in its
+    producer warps must equal silu_mul(quantize=True) followed by the plain kernel with the
+    same splits, bit for bit (the sums are the same; so must the codes and scales be),
+    over gate values from -90 to 90 (exp's range), zeros and batch rows below the tile."""
+    from quantroll.formats import get_format
+    from quantroll.kernels.fused import silu_mul
+
+    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens and c.producer_warps)
+    g = torch.Generator(device="cuda").manual_seed(cfg.tokens)
+    for m, n, inter in ((cfg.tokens, 4096, 12288), (cfg.tokens // 2 + 1, 256, 384), (1, 128, 128)):
+        gate = torch.randn(m, inter, device="cuda", generator=g) * torch.logspace(-3, 1.95, inter, device="cuda")
+        up = torch.randn(m, inter, device="cuda", generator=g)
+        up[:, :128] = 0  # an all-zero group: scale 0
+        gate_up = torch.cat([gate, up], dim=1).to(torch.bfloat16)
+        wq = get_format("fp8").quantize_weight((torch.randn(n, inter, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
+        act = silu_mul(gate_up, quantize=True)
+        for splits in (1, 3):
+            y = fp8_wgmma.fp8_wgmma_silu(gate_up, wq.data, wq.scale, dataclasses.replace(cfg, splits=splits))
+            ref = fp8_wgmma.fp8_wgmma(act.codes, act.scales, wq.data, wq.scale, dataclasses.replace(plain, splits=splits))
+            assert torch.equal(y, ref), (m, n, inter, splits)
+
+
+@hopper
+@pytest.mark.gpu
+def test_engine_with_the_silu_twin_generates_the_same_bits():
+    """An FP8 engine whose decode down_proj GEMMs compute silu * up themselves (no silu
+    kernel) gives the tokens and logprobs, bit for bit, of one with the silu kernel and the
+    same warpgroup GEMMs (random Qwen3-8B-shaped 2-layer model, 3 prompts)."""
+    pytest.importorskip("triton")
+    from tests.engine.switches import assert_same_generations, counting, engine_results_with
+
+    twin = next(c for c in fp8_wgmma.SILU_VARIANTS if c.tokens == 16)
+    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16 and c.producer_warps)
+    gemms = ("fp8_wgmma", "ENGINE_CONFIGS", {(1, 16): plain})
+    with counting(fp8_wgmma, "fp8_wgmma_silu") as calls:
+        separate, fused = engine_results_with([[gemms], [gemms, ("fp8_wgmma", "ENGINE_SILU_CONFIGS", {(1, 16): twin})]])
+    assert calls[0] > 0
+    assert_same_generations(separate, fused)

@@ -20,6 +20,9 @@
 // (setmaxnreg, whole producer warpgroup only): move registers from the producers to the
 // consumers.
 
+#include <type_traits>
+
+#include "silu_quant.cuh"
 #include "wgmma_fragments.cuh"
 
 namespace {
@@ -50,36 +53,119 @@ struct Ring {
   uint64_t empty[SLOTS];
 };
 
-// A producer thread's pieces of one group (p = ptid + i * PRODUCERS) and the scale of
-// token ptid (ptid < N).
-template <int PP>
-struct ProducerPieces {
-  uint4 v[PP];
-  float scale;
+// What the producers put into a tile, from where: two sources with one interface (load a
+// group into registers, then store it into a tile and its scales).
+
+// The token codes and scales the previous kernel quantized: PP pieces per thread (piece
+// p = ptid + i * PRODUCERS), and the scale of token ptid.
+template <int N, int PRODUCERS>
+struct CodeSource {
+  static constexpr int PP = pieces<N>() / PRODUCERS;
+  static_assert(pieces<N>() % PRODUCERS == 0 && PRODUCERS >= N, "producers: whole pieces, one scale per token");
+  struct Loaded {
+    uint4 v[PP];
+    float scale;
+  };
+
+  __device__ __forceinline__ static void load(Loaded& l, int ptid, const GemmArgs& args, int g) {
+    const int m_rows = static_cast<int>(args.m_rows);
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+      const Piece piece(ptid + i * PRODUCERS);
+      if (piece.n < m_rows) {
+        const Words4 w = load_cached(args.token_group(piece.n, g) + piece.byte());
+        l.v[i] = make_uint4(w.w[0], w.w[1], w.w[2], w.w[3]);
+      } else {
+        l.v[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    l.scale = ptid < m_rows && ptid < N ? *args.token_scale(ptid, g) : 0.0f;
+  }
+
+  __device__ __forceinline__ static void store(const Loaded& l, int ptid, uint8_t* tile, float* scales) {
+#pragma unroll
+    for (int i = 0; i < PP; ++i) widen_piece<N>(tile, Piece(ptid + i * PRODUCERS), l.v[i]);
+    if (ptid < N) scales[ptid] = l.scale;
+  }
 };
 
-template <int N, int PP, int PRODUCERS>
-__device__ __forceinline__ void producer_load(ProducerPieces<PP>& pc, int ptid, const GemmArgs& args, int g) {
-  const int m_rows = static_cast<int>(args.m_rows);
+// silu(gate) * up of a BF16 gate_up [M, 2 I] (the gate_up GEMM's output), quantized here as
+// the silu kernel would have (silu_quant.cuh), so that kernel is not launched. Thread ptid
+// holds, per i, quarter t = q % 4 of token q / 4's group (q = ptid + i * PRODUCERS: 32
+// values, two pieces); the four lanes holding a token's quarters exchange their largest
+// |value| for the group's scale. A warp's stores hit 32 banks, as CodeSource's.
+template <int N, int PRODUCERS>
+struct SiluSource {
+  static constexpr int PQ = N * 4 / PRODUCERS;
+  static_assert((N * 4) % PRODUCERS == 0, "producers: whole quarters");
+  struct Loaded {
+    uint4 gate[PQ][4];
+    uint4 up[PQ][4];
+  };
+
+  __device__ __forceinline__ static void load(Loaded& l, int ptid, const GemmArgs& args, int g) {
+    const int m_rows = static_cast<int>(args.m_rows);
 #pragma unroll
-  for (int i = 0; i < PP; ++i) {
-    const Piece piece(ptid + i * PRODUCERS);
-    if (piece.n < m_rows) {
-      const Words4 w = load_cached(args.token_group(piece.n, g) + piece.byte());
-      pc.v[i] = make_uint4(w.w[0], w.w[1], w.w[2], w.w[3]);
-    } else {
-      pc.v[i] = make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < PQ; ++i) {
+      const int q = ptid + i * PRODUCERS, n = q >> 2, t = q & 3;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (n < m_rows) {
+          const uint8_t* gate = args.a_q + n * args.a_stride + ((static_cast<long long>(g) << 7) + 32 * t) * 2 + 16 * j;
+          const Words4 gw = load_cached(gate);
+          const Words4 uw = load_cached(gate + args.silu_inter * 2);
+          l.gate[i][j] = make_uint4(gw.w[0], gw.w[1], gw.w[2], gw.w[3]);
+          l.up[i][j] = make_uint4(uw.w[0], uw.w[1], uw.w[2], uw.w[3]);
+        } else {  // silu(0) * 0 = 0: zero codes, zero scale
+          l.gate[i][j] = l.up[i][j] = make_uint4(0, 0, 0, 0);
+        }
+      }
     }
   }
-  pc.scale = ptid < m_rows && ptid < N ? *args.token_scale(ptid, g) : 0.0f;
-}
 
-template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS>
+  __device__ __forceinline__ static void store(const Loaded& l, int ptid, uint8_t* tile, float* scales) {
+    using namespace quantroll_silu;
+#pragma unroll
+    for (int i = 0; i < PQ; ++i) {
+      const int q = ptid + i * PRODUCERS, n = q >> 2, t = q & 3;
+      float y[32];
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t gw[4] = {l.gate[i][j].x, l.gate[i][j].y, l.gate[i][j].z, l.gate[i][j].w};
+        const uint32_t uw[4] = {l.up[i][j].x, l.up[i][j].y, l.up[i][j].z, l.up[i][j].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          y[8 * j + 2 * w] = silu_mul(bf16_bits_to_f32(gw[w] & 0xFFFF), bf16_bits_to_f32(uw[w] & 0xFFFF));
+          y[8 * j + 2 * w + 1] = silu_mul(bf16_bits_to_f32(gw[w] >> 16), bf16_bits_to_f32(uw[w] >> 16));
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(y[e]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      const float scale = group_scale(amax);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t words[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float* v = y + 16 * half + 4 * w;
+          words[w] = quantize_pair(v[0], v[1], scale) | (quantize_pair(v[2], v[3], scale) << 16);
+        }
+        const int p = 64 * (n >> 3) + 32 * half + 4 * (n & 7) + t;  // Piece(p) is (n, t, half)
+        widen_piece<N>(tile, Piece(p), make_uint4(words[0], words[1], words[2], words[3]));
+      }
+      if (t == 0) scales[n] = scale;
+    }
+  }
+};
+
+template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS, bool SILU>
 __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
   constexpr int CONSUMERS = 128 * WG;
   constexpr int PRODUCERS = 32 * PW;
-  constexpr int PP = pieces<N>() / PRODUCERS;
-  static_assert(pieces<N>() % PRODUCERS == 0 && PRODUCERS >= N, "producers: whole pieces, one scale per token");
+  using Source = std::conditional_t<SILU, SiluSource<N, PRODUCERS>, CodeSource<N, PRODUCERS>>;
   static_assert(!PRODUCER_REGS || PW == 4, "setmaxnreg needs the producers to be one whole warpgroup");
   // setmaxnreg.inc waits until the block's pool holds the registers asked for: the
   // producers must release at least what the consumers take, or the kernel hangs. ptxas
@@ -109,15 +195,13 @@ __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
     const int ptid = threadIdx.x - CONSUMERS;
     wait_for_previous_grid();
     args.a_q = after_wait(args.a_q);
-    ProducerPieces<PP> pa, pb;
-    producer_load<N, PP, PRODUCERS>(pa, ptid, args, first);
-    auto produce = [&](const ProducerPieces<PP>& cur, ProducerPieces<PP>& nxt, int c) {
-      if (c + 1 < count) producer_load<N, PP, PRODUCERS>(nxt, ptid, args, first + c + 1);
+    typename Source::Loaded pa, pb;
+    Source::load(pa, ptid, args, first);
+    auto produce = [&](const typename Source::Loaded& cur, typename Source::Loaded& nxt, int c) {
+      if (c + 1 < count) Source::load(nxt, ptid, args, first + c + 1);
       const int slot = c % SLOTS;
       if (c >= SLOTS) mbar_wait(&ring.empty[slot], ((c / SLOTS) + 1) & 1);  // its previous use is read
-#pragma unroll
-      for (int i = 0; i < PP; ++i) widen_piece<N>(ring.tokens[slot], Piece(ptid + i * PRODUCERS), cur.v[i]);
-      if (ptid < N) ring.scales[slot][ptid] = cur.scale;
+      Source::store(cur, ptid, ring.tokens[slot], ring.scales[slot]);
       fence_async_shared();
       mbar_arrive(&ring.full[slot]);
     };
@@ -163,12 +247,17 @@ __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                           \
-  extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS)                              \
-      fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS(                   \
-          QUANTROLL_WGMMA_PARAMS) {                                                                         \
-    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS>(QUANTROLL_WGMMA_ARGS);                              \
+#define QUANTROLL_FP8_WGMMA_WS_KERNEL(NAME, N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, SILU)           \
+  extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS) NAME(QUANTROLL_WGMMA_PARAMS) {  \
+    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS, SILU>(QUANTROLL_WGMMA_ARGS);                        \
   }
+#define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                           \
+  QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS, \
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, false)
+// The down_proj twins that compute silu(gate) * up of a BF16 gate_up themselves (SiluSource).
+#define QUANTROLL_FP8_WGMMA_WS_SILU(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                    \
+  QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_silu_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS, \
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, 0, 0, true)
 
 // The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,
 // consumer warpgroups, producer warps, weight groups in flight, ring slots, blocks per
@@ -184,3 +273,7 @@ QUANTROLL_FP8_WGMMA_WS(32, 2, 2, 3, 4, 1, 0, 0)
 QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 3, 4, 1, 0, 0)
 QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 4, 4, 1, 0, 0)
 QUANTROLL_FP8_WGMMA_WS(16, 1, 1, 4, 4, 2, 0, 0)
+// The SiluSource twins (64-row tiles left out: two quarters per producer thread spilled).
+QUANTROLL_FP8_WGMMA_WS_SILU(32, 2, 4, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS_SILU(16, 2, 2, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS_SILU(16, 1, 2, 4, 4, 2)

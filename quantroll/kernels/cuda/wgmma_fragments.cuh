@@ -111,6 +111,7 @@ struct GemmArgs {
   float* scratch;
   int* tile_counters;
   long long m_rows, n, k, per_split;
+  long long silu_inter;  // > 0: a_q is a BF16 gate_up [M, 2 * silu_inter], the input silu(gate) * up
 
   // Token g's (row n's) codes of K group g, and its scale.
   __device__ __forceinline__ const uint8_t* token_group(int n, int g) const {
@@ -125,11 +126,11 @@ struct GemmArgs {
   const uint8_t *a_q, long long a_stride, const float *a_s, long long a_s_stride_m, long long a_s_stride_g,    \
       const uint8_t *w_q, long long w_stride, const float *w_s, long long w_s_stride_n, long long w_s_stride_g, \
       uint16_t *y, long long y_stride, float *scratch, int *tile_counters, long long m_rows, long long n,      \
-      long long k, long long per_split
+      long long k, long long per_split, long long silu_inter
 #define QUANTROLL_WGMMA_ARGS                                                                                 \
   GemmArgs {                                                                                                 \
     a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, w_s_stride_n, w_s_stride_g, y,        \
-        y_stride, scratch, tile_counters, m_rows, n, k, per_split                                            \
+        y_stride, scratch, tile_counters, m_rows, n, k, per_split, silu_inter                                \
   }
 
 // A thread's weight bytes of one K group (rows r and r + 8 of its warp, 32 bytes each)

@@ -31,6 +31,13 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 COPIES = 8
 
 
+def silu_twin(cfg):
+    """The silu twin that runs ``cfg``'s GEMM (same tile rows, warpgroups and blocks per
+    multiprocessor, hence the same default splits and sums), or None."""
+    return next((t for t in fp8_wgmma.SILU_VARIANTS if (t.tokens, t.warpgroups, t.min_blocks)
+                 == (cfg.tokens, cfg.warpgroups, cfg.min_blocks)), None)
+
+
 def config_map(ranges: dict) -> str:
     """{(lo, hi): WgmmaConfig(...)} as a switch_ab.py value (no spaces)."""
     return ",".join(f"({lo},{hi}):WgmmaConfig{dataclasses.astuple(cfg)}".replace(" ", "") for (lo, hi), cfg in ranges.items())
@@ -107,8 +114,7 @@ def main():
         bounds = sorted(winners)
         ranges = {(1 if i == 0 else bounds[i - 1] + 1, m): winners[m] for i, m in enumerate(bounds)}
         gemms = f"fp8_wgmma.ENGINE_CONFIGS={{{config_map(ranges)}}}"
-        twins = {r: next(t for t in fp8_wgmma.SILU_VARIANTS if t.tokens == cfg.tokens) for r, cfg in ranges.items()
-                 if any(t.tokens == cfg.tokens for t in fp8_wgmma.SILU_VARIANTS)}
+        twins = {r: twin for r, cfg in ranges.items() if (twin := silu_twin(cfg)) is not None}
         line = f"--variant 'wgmma:{gemms}' --approx wgmma"
         if twins:  # the same GEMMs, and down_proj computing silu * up itself where a twin exists
             line += f" --variant 'wgmma_silu:{gemms},fp8_wgmma.ENGINE_SILU_CONFIGS={{{config_map(twins)}}}' --approx wgmma_silu"

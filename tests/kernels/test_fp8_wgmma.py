@@ -185,16 +185,17 @@ def test_silu_twin_gives_the_bits_of_the_silu_kernel_then_the_gemm(cfg):
     """The down_proj twin computing bf16(silu(gate)) * up and its 1x128 quantization in its
     producer warps must equal silu_mul(quantize=True) followed by the plain kernel with the
     same splits, bit for bit (the sums are the same; so must the codes and scales be),
-    over gate values from -90 to 90 (exp's range), zeros and batch rows below the tile."""
+    over gate values up to ~+-400 (past exp's range), an all-zero group and batch rows
+    below the tile."""
     from quantroll.formats import get_format
     from quantroll.kernels.fused import silu_mul
 
     plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens and c.producer_warps)
     g = torch.Generator(device="cuda").manual_seed(cfg.tokens)
-    for m, n, inter in ((cfg.tokens, 4096, 12288), (cfg.tokens // 2 + 1, 256, 384), (1, 128, 128)):
+    for m, n, inter in ((cfg.tokens, 4096, 12288), (cfg.tokens // 2 + 1, 256, 384), (1, 128, 256)):
         gate = torch.randn(m, inter, device="cuda", generator=g) * torch.logspace(-3, 1.95, inter, device="cuda")
         up = torch.randn(m, inter, device="cuda", generator=g)
-        up[:, :128] = 0  # an all-zero group: scale 0
+        up[:, -128:] = 0  # an all-zero group: scale 0
         gate_up = torch.cat([gate, up], dim=1).to(torch.bfloat16)
         wq = get_format("fp8").quantize_weight((torch.randn(n, inter, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
         act = silu_mul(gate_up, quantize=True)
@@ -202,6 +203,36 @@ def test_silu_twin_gives_the_bits_of_the_silu_kernel_then_the_gemm(cfg):
             y = fp8_wgmma.fp8_wgmma_silu(gate_up, wq.data, wq.scale, dataclasses.replace(cfg, splits=splits))
             ref = fp8_wgmma.fp8_wgmma(act.codes, act.scales, wq.data, wq.scale, dataclasses.replace(plain, splits=splits))
             assert torch.equal(y, ref), (m, n, inter, splits)
+
+
+@hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", fp8_wgmma.SILU_VARIANTS, ids=lambda c: c.kernel)
+def test_silu_twin_codes_over_every_bf16_gate_value(cfg):
+    """Through an identity weight (codes 1 on the diagonal, scales 1) each output is one
+    code times its scale, so a wrong code, K position or scale shows: every BF16 bit
+    pattern as gate (NaN, infinities and subnormals included), up from 2^-135 to 2^11, a
+    group of subnormal values only, in order and shuffled, against the silu kernel + plain
+    kernel (int16 views: NaN == NaN)."""
+    from quantroll.kernels.fused import silu_mul
+
+    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens and c.producer_warps)
+    inter = 65536 // 16
+    wq = torch.eye(inter, device="cuda").to(torch.float8_e4m3fn)
+    ws = torch.ones(inter // 128, inter // 128, device="cuda")
+    every = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(cfg.tokens)
+    for gate in (every.view(16, inter), every[torch.randperm(65536, device="cuda", generator=g)].view(16, inter)):
+        up = torch.exp2(torch.rand(16, inter, device="cuda", generator=g) * 146 - 135) * torch.sign(
+            torch.randn(16, inter, device="cuda", generator=g))
+        up[:, :128] = 1e-39  # with gate 1 below: a group of BF16 subnormals (silu(1) * 1e-39)
+        gate = gate[: cfg.tokens].clone()
+        gate[:, :128] = 1.0
+        gate_up = torch.cat([gate, up[: cfg.tokens]], dim=1).to(torch.bfloat16).contiguous()
+        act = silu_mul(gate_up, quantize=True)
+        y = fp8_wgmma.fp8_wgmma_silu(gate_up, wq, ws, dataclasses.replace(cfg, splits=2))
+        ref = fp8_wgmma.fp8_wgmma(act.codes, act.scales, wq, ws, dataclasses.replace(plain, splits=2))
+        assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
 
 
 @hopper

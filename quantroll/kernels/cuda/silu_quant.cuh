@@ -1,12 +1,16 @@
-// silu(gate) * up and its 1x128 FP8 quantization, per value, op for op as the Triton
-// kernels compute them (fused_triton.silu_mul_kernel with QUANT; the PTX Triton emits for
-// sm_90: mul.f32 by -log2(e), ex2.approx.f32, add.f32 1, div.full.f32, cvt.rn.bf16.f32,
-// mul.f32 by up, cvt.rn.bf16.f32; then div.rn.f32 for amax / 448 and for x / scale, a
-// clamp to +-448 and cvt.rn.satfinite.e4m3x2.f32). A GEMM that computes its own input with
-// these gets the codes and scales the separate kernels would have handed it, bit for bit
-// (tests/kernels/test_fp8_wgmma.py compares them). Explicit-rounding intrinsics keep
-// ptxas from contracting a mul and an add into an fma, which Triton's PTX does not have
-// either. Pure and per thread.
+// silu(gate) * up and its 1x128 FP8 quantization, per value, with the results of the
+// Triton kernel (fused_triton.silu_mul_kernel with QUANT), bit for bit. Its sm_90 PTX:
+// -g as mul.f32 by -log2(e) (Triton 3.8) or sub.f32 0, g then mul.f32 by log2(e) (3.6),
+// ex2.approx.f32, add.f32 1, div.full.f32, cvt.rn.bf16.f32, then mul.bf16 by up (one
+// rounding of the exact product, which mul.f32 + cvt.rn.bf16.f32 reproduces: a product of
+// two BF16 values is exact in float32); then div.rn.f32 for amax / 448 and for x / scale,
+// a clamp to +-448 and cvt.rn.satfinite.e4m3x2.f32. The -g forms differ only at g = +0,
+// where ex2 gives 1 either way; the denominator of div.full is >= 1, away from the paths
+// where ptxas versions expand div.full differently. A GEMM that computes its own input
+// with these gets the codes and scales the separate kernels would have handed it
+// (tests/kernels/test_fp8_wgmma.py compares them over every BF16 gate value; re-run after
+// a Triton or CUDA upgrade). Explicit-rounding intrinsics keep ptxas from contracting a
+// mul and an add into an fma, which Triton's PTX does not have either. Pure and per thread.
 
 #pragma once
 

@@ -49,6 +49,7 @@ class WgmmaConfig:
     slots: int = 0
     consumer_regs: int = 0
     silu: bool = False  # the down_proj twin: its input is silu(gate) * up of a BF16 gate_up, quantized here
+    pipelined: bool = False  # consumers keep two wgmma groups in flight (two partial accumulators)
 
     @property
     def source(self) -> str:
@@ -56,6 +57,9 @@ class WgmmaConfig:
 
     @property
     def kernel(self) -> str:
+        if self.pipelined:
+            return (f"fp8_wgmma_ws_pipe_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
+                    f"_s{self.slots}_b{self.min_blocks}")
         if self.silu:
             return (f"fp8_wgmma_ws_silu_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
                     f"_s{self.slots}_b{self.min_blocks}")
@@ -90,7 +94,10 @@ VARIANTS = tuple(WgmmaConfig(*v) for v in (
     WgmmaConfig(n, wg, d, b, 0, pw, sl, cr) for n, wg, pw, d, sl, b, cr in (
         (64, 2, 2, 3, 4, 1, 0), (64, 2, 2, 2, 4, 1, 0), (64, 2, 4, 3, 4, 1, 0), (64, 2, 4, 4, 4, 1, 224),
         (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
-        (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0)))
+        (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0))) + tuple(
+    WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, False, True) for n, wg, pw, d, sl, b in (
+        (16, 1, 1, 4, 4, 2), (16, 2, 1, 4, 4, 1), (16, 1, 1, 2, 4, 3), (32, 2, 2, 2, 4, 1), (64, 2, 4, 2, 4, 1),
+        (64, 1, 2, 2, 4, 1)))
 # The down_proj twins that take a BF16 gate_up and compute silu(gate) * up and its
 # quantization in their producer warps (no silu kernel launch); same arithmetic, bit for bit.
 SILU_VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, True) for n, wg, pw, d, sl, b in (

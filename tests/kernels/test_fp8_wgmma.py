@@ -20,12 +20,15 @@ def test_variants_list_matches_the_instances_in_the_sources():
     special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)",
                          ws_source, re.M)
     silu = re.findall(r"^QUANTROLL_FP8_WGMMA_WS_SILU\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", ws_source, re.M)
-    found = {(int(n), int(wg), int(d), int(b), 0, 0, 0, False) for n, wg, d, b in plain} | {
-        (int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr), False) for n, wg, pw, d, sl, b, pr, cr in special} | {
-        (int(n), int(wg), int(d), int(b), int(pw), int(sl), 0, True) for n, wg, pw, d, sl, b in silu}
-    assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs, c.silu)
-                     for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS}
-    assert len(found) == len(plain) + len(special) + len(silu)
+    pipe = re.findall(r"^QUANTROLL_FP8_WGMMA_WS_PIPE\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", ws_source, re.M)
+    found = {(int(n), int(wg), int(d), int(b), 0, 0, 0, False, False) for n, wg, d, b in plain} | {
+        (int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr), False, False)
+        for n, wg, pw, d, sl, b, pr, cr in special} | {
+        (int(n), int(wg), int(d), int(b), int(pw), int(sl), 0, True, False) for n, wg, pw, d, sl, b in silu} | {
+        (int(n), int(wg), int(d), int(b), int(pw), int(sl), 0, False, True) for n, wg, pw, d, sl, b in pipe}
+    assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs, c.silu,
+                      c.pipelined) for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS}
+    assert len(found) == len(plain) + len(special) + len(silu) + len(pipe)
     assert len(plain) + len(special) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 

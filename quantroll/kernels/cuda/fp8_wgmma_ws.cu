@@ -45,6 +45,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       : "memory");
 }
 
+// A compile-time group parity (which of PIPE's two buffers a group uses).
+template <int B>
+struct Parity {
+  static constexpr int value = B;
+};
+
 template <int N, int SLOTS>
 struct Ring {
   uint8_t tokens[SLOTS][slot_bytes<N>()];
@@ -161,7 +167,8 @@ struct SiluSource {
   }
 };
 
-template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS, bool SILU>
+template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS, bool SILU,
+          bool PIPE = false>
 __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
   constexpr int CONSUMERS = 128 * WG;
   constexpr int PRODUCERS = 32 * PW;
@@ -223,41 +230,85 @@ __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) total[i] = 0.0f;
 
-  auto group = [&](WeightGroup& grp, int c) {
-    uint32_t a[8][4];
-    to_fragments(grp, a);
-    const float w_scale = grp.scale;
-    if (c + DEPTH < count) at.load<true>(grp, c + DEPTH);
+  // Group c's partial sums into total, then its slot back to the producers.
+  auto retire = [&](float (&p)[N / 2], int c, float w_scale) {
     const int slot = c % SLOTS;
-    mbar_wait(&ring.full[slot], (c / SLOTS) & 1);
-    issue_group<N>(a, shared_address(ring.tokens[slot]), part);
-    wgmma_wait_all();
-    add_scaled<N>(total, part, ring.scales[slot], w_scale, at.t);
+    add_scaled<N>(total, p, ring.scales[slot], w_scale, at.t);
     __syncwarp();
     if (at.lane == 0) mbar_arrive(&ring.empty[slot]);
   };
-  for (int c0 = 0; c0 < count; c0 += DEPTH) {
+  if constexpr (!PIPE) {
+    auto group = [&](WeightGroup& grp, int c) {
+      uint32_t a[8][4];
+      to_fragments(grp, a);
+      const float w_scale = grp.scale;
+      if (c + DEPTH < count) at.load<true>(grp, c + DEPTH);
+      const int slot = c % SLOTS;
+      mbar_wait(&ring.full[slot], (c / SLOTS) & 1);
+      issue_group<N>(a, shared_address(ring.tokens[slot]), part);
+      wgmma_wait_all();
+      retire(part, c, w_scale);
+    };
+    for (int c0 = 0; c0 < count; c0 += DEPTH) {
 #pragma unroll
-    for (int u = 0; u < DEPTH; ++u) {
-      if (c0 + u < count) group(buf[u], c0 + u);
+      for (int u = 0; u < DEPTH; ++u) {
+        if (c0 + u < count) group(buf[u], c0 + u);
+      }
     }
+  } else {
+    // PIPE: two partial accumulators and two sets of A fragments, so that group c's 8
+    // wgmma are queued while group c - 1's still run (a chain of 8 dependent wgmma per
+    // group, waited for at once, left the tensor pipe idle between groups: 2026-12-01).
+    static_assert(DEPTH % 2 == 0, "PIPE alternates buffers by group parity: DEPTH must be even");
+    float part2[2][N / 2];
+    uint32_t a2[2][8][4];
+    float w_scales[2];
+    auto group = [&](WeightGroup& grp, int c, auto parity) {  // Parity<c % 2>
+      constexpr int b = decltype(parity)::value;
+      to_fragments(grp, a2[b]);
+      w_scales[b] = grp.scale;
+      if (c + DEPTH < count) at.load<true>(grp, c + DEPTH);
+      const int slot = c % SLOTS;
+      mbar_wait(&ring.full[slot], (c / SLOTS) & 1);
+      issue_group<N>(a2[b], shared_address(ring.tokens[slot]), part2[b]);
+      if (c > 0) {
+        wgmma_wait_one();  // group c - 1 is done
+        retire(part2[1 - b], c - 1, w_scales[1 - b]);
+      }
+    };
+    for (int c0 = 0; c0 < count; c0 += DEPTH) {
+#pragma unroll
+      for (int u = 0; u < DEPTH; ++u) {
+        if (c0 + u < count) {
+          if (u % 2 == 0) group(buf[u], c0 + u, Parity<0>{});
+          else group(buf[u], c0 + u, Parity<1>{});
+        }
+      }
+    }
+    wgmma_wait_all();
+    if ((count - 1) % 2 == 0) retire(part2[0], count - 1, w_scales[0]);
+    else retire(part2[1], count - 1, w_scales[1]);
   }
   finish<N>(total, at, args, last_block, [] { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); });
 }
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA_WS_KERNEL(NAME, N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, SILU)           \
+#define QUANTROLL_FP8_WGMMA_WS_KERNEL(NAME, N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, SILU, PIPE)     \
   extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS) NAME(QUANTROLL_WGMMA_PARAMS) {  \
-    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS, SILU>(QUANTROLL_WGMMA_ARGS);                        \
+    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS, SILU, PIPE>(QUANTROLL_WGMMA_ARGS);                  \
   }
 #define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                           \
   QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS, \
-                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, false)
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, false, false)
 // The down_proj twins that compute silu(gate) * up of a BF16 gate_up themselves (SiluSource).
 #define QUANTROLL_FP8_WGMMA_WS_SILU(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                    \
   QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_silu_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS, \
-                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, 0, 0, true)
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, 0, 0, true, false)
+// Consumers with two wgmma groups in flight (PIPE).
+#define QUANTROLL_FP8_WGMMA_WS_PIPE(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                    \
+  QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_pipe_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS, \
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, 0, 0, false, true)
 
 // The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,
 // consumer warpgroups, producer warps, weight groups in flight, ring slots, blocks per
@@ -277,3 +328,9 @@ QUANTROLL_FP8_WGMMA_WS(16, 1, 1, 4, 4, 2, 0, 0)
 QUANTROLL_FP8_WGMMA_WS_SILU(32, 2, 4, 3, 4, 1)
 QUANTROLL_FP8_WGMMA_WS_SILU(16, 2, 2, 3, 4, 1)
 QUANTROLL_FP8_WGMMA_WS_SILU(16, 1, 2, 4, 4, 2)
+QUANTROLL_FP8_WGMMA_WS_PIPE(16, 1, 1, 4, 4, 2)
+QUANTROLL_FP8_WGMMA_WS_PIPE(16, 2, 1, 4, 4, 1)
+QUANTROLL_FP8_WGMMA_WS_PIPE(16, 1, 1, 2, 4, 3)
+QUANTROLL_FP8_WGMMA_WS_PIPE(32, 2, 2, 2, 4, 1)
+QUANTROLL_FP8_WGMMA_WS_PIPE(64, 2, 4, 2, 4, 1)
+QUANTROLL_FP8_WGMMA_WS_PIPE(64, 1, 2, 2, 4, 1)

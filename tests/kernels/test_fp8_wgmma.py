@@ -29,7 +29,7 @@ def test_variants_list_matches_the_instances_in_the_sources():
     assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs, c.silu,
                       c.pipelined) for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS}
     assert len(found) == len(plain) + len(special) + len(silu) + len(pipe)
-    assert len(plain) + len(special) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
+    assert len(plain) + len(special) + len(pipe) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")

@@ -96,8 +96,8 @@ VARIANTS = tuple(WgmmaConfig(*v) for v in (
         (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
         (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0))) + tuple(
     WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, False, True) for n, wg, pw, d, sl, b in (
-        (16, 1, 1, 4, 4, 2), (16, 2, 1, 4, 4, 1), (16, 1, 1, 2, 4, 3), (32, 2, 2, 2, 4, 1), (64, 2, 4, 2, 4, 1),
-        (64, 1, 2, 2, 4, 1)))
+        (16, 1, 1, 4, 4, 2), (16, 2, 1, 4, 4, 1), (16, 1, 1, 2, 4, 3), (16, 1, 1, 2, 4, 4), (16, 1, 1, 2, 3, 4),
+        (32, 2, 2, 2, 4, 1), (32, 1, 1, 2, 4, 3), (64, 2, 4, 2, 4, 1), (64, 1, 2, 2, 4, 1), (64, 1, 2, 2, 3, 2)))
 # The down_proj twins that take a BF16 gate_up and compute silu(gate) * up and its
 # quantization in their producer warps (no silu kernel launch); same arithmetic, bit for bit.
 SILU_VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, True) for n, wg, pw, d, sl, b in (

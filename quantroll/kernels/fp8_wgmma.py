@@ -1,4 +1,4 @@
-"""The block-FP8 decode GEMMs on Hopper's warpgroup MMA for 17-64 rows: cuda/fp8_wgmma.cu
+"""The block-FP8 decode GEMMs on Hopper's warpgroup MMA for 1-64 rows: cuda/fp8_wgmma.cu
 (every thread stages tokens and multiplies) and its warp-specialized twin
 cuda/fp8_wgmma_ws.cu (producer warps widen tokens into an mbarrier ring, consumer
 warpgroups multiply).

@@ -76,7 +76,7 @@ class GateUpActivation:
     kernel is not launched. ``shape`` and ``dtype`` are those of the silu output."""
 
     gate_up: torch.Tensor
-    config: object  # the fp8_wgmma.WgmmaConfig (a silu twin) that takes it
+    config: fp8_wgmma.WgmmaConfig  # the silu twin that takes it
 
     @property
     def shape(self) -> torch.Size:
@@ -246,8 +246,8 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
     path = gemm_path(m, n, k, aq.device, out_dtype)
-    if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype, fp8_wgmma.engine_config(m)):
-        return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s, fp8_wgmma.engine_config(m))
+    if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype, wgmma := fp8_wgmma.engine_config(m)):
+        return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s, wgmma)
     if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
     if m <= 64:
@@ -262,17 +262,15 @@ def fp8_linear_forward(layer, x) -> torch.Tensor:
     shape = x.shape
     if isinstance(x, GateUpActivation):
         y = fp8_wgmma.fp8_wgmma_silu(x.gate_up, layer.weight, layer.weight_scale, x.config)
-        if layer.bias is not None:
-            y = y + layer.bias
-        return y.reshape(*shape[:-1], layer.out_features)
-    if isinstance(x, Fp8Activation):
-        aq, a_s = x.codes, x.scales
     else:
-        x2d = x.reshape(-1, shape[-1])
-        if not x2d.is_contiguous():
-            x2d = x2d.contiguous()
-        aq, a_s = quantize_activation_fp8(x2d)
-    y = fp8_gemm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+        if isinstance(x, Fp8Activation):
+            aq, a_s = x.codes, x.scales
+        else:
+            x2d = x.reshape(-1, shape[-1])
+            if not x2d.is_contiguous():
+                x2d = x2d.contiguous()
+            aq, a_s = quantize_activation_fp8(x2d)
+        y = fp8_gemm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
     if layer.bias is not None:
         y = y + layer.bias
     return y.reshape(*shape[:-1], layer.out_features)

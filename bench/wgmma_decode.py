@@ -1,5 +1,4 @@
-"""The warpgroup-MMA decode GEMMs (fp8_wgmma: both kernels, every variant, several K
-splits) against the shipped decode GEMM (what fp8_linear.fp8_gemm takes today: the CUDA
+"""The warpgroup-MMA decode GEMM (fp8_wgmma: every variant, several K splits) against the shipped decode GEMM (what fp8_linear.fp8_gemm takes today: the CUDA
 mma.sync kernel up to 16 rows, Triton's above) on Qwen3-8B's layer shapes, after a
 correctness check of every variant (each BF16 output float64's value rounded, and the
 same bits run to run).
@@ -11,7 +10,7 @@ shape (any split), and the best single variant at its default splits (what the e
 would run with it in fp8_wgmma.ENGINE_CONFIGS); last, the switch_ab.py variant that puts
 the winners in, where they beat the shipped GEMM.
 
-    python bench/wgmma_decode.py [--ms 16,32,64] [--splits 0,1,2,4] [--kernels all|plain|ws] [--json out.json]
+    python bench/wgmma_decode.py [--ms 16,32,64] [--splits 0,1,2,4] [--json out.json]
 """
 import argparse
 import dataclasses
@@ -47,13 +46,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ms", default="16,32,64")
     p.add_argument("--splits", default="0,1,2,4")
-    p.add_argument("--kernels", default="all", choices=("all", "plain", "ws"))
     p.add_argument("--json", default=None)
     args = p.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     splits = [int(v) for v in args.splits.split(",")]
-    variants = [v for v in fp8_wgmma.VARIANTS
-                if args.kernels == "all" or (args.kernels == "ws") == bool(v.producer_warps)]
+    variants = fp8_wgmma.VARIANTS
     torch.manual_seed(0)
     rows, bad = [], 0
     for name, (n, k) in SHAPES.items():

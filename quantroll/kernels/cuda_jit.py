@@ -51,7 +51,7 @@ def find_nvcc() -> str | None:
 
 # Sources that use instructions of one architecture only (Hopper's warpgroup MMA exists on
 # sm_90a, not on sm_90 or any later GPU): compiled for the "a" target of the device.
-ARCH_SPECIFIC = frozenset({"fp8_wgmma.cu", "fp8_wgmma_ws.cu"})
+ARCH_SPECIFIC = frozenset({"fp8_wgmma_ws.cu"})
 
 
 def arch_flag(capability: tuple[int, int], arch_specific: bool = False) -> str:

@@ -230,7 +230,7 @@ def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dty
     decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
     (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
     wgmma = fp8_wgmma.engine_config(m)
-    if wgmma is not None and fp8_wgmma.supports_shape(m, n, k, out_dtype, wgmma) and fp8_wgmma.usable(device, wgmma):
+    if wgmma is not None and fp8_wgmma.supports_shape(m, n, k, out_dtype, wgmma) and fp8_wgmma.usable(device):
         return "cuda wgmma"
     if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
         return "cuda decode"

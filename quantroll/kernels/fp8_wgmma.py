@@ -1,7 +1,5 @@
-"""The block-FP8 decode GEMMs on Hopper's warpgroup MMA for 1-64 rows: cuda/fp8_wgmma.cu
-(every thread stages tokens and multiplies) and its warp-specialized twin
-cuda/fp8_wgmma_ws.cu (producer warps widen tokens into an mbarrier ring, consumer
-warpgroups multiply).
+"""The block-FP8 decode GEMM on Hopper's warpgroup MMA for 1-64 rows: cuda/fp8_wgmma_ws.cu
+(producer warps widen the tokens into an mbarrier ring, consumer warpgroups multiply).
 
 Same contract as the other decode GEMMs (fp8_linear.fp8_gemm_decode, fp8_gemv): codes
 [M, K] e4m3 with 1x128 scales, weight codes [N, K] with 128x128 scales, BF16 output,
@@ -26,6 +24,7 @@ import torch
 from quantroll.kernels import cuda_jit, fp8_gemv
 from quantroll.kernels.counters import counters
 
+SOURCE = "fp8_wgmma_ws.cu"
 TILE_COUNTERS = "wgmma split-K tiles"  # counters.py kind
 _MAX_TILES = 1 << 16
 
@@ -36,7 +35,7 @@ class WgmmaConfig:
     tokens: token rows of the tile (wgmma's n: 16, 32, 64; the batch may be smaller);
     warpgroups: multiplying warpgroups per block (64 weight rows each); depth: K groups of
     weight bytes in flight per thread; min_blocks: blocks per multiprocessor its registers
-    allow; producer_warps > 0: the warp-specialized kernel with a ring of ``slots`` tiles
+    allow; producer_warps: warps widening the tokens into a ring of ``slots`` tiles
     (consumer_regs > 0: setmaxnreg moves registers from producers to consumers)."""
 
     tokens: int
@@ -44,15 +43,11 @@ class WgmmaConfig:
     depth: int
     min_blocks: int
     splits: int = 0
-    producer_warps: int = 0
-    slots: int = 0
+    producer_warps: int = 1
+    slots: int = 4
     consumer_regs: int = 0
     silu: bool = False  # the down_proj twin: its input is silu(gate) * up of a BF16 gate_up, quantized here
     pipelined: bool = False  # consumers keep two wgmma groups in flight (two partial accumulators)
-
-    @property
-    def source(self) -> str:
-        return "fp8_wgmma_ws.cu" if self.producer_warps else "fp8_wgmma.cu"
 
     @property
     def kernel(self) -> str:
@@ -62,10 +57,8 @@ class WgmmaConfig:
         if self.silu:
             return (f"fp8_wgmma_ws_silu_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
                     f"_s{self.slots}_b{self.min_blocks}")
-        if self.producer_warps:
-            return (f"fp8_wgmma_ws_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
-                    f"_s{self.slots}_b{self.min_blocks}_r{self.consumer_regs}")
-        return f"fp8_wgmma_n{self.tokens}_wg{self.warpgroups}_d{self.depth}_b{self.min_blocks}"
+        return (f"fp8_wgmma_ws_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
+                f"_s{self.slots}_b{self.min_blocks}_r{self.consumer_regs}")
 
     @property
     def rows(self) -> int:
@@ -77,23 +70,16 @@ class WgmmaConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory of a block: the ws kernel's Ring (tiles, scales, two
-        mbarriers per slot), or fp8_wgmma.cu's Shared (two tiles, three slots of codes and
-        scales)."""
-        tile = self.tokens * 128 * 2  # one K group of widened token rows
-        if self.producer_warps:
-            return self.slots * (tile + self.tokens * 4 + 16)
-        return 2 * tile + 3 * (self.tokens * 128 + self.tokens * 4)
+        """Dynamic shared memory of a block: the kernel's Ring (per slot one K group of widened
+        token rows, their scales and two mbarriers)."""
+        return self.slots * (self.tokens * 128 * 2 + self.tokens * 4 + 16)
 
 
-# Every variant the two sources instantiate (keep the lists equal: a test checks).
-VARIANTS = tuple(WgmmaConfig(*v) for v in (
-    (64, 1, 2, 3), (64, 1, 3, 3), (64, 1, 4, 2), (64, 2, 2, 1), (64, 2, 3, 1), (64, 2, 4, 1), (32, 1, 3, 3),
-    (16, 1, 2, 4), (16, 1, 3, 3), (16, 1, 4, 3), (16, 2, 3, 1))) + tuple(
-    WgmmaConfig(n, wg, d, b, 0, pw, sl, cr) for n, wg, pw, d, sl, b, cr in (
-        (64, 2, 2, 3, 4, 1, 0), (64, 2, 2, 2, 4, 1, 0), (64, 2, 4, 3, 4, 1, 0), (64, 2, 4, 4, 4, 1, 224),
-        (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
-        (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0))) + tuple(
+# Every variant the source instantiates (keep the lists equal: a test checks).
+VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, cr) for n, wg, pw, d, sl, b, cr in (
+    (64, 2, 2, 3, 4, 1, 0), (64, 2, 2, 2, 4, 1, 0), (64, 2, 4, 3, 4, 1, 0), (64, 2, 4, 4, 4, 1, 224),
+    (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
+    (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0))) + tuple(
     WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, False, True) for n, wg, pw, d, sl, b in (
         (16, 1, 1, 4, 4, 2), (16, 2, 1, 4, 4, 1), (16, 1, 1, 2, 4, 3), (16, 1, 1, 2, 4, 4), (16, 1, 1, 2, 3, 4),
         (32, 2, 2, 2, 4, 1), (32, 1, 1, 2, 4, 3), (64, 2, 4, 2, 4, 1), (64, 1, 2, 2, 4, 1), (64, 1, 2, 2, 3, 2)))
@@ -101,7 +87,7 @@ VARIANTS = tuple(WgmmaConfig(*v) for v in (
 # quantization in their producer warps (no silu kernel launch); same arithmetic, bit for bit.
 SILU_VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, True) for n, wg, pw, d, sl, b in (
     (32, 2, 4, 3, 4, 1), (16, 2, 2, 3, 4, 1), (16, 1, 2, 4, 4, 2)))
-DEFAULT = WgmmaConfig(64, 1, 3, 3)
+DEFAULT = WgmmaConfig(64, 2, 3, 1, 0, 4, 4)  # the fastest at 64 rows (docs/PERFORMANCE.md)
 
 # The variant each range of decode batch rows takes in the engine (fp8_linear.gemm_path),
 # e.g. {(1, 16): WgmmaConfig(16, ...), (17, 64): WgmmaConfig(64, ...)}; rows outside every
@@ -130,7 +116,7 @@ def silu_config(gate_up: torch.Tensor, wq: torch.Tensor) -> WgmmaConfig | None:
     if not ENGINE_SILU_CONFIGS or not gate_up.is_cuda:
         return None
     cfg = _in_range(ENGINE_SILU_CONFIGS, gate_up.numel() // max(gate_up.shape[-1], 1))
-    if cfg is None or not supports_silu(gate_up, wq, cfg) or not usable(gate_up.device, cfg):
+    if cfg is None or not supports_silu(gate_up, wq, cfg) or not usable(gate_up.device):
         return None
     return cfg
 
@@ -214,7 +200,7 @@ def _launch(cfg: WgmmaConfig, a, a_stride_bytes: int, a_s, a_s_stride_m: int, a_
         tile_counters = counters(TILE_COUNTERS, a.device, _MAX_TILES)
     else:
         scratch = tile_counters = y
-    module = cuda_jit.load(cfg.source, a.device)
+    module = cuda_jit.load(SOURCE, a.device)
     module.launch(cfg.kernel, (tiles, splits, 1), (cfg.threads, 1, 1),
                   a, a_stride_bytes, a_s, a_s_stride_m, a_s_stride_g, wq, wq.stride(0), w_s, w_s.stride(0),
                   w_s.stride(1), y, y.stride(0), scratch, tile_counters, m, n, k, per_split, k if cfg.silu else 0,
@@ -222,10 +208,10 @@ def _launch(cfg: WgmmaConfig, a, a_stride_bytes: int, a_s, a_s_stride_m: int, a_
     return y
 
 
-def usable(device: torch.device, cfg: WgmmaConfig = DEFAULT) -> bool:
-    """Whether ``cfg``'s kernel can run on ``device``: Hopper (sm_90: wgmma is not on later
+def usable(device: torch.device) -> bool:
+    """Whether the kernels can run on ``device``: Hopper (sm_90: wgmma is not on later
     GPUs) and a successful build (cuda_jit.usable; logged once)."""
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return False
-    return cuda_jit.usable(cfg.source, device, "FP8 decode GEMM on wgmma", "the other decode GEMMs")
+    return cuda_jit.usable(SOURCE, device, "FP8 decode GEMM on wgmma", "the other decode GEMMs")

@@ -1,4 +1,4 @@
-"""The warpgroup decode GEMM for 17-64 rows (kernels/cuda/fp8_wgmma.cu): its variants, its
+"""The warpgroup decode GEMM for 1-64 rows (kernels/cuda/fp8_wgmma_ws.cu): its variants, its
 sm_90a build, its launch shapes, and on a Hopper GPU its outputs against float64 (each
 BF16 output float64's value rounded, up to float32 summation slack), run to run, with and
 without K splits, under CUDA-graph replay after the kernel that writes its input."""
@@ -13,34 +13,30 @@ import torch
 from quantroll.kernels import cuda_jit, fp8_wgmma
 
 
-def test_variants_list_matches_the_instances_in_the_sources():
-    plain = re.findall(r"^QUANTROLL_FP8_WGMMA\((\d+), (\d+), (\d+), (\d+)\)",
-                       (cuda_jit.SOURCE_DIR / "fp8_wgmma.cu").read_text(), re.M)
-    ws_source = (cuda_jit.SOURCE_DIR / "fp8_wgmma_ws.cu").read_text()
-    special = re.findall(r"^QUANTROLL_FP8_WGMMA_WS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)",
-                         ws_source, re.M)
-    silu = re.findall(r"^QUANTROLL_FP8_WGMMA_WS_SILU\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", ws_source, re.M)
-    pipe = re.findall(r"^QUANTROLL_FP8_WGMMA_WS_PIPE\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", ws_source, re.M)
-    found = {(int(n), int(wg), int(d), int(b), 0, 0, 0, False, False) for n, wg, d, b in plain} | {
-        (int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr), False, False)
-        for n, wg, pw, d, sl, b, pr, cr in special} | {
+def test_variants_list_matches_the_instances_in_the_source():
+    source = (cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE).read_text()
+    number = r"(\d+)"
+    special = re.findall(rf"^QUANTROLL_FP8_WGMMA_WS\({', '.join([number] * 8)}\)", source, re.M)
+    silu = re.findall(rf"^QUANTROLL_FP8_WGMMA_WS_SILU\({', '.join([number] * 6)}\)", source, re.M)
+    pipe = re.findall(rf"^QUANTROLL_FP8_WGMMA_WS_PIPE\({', '.join([number] * 6)}\)", source, re.M)
+    found = {(int(n), int(wg), int(d), int(b), int(pw), int(sl), int(cr), False, False)
+             for n, wg, pw, d, sl, b, pr, cr in special} | {
         (int(n), int(wg), int(d), int(b), int(pw), int(sl), 0, True, False) for n, wg, pw, d, sl, b in silu} | {
         (int(n), int(wg), int(d), int(b), int(pw), int(sl), 0, False, True) for n, wg, pw, d, sl, b in pipe}
     assert found == {(c.tokens, c.warpgroups, c.depth, c.min_blocks, c.producer_warps, c.slots, c.consumer_regs, c.silu,
                       c.pipelined) for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS}
-    assert len(found) == len(plain) + len(special) + len(silu) + len(pipe)
-    assert len(plain) + len(special) + len(pipe) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
+    assert len(found) == len(special) + len(silu) + len(pipe)
+    assert len(special) + len(pipe) == len(fp8_wgmma.VARIANTS) and fp8_wgmma.DEFAULT in fp8_wgmma.VARIANTS
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")
-@pytest.mark.parametrize("source", ["fp8_wgmma.cu", "fp8_wgmma_ws.cu"])
-def test_sources_build_for_sm_90a_only(source, tmp_path, monkeypatch):
+def test_source_builds_for_sm_90a_only(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTROLL_CACHE_DIR", str(tmp_path))
-    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / source, (9, 0))
+    cubin = cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (9, 0))
     image = cubin.read_bytes()
-    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS if c.source == source)
-    with pytest.raises(cuda_jit.CompileError, match=f"nvcc failed on {source}"):  # no wgmma before Hopper
-        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / source, (8, 9))
+    assert all(c.kernel.encode() in image for c in fp8_wgmma.VARIANTS + fp8_wgmma.SILU_VARIANTS)
+    with pytest.raises(cuda_jit.CompileError, match=f"nvcc failed on {fp8_wgmma.SOURCE}"):  # no wgmma before Hopper
+        cuda_jit.compile_cubin(cuda_jit.SOURCE_DIR / fp8_wgmma.SOURCE, (8, 9))
 
 
 def test_arch_flag_names_the_arch_specific_target():
@@ -139,9 +135,9 @@ def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
     assert _excess_over_rounding(aq[2:30], a_s[2:30], wq, y8) <= 0
 
 
-# One variant of each kernel (the first design, the warp-specialized one) and tile width.
-EACH_KERNEL = [next(c for c in fp8_wgmma.VARIANTS if c.producer_warps == pw and c.tokens == n)
-               for pw in (0, 2) for n in (64, 32)] + [next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16)]
+# One variant of each consumer loop (one or two wgmma groups in flight) and tile width.
+EACH_KERNEL = [next(c for c in fp8_wgmma.VARIANTS if c.pipelined == pipe and c.tokens == n)
+               for pipe in (False, True) for n in (64, 32, 16)]
 
 
 @hopper
@@ -193,7 +189,7 @@ def test_silu_twin_gives_the_bits_of_the_silu_kernel_then_the_gemm(cfg):
     from quantroll.formats import get_format
     from quantroll.kernels.fused import silu_mul
 
-    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens and c.producer_warps)
+    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens)
     g = torch.Generator(device="cuda").manual_seed(cfg.tokens)
     for m, n, inter in ((cfg.tokens, 4096, 12288), (cfg.tokens // 2 + 1, 256, 384), (1, 128, 256)):
         gate = torch.randn(m, inter, device="cuda", generator=g) * torch.logspace(-3, 1.95, inter, device="cuda")
@@ -219,7 +215,7 @@ def test_silu_twin_codes_over_every_bf16_gate_value(cfg):
     kernel (int16 views: NaN == NaN)."""
     from quantroll.kernels.fused import silu_mul
 
-    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens and c.producer_warps)
+    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == cfg.tokens)
     inter = 65536 // 16
     wq = torch.eye(inter, device="cuda").to(torch.float8_e4m3fn)
     ws = torch.ones(inter // 128, inter // 128, device="cuda")
@@ -248,7 +244,7 @@ def test_engine_with_the_silu_twin_generates_the_same_bits():
     from tests.engine.switches import assert_same_generations, counting, engine_results_with
 
     twin = next(c for c in fp8_wgmma.SILU_VARIANTS if c.tokens == 16)
-    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16 and c.producer_warps)
+    plain = next(c for c in fp8_wgmma.VARIANTS if c.tokens == 16)
     gemms = ("fp8_wgmma", "ENGINE_CONFIGS", {(1, 16): plain})
     with counting(fp8_wgmma, "fp8_wgmma_silu") as calls:
         separate, fused = engine_results_with([[gemms], [gemms, ("fp8_wgmma", "ENGINE_SILU_CONFIGS", {(1, 16): twin})]])

@@ -44,7 +44,7 @@ def test_the_wgmma_kernel_takes_only_the_batch_ranges_switched_on(gpu, monkeypat
     from quantroll.kernels import fp8_wgmma
 
     device = gpu((9, 0))
-    monkeypatch.setattr(fp8_wgmma, "usable", lambda device, cfg=None: torch.cuda.get_device_capability(device) == (9, 0))
+    monkeypatch.setattr(fp8_wgmma, "usable", lambda device: torch.cuda.get_device_capability(device) == (9, 0))
     assert fp8_wgmma.ENGINE_CONFIGS == {}  # off until a variant beats the other decode GEMMs
     assert fp8_linear.gemm_path(32, 4096, 4096, device) == "triton decode"
     monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIGS", {(17, 64): fp8_wgmma.DEFAULT})

@@ -1,18 +1,19 @@
-// The warp-specialized twin of fp8_wgmma.cu (same contract, same layouts, same sums in the
-// same order): PW producer warps load the token codes into registers one group ahead and
-// widen them into a ring of SLOTS tiles; WG consumer warpgroups stream the weights (DEPTH
-// groups ahead, in registers) and multiply. Hand-offs go through mbarriers, per slot: full
+// Block-FP8 decode GEMM for up to 64 token rows on Hopper's warpgroup MMA (sm_90a), warp-
+// specialized: y = (a_q * a_s) @ (w_q * w_s)^T, 1x128 activation scales, 128x128 weight
+// scales, BF16 output, float32-accurate (exact float16 products of the codes, float32
+// sums). wgmma reads the token operand (B) from shared memory itself, once per warpgroup
+// instruction for 64 weight rows, and takes the weight operand (A) from registers, so the
+// FP8 weights are streamed with 16-byte loads straight into registers and widened there
+// (e4m3 -> float16 is exact); the layouts are in wgmma_fragments.cuh. PW producer warps
+// load the token codes into registers one group ahead and widen them into a ring of SLOTS
+// tiles; WG consumer warpgroups stream the weights (DEPTH groups ahead) and multiply. Hand-offs go through mbarriers, per slot: full
 // (the PW * 32 producer threads have written it) and empty (every consumer warp's wgmma
 // has read it), so no warp ever waits on a block-wide barrier and the tile a group needs is
 // usually written before the consumers reach it.
 //
-// Why: fp8_wgmma.cu (every thread stages and multiplies, one barrier per group) measured
-// 122 us per Qwen3-8B layer set at 64 rows against Triton's 105 (H200, 2026-12-01), with
-// Nsight Compute showing the L1/shared-memory pipe as the busiest unit (77%): per 8 KB of
-// weights a 64-row block moved 48 KB through shared memory (8 KB of codes copied in, read
-// back, 16 KB widened out, 16 KB read by wgmma). Here the codes skip shared memory
-// (loaded into the producers' registers) and a block of two consumer warpgroups shares
-// each widened tile: 48 KB per 16 KB of weights.
+// History (docs/PERFORMANCE.md, session 11): a first design in which every thread staged
+// tokens and multiplied, with a block barrier per group, measured 122 us per Qwen3-8B
+// layer set at 64 rows (Triton 105) and lost to this one at every width; removed.
 //
 // Only the producers wait for the previous kernel (programmatic dependent launch); the
 // consumers' first weight loads go out at once and every later read or write of theirs

@@ -1,4 +1,4 @@
-// Building blocks of the warpgroup-MMA decode GEMMs (fp8_wgmma.cu, fp8_wgmma_ws.cu): the
+// Building blocks of the warpgroup-MMA decode GEMM (fp8_wgmma_ws.cu): the
 // token tile's shared-memory layout, wgmma and its fences, a thread's weight fragments,
 // the widening of token codes into the tile, and the end of a block (split-K sums, BF16
 // store). Per thread and pure; the kernels say how the work is laid out. sm_90a only.

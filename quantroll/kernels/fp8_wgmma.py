@@ -35,8 +35,7 @@ class WgmmaConfig:
     tokens: token rows of the tile (wgmma's n: 16, 32, 64; the batch may be smaller);
     warpgroups: multiplying warpgroups per block (64 weight rows each); depth: K groups of
     weight bytes in flight per thread; min_blocks: blocks per multiprocessor its registers
-    allow; producer_warps: warps widening the tokens into a ring of ``slots`` tiles
-    (consumer_regs > 0: setmaxnreg moves registers from producers to consumers)."""
+    allow; producer_warps: warps widening the tokens into a ring of ``slots`` tiles."""
 
     tokens: int
     warpgroups: int
@@ -45,7 +44,6 @@ class WgmmaConfig:
     splits: int = 0
     producer_warps: int = 1
     slots: int = 4
-    consumer_regs: int = 0
     silu: bool = False  # the down_proj twin: its input is silu(gate) * up of a BF16 gate_up, quantized here
     pipelined: bool = False  # consumers keep two wgmma groups in flight (two partial accumulators)
 
@@ -58,7 +56,7 @@ class WgmmaConfig:
             return (f"fp8_wgmma_ws_silu_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
                     f"_s{self.slots}_b{self.min_blocks}")
         return (f"fp8_wgmma_ws_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
-                f"_s{self.slots}_b{self.min_blocks}_r{self.consumer_regs}")
+                f"_s{self.slots}_b{self.min_blocks}")
 
     @property
     def rows(self) -> int:
@@ -76,16 +74,15 @@ class WgmmaConfig:
 
 
 # Every variant the source instantiates (keep the lists equal: a test checks).
-VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, cr) for n, wg, pw, d, sl, b, cr in (
-    (64, 2, 2, 3, 4, 1, 0), (64, 2, 2, 2, 4, 1, 0), (64, 2, 4, 3, 4, 1, 0), (64, 2, 4, 4, 4, 1, 224),
-    (64, 1, 2, 3, 3, 2, 0), (64, 1, 2, 2, 4, 2, 0), (32, 2, 2, 3, 4, 1, 0), (16, 2, 1, 3, 4, 1, 0),
-    (16, 2, 1, 4, 4, 1, 0), (16, 1, 1, 4, 4, 2, 0))) + tuple(
-    WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, False, True) for n, wg, pw, d, sl, b in (
+VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl) for n, wg, pw, d, sl, b in (
+    (64, 2, 2, 3, 4, 1), (64, 2, 2, 2, 4, 1), (64, 2, 4, 3, 4, 1), (64, 1, 2, 3, 3, 2), (64, 1, 2, 2, 4, 2),
+    (32, 2, 2, 3, 4, 1), (16, 2, 1, 3, 4, 1), (16, 2, 1, 4, 4, 1), (16, 1, 1, 4, 4, 2))) + tuple(
+    WgmmaConfig(n, wg, d, b, 0, pw, sl, False, True) for n, wg, pw, d, sl, b in (
         (16, 1, 1, 4, 4, 2), (16, 2, 1, 4, 4, 1), (16, 1, 1, 2, 4, 3), (16, 1, 1, 2, 4, 4), (16, 1, 1, 2, 3, 4),
         (32, 2, 2, 2, 4, 1), (32, 1, 1, 2, 4, 3), (64, 2, 4, 2, 4, 1), (64, 1, 2, 2, 4, 1), (64, 1, 2, 2, 3, 2)))
 # The down_proj twins that take a BF16 gate_up and compute silu(gate) * up and its
 # quantization in their producer warps (no silu kernel launch); same arithmetic, bit for bit.
-SILU_VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, 0, True) for n, wg, pw, d, sl, b in (
+SILU_VARIANTS = tuple(WgmmaConfig(n, wg, d, b, 0, pw, sl, True) for n, wg, pw, d, sl, b in (
     (32, 2, 4, 3, 4, 1), (16, 2, 2, 3, 4, 1), (16, 1, 2, 4, 4, 2)))
 DEFAULT = WgmmaConfig(64, 2, 3, 1, 0, 4, 4)  # the fastest at 64 rows (docs/PERFORMANCE.md)
 

@@ -17,9 +17,8 @@
 //
 // Only the producers wait for the previous kernel (programmatic dependent launch); the
 // consumers' first weight loads go out at once and every later read or write of theirs
-// follows a full-barrier wait, hence that kernel's end. PRODUCER_REGS / CONSUMER_REGS
-// (setmaxnreg, whole producer warpgroup only): move registers from the producers to the
-// consumers.
+// follows a full-barrier wait, hence that kernel's end. (A variant moving registers from
+// producers to consumers with setmaxnreg was measured no faster and removed.)
 
 #include <type_traits>
 
@@ -168,20 +167,11 @@ struct SiluSource {
   }
 };
 
-template <int N, int WG, int PW, int DEPTH, int SLOTS, int PRODUCER_REGS, int CONSUMER_REGS, bool SILU,
-          bool PIPE = false>
+template <int N, int WG, int PW, int DEPTH, int SLOTS, bool SILU, bool PIPE>
 __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
   constexpr int CONSUMERS = 128 * WG;
   constexpr int PRODUCERS = 32 * PW;
   using Source = std::conditional_t<SILU, SiluSource<N, PRODUCERS>, CodeSource<N, PRODUCERS>>;
-  static_assert(!PRODUCER_REGS || PW == 4, "setmaxnreg needs the producers to be one whole warpgroup");
-  // setmaxnreg.inc waits until the block's pool holds the registers asked for: the
-  // producers must release at least what the consumers take, or the kernel hangs. ptxas
-  // gives every thread the launch bound's share (65536 / threads, a multiple of 8).
-  constexpr int LAUNCH_REGS = (65536 / (CONSUMERS + PRODUCERS)) & ~7;
-  static_assert((PRODUCER_REGS == 0) == (CONSUMER_REGS == 0), "setmaxnreg: both sides or neither");
-  static_assert((CONSUMER_REGS - LAUNCH_REGS) * CONSUMERS <= (LAUNCH_REGS - PRODUCER_REGS) * PRODUCERS,
-                "setmaxnreg: the consumers would take more registers than the producers release");
   extern __shared__ __align__(128) uint8_t shared_bytes[];
   Ring<N, SLOTS>& ring = *reinterpret_cast<Ring<N, SLOTS>*>(shared_bytes);
   __shared__ int last_block;
@@ -199,7 +189,6 @@ __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
   allow_next_grid();
 
   if (threadIdx.x >= CONSUMERS) {  // producers: group c into slot c % SLOTS, its (c / SLOTS)-th use
-    if (PRODUCER_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     const int ptid = threadIdx.x - CONSUMERS;
     wait_for_previous_grid();
     args.a_q = after_wait(args.a_q);
@@ -221,7 +210,6 @@ __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
     return;
   }
 
-  if (CONSUMER_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
   WeightGroup buf[DEPTH];
 #pragma unroll
   for (int u = 0; u < DEPTH; ++u) {
@@ -295,36 +283,34 @@ __device__ __forceinline__ void fp8_wgmma_ws(GemmArgs args) {
 
 }  // namespace
 
-#define QUANTROLL_FP8_WGMMA_WS_KERNEL(NAME, N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, SILU, PIPE)     \
+#define QUANTROLL_FP8_WGMMA_WS_KERNEL(NAME, N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, SILU, PIPE)                 \
   extern "C" __global__ void __launch_bounds__(WG * 128 + PW * 32, MIN_BLOCKS) NAME(QUANTROLL_WGMMA_PARAMS) {  \
-    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, PREGS, CREGS, SILU, PIPE>(QUANTROLL_WGMMA_ARGS);                  \
+    fp8_wgmma_ws<N, WG, PW, DEPTH, SLOTS, SILU, PIPE>(QUANTROLL_WGMMA_ARGS);                                \
   }
-#define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS)                           \
-  QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS##_r##CREGS, \
-                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, PREGS, CREGS, false, false)
+#define QUANTROLL_FP8_WGMMA_WS(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                         \
+  QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS,    \
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, false, false)
 // The down_proj twins that compute silu(gate) * up of a BF16 gate_up themselves (SiluSource).
 #define QUANTROLL_FP8_WGMMA_WS_SILU(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                    \
   QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_silu_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS, \
-                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, 0, 0, true, false)
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, true, false)
 // Consumers with two wgmma groups in flight (PIPE).
 #define QUANTROLL_FP8_WGMMA_WS_PIPE(N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS)                                    \
   QUANTROLL_FP8_WGMMA_WS_KERNEL(fp8_wgmma_ws_pipe_n##N##_wg##WG##_p##PW##_d##DEPTH##_s##SLOTS##_b##MIN_BLOCKS, \
-                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, 0, 0, false, true)
+                                N, WG, PW, DEPTH, SLOTS, MIN_BLOCKS, false, true)
 
 // The compiled variants (fp8_wgmma.py's VARIANTS names them): token rows of the tile,
 // consumer warpgroups, producer warps, weight groups in flight, ring slots, blocks per
-// multiprocessor, and the register split (0: none; else producers drop to PREGS and
-// consumers rise to CREGS; at 40 / 232 the producers spilled in their loop).
-QUANTROLL_FP8_WGMMA_WS(64, 2, 2, 3, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(64, 2, 2, 2, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(64, 2, 4, 3, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(64, 2, 4, 4, 4, 1, 56, 224)
-QUANTROLL_FP8_WGMMA_WS(64, 1, 2, 3, 3, 2, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(64, 1, 2, 2, 4, 2, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(32, 2, 2, 3, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 3, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 4, 4, 1, 0, 0)
-QUANTROLL_FP8_WGMMA_WS(16, 1, 1, 4, 4, 2, 0, 0)
+// multiprocessor.
+QUANTROLL_FP8_WGMMA_WS(64, 2, 2, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(64, 2, 2, 2, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(64, 2, 4, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(64, 1, 2, 3, 3, 2)
+QUANTROLL_FP8_WGMMA_WS(64, 1, 2, 2, 4, 2)
+QUANTROLL_FP8_WGMMA_WS(32, 2, 2, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 3, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(16, 2, 1, 4, 4, 1)
+QUANTROLL_FP8_WGMMA_WS(16, 1, 1, 4, 4, 2)
 // The SiluSource twins (64-row tiles left out: two quarters per producer thread spilled).
 QUANTROLL_FP8_WGMMA_WS_SILU(32, 2, 4, 3, 4, 1)
 QUANTROLL_FP8_WGMMA_WS_SILU(16, 2, 2, 3, 4, 1)

@@ -45,6 +45,15 @@ def module_from(src: str, tmp: str, name: str):
     return mod
 
 
+def times_us(c: dict, caches: list) -> list[float]:
+    """The installed kernel's graph time per call on case ``c`` over ``caches``, with FP8
+    and with BF16 output."""
+    return [graph_time_us(lambda j: decode_attention.decode_attention_qkv(
+        c["qkv"], c["q_norm_w"], c["k_norm_w"], EPS, c["cos"], c["sin"], caches[j][0], caches[j][1], c["rows"],
+        c["positions"], c["heads"], c["kv_heads"], c["head_dim"], quantize=quantize), len(caches))
+        for quantize in (True, False)]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--before", default=None, help="a kernel source to compare the working tree's with")
@@ -73,20 +82,14 @@ def main():
         for name, mod in variants.items():
             decode_attention_triton.decode_attention_qkv_kernel = mod.decode_attention_qkv_kernel
             try:
-                t = [graph_time_us(lambda j: decode_attention.decode_attention_qkv(
-                    c["qkv"], c["q_norm_w"], c["k_norm_w"], EPS, c["cos"], c["sin"], caches[j][0], caches[j][1],
-                    c["rows"], c["positions"], c["heads"], c["kv_heads"], c["head_dim"], quantize=q), 4)
-                    for q in (True, False)]
+                t = times_us(c, caches)
             finally:
                 decode_attention_triton.decode_attention_qkv_kernel = shipped_kernel
             print(f"   {name:22s} {t[0]:6.1f} / {t[1]:6.1f}", flush=True)
         for tiles in TILES if args.before else ():  # the candidate at other launch shapes
             decode_attention.TILES = tiles
             try:
-                t = [graph_time_us(lambda j: decode_attention.decode_attention_qkv(
-                    c["qkv"], c["q_norm_w"], c["k_norm_w"], EPS, c["cos"], c["sin"], caches[j][0], caches[j][1],
-                    c["rows"], c["positions"], c["heads"], c["kv_heads"], c["head_dim"], quantize=q), 4)
-                    for q in (True, False)]
+                t = times_us(c, caches)
             finally:
                 decode_attention.TILES = None
             print(f"   after, {tiles.block_s} keys {tiles.num_warps} warps {tiles.num_stages} stages: "

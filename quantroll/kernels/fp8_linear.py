@@ -262,15 +262,12 @@ def fp8_linear_forward(layer, x) -> torch.Tensor:
     shape = x.shape
     if isinstance(x, GateUpActivation):
         y = fp8_wgmma.fp8_wgmma_silu(x.gate_up, layer.weight, layer.weight_scale, x.config)
+    elif isinstance(x, Fp8Activation):
+        y = fp8_gemm(x.codes, x.scales, layer.weight, layer.weight_scale, x.dtype)
     else:
-        if isinstance(x, Fp8Activation):
-            aq, a_s = x.codes, x.scales
-        else:
-            x2d = x.reshape(-1, shape[-1])
-            if not x2d.is_contiguous():
-                x2d = x2d.contiguous()
-            aq, a_s = quantize_activation_fp8(x2d)
-        y = fp8_gemm(aq, a_s, layer.weight, layer.weight_scale, x.dtype)
+        x2d = x.reshape(-1, shape[-1])
+        y = fp8_gemm(*quantize_activation_fp8(x2d if x2d.is_contiguous() else x2d.contiguous()), layer.weight,
+                     layer.weight_scale, x.dtype)
     if layer.bias is not None:
         y = y + layer.bias
     return y.reshape(*shape[:-1], layer.out_features)

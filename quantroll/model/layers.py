@@ -140,17 +140,10 @@ class MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
         if self.gate_up_proj is not None and self.fused and _on_gpu(x):
-            from quantroll.kernels.fused import silu_mul
+            from quantroll.kernels.fused import down_proj_input
 
-            gate_up = self.gate_up_proj(x)
-            quantize = takes_fp8_activation(self.down_proj)
-            if quantize:  # a down_proj GEMM that computes silu * up itself, where one is switched on
-                from quantroll.kernels import fp8_linear, fp8_wgmma
-
-                config = fp8_wgmma.silu_config(gate_up, self.down_proj.weight)
-                if config is not None:
-                    return self.down_proj(fp8_linear.GateUpActivation(gate_up, config))
-            return self.down_proj(silu_mul(gate_up, quantize=quantize))
+            return self.down_proj(down_proj_input(self.gate_up_proj(x), takes_fp8_activation(self.down_proj),
+                                                  self.down_proj.weight))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

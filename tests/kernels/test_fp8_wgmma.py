@@ -109,29 +109,22 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 @pytest.mark.parametrize("m,n,k", [(1, 128, 128), (9, 384, 256), (16, 4096, 4096), (17, 128, 128), (33, 256, 1152),
                                    (64, 4096, 4096), (48, 6144, 4096), (64, 4096, 12288), (20, 24576, 4096)])
 def test_every_variant_rounds_the_float64_result(m, n, k):
-    from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
+    from tests.kernels.test_fp8_gemv import _operands, check_rounds_and_repeats
 
     aq, a_s, wq = _operands(m, n, k)
     for base in fp8_wgmma.VARIANTS:
         if n % base.rows or m > base.tokens:
             continue
         for splits in (1, 0, 3):
-            cfg = dataclasses.replace(base, splits=splits)
-            y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg)
-            assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
-            assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
+            check_rounds_and_repeats(fp8_wgmma.fp8_wgmma, aq, a_s, wq, dataclasses.replace(base, splits=splits))
 
 
 @hopper
 @pytest.mark.gpu
 def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
-    from tests.kernels.test_fp8_gemv import _excess_over_rounding, _operands
+    from tests.kernels.test_fp8_gemv import check_scale_layouts_and_row_slice
 
-    aq, a_s, wq = _operands(40, 256, 512)
-    y = fp8_wgmma.fp8_wgmma(aq, a_s, wq.data, wq.scale)
-    assert torch.equal(y, fp8_wgmma.fp8_wgmma(aq, a_s.contiguous(), wq.data, wq.scale))
-    y8 = fp8_wgmma.fp8_wgmma(aq[2:30], a_s[2:30], wq.data, wq.scale)
-    assert _excess_over_rounding(aq[2:30], a_s[2:30], wq, y8) <= 0
+    check_scale_layouts_and_row_slice(fp8_wgmma.fp8_wgmma, 40, 2, 30)
 
 
 # One variant of each consumer loop (one or two wgmma groups in flight) and tile width.

@@ -30,24 +30,6 @@ def unfused(aq, a_s, gu, down, gcfg=None, dcfg=None):
     return fp8_gemv.fp8_gemv(act.codes, act.scales, down.data, down.scale, dcfg)
 
 
-def gate_up_silu_only(aq, a_s, gu, inter, gcfg):
-    """The gate/up kernel alone (no flags published), launched as fp8_mlp launches it."""
-    from quantroll.kernels import cuda_jit
-    from quantroll.kernels.counters import counters
-    from quantroll.kernels.fp8_linear import fp8_activation_buffers
-
-    m = aq.shape[0]
-    h = torch.empty(m, inter, dtype=torch.bfloat16, device="cuda")
-    q, s = fp8_activation_buffers(m, inter, "cuda")
-    flags = counters(fp8_mlp.COUNTERS, "cuda", fp8_mlp.MIN_COUNTERS)
-    cfg = fp8_mlp.MlpConfig(gcfg, gcfg)
-    cuda_jit.load(fp8_mlp.SOURCE, aq.device).launch(
-        cfg.gate_up_kernel, (inter // cfg.columns, 1, 1), (32 * gcfg.warps, 1, 1), aq, aq.stride(0), a_s,
-        a_s.stride(0), a_s.stride(1), gu.data, gu.data.stride(0), gu.scale, gu.scale.stride(0), gu.scale.stride(1),
-        h, h.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), flags, 0, m, aq.shape[1], inter, early=True)
-    return q
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ms", default="1,16")
@@ -82,14 +64,6 @@ def main():
         base = graph_time_us(lambda j: unfused(aq, a_s, *sets[j]), COPIES)
         rows.append((m, "unfused (shipped variants)", base))
         choice = fp8_mlp.default_config(m, hidden, inter)
-        # the first halves alone: gate_up GEMM + silu kernel against the gate/up kernel
-        half = graph_time_us(lambda j: fused.silu_mul(fp8_gemv.fp8_gemv(aq, a_s, sets[j][0].data, sets[j][0].scale),
-                                                      quantize=True), COPIES)
-        rows.append((m, "  of which gate_up GEMM + silu kernel", half))
-        for g in fp8_mlp.GATE_UP_VARIANTS:
-            if m <= 8 * g.token_tiles:
-                us = graph_time_us(lambda j, c=g: gate_up_silu_only(aq, a_s, sets[j][0], inter, c), COPIES)
-                rows.append((m, f"  gate/up kernel alone {g.kernel[9:]}", us))
         for cfg in pairs:
             for wait in fp8_mlp.WAITS:
                 if wait == "grid" and cfg.down not in fp8_gemv.VARIANTS:

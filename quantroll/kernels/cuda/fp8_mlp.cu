@@ -38,14 +38,11 @@ namespace {
 
 using namespace quantroll_gemv;
 
-__device__ __forceinline__ int load_relaxed(const int* p) {
+__device__ __forceinline__ int load_acquire(const int* p) {
   int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-
-// With the relaxed load before it that saw a released value: an acquire at GPU scope.
-__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 __device__ __forceinline__ void store_release(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -79,12 +76,11 @@ struct AfterGroupFlags {
   __device__ __forceinline__ void start() const { allow_next_grid(); }
   __device__ __forceinline__ void before_group(int g) const {
     if (all_ready) return;
-    if (load_relaxed(ready_count) == groups) {
+    if (load_acquire(ready_count) == groups) {
       all_ready = true;
-    } else {
-      while (load_relaxed(ready + g) == 0) __nanosleep(64);
+      return;
     }
-    fence_acquire();  // one fence per check, after the flag was seen
+    while (load_acquire(ready + g) == 0) __nanosleep(64);
   }
   __device__ __forceinline__ Words4 tokens(const uint8_t* p) const { return load_l2(p); }
   __device__ __forceinline__ float scale(const float* p) const { return load_l2_f32(p); }
@@ -175,24 +171,20 @@ __device__ __forceinline__ void gate_up_silu(const uint8_t* a_q, long long a_str
   }
 
   // Count the block in at its group; the last of the group's 128 / COLS blocks quantizes it.
-  // (The barrier orders the block's stores before thread 0's fence and atomic: together a
-  // release at GPU scope, the pattern of cooperative groups' grid barrier.)
   const int g = static_cast<int>(j0 >> 7);
   const int groups = static_cast<int>(inter >> 7);
+  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    completes_group = atomicAdd(counters + 1 + g, 1) == 128 / COLS - 1;
-  }
+  if (threadIdx.x == 0) completes_group = atomicAdd(counters + 1 + g, 1) == 128 / COLS - 1;
   __syncthreads();
   if (!completes_group) return;
   __threadfence();
   if (threadIdx.x == 0) counters[1 + g] = 0;  // every block of the group has arrived
   quantize_group<MT>(h, h_stride, q, q_stride, s, s_stride_m, s_stride_g, g, at.last_row);
   if (!publish_flags) return;
+  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
     store_release(counters + 1 + groups + g, 1);
     atomicAdd(counters + 1 + 2 * groups, 1);
   }

@@ -53,32 +53,25 @@ def main():
         for cfg in pairs:
             gu, down = sets[0]
             ref = unfused(aq, a_s, gu, down, cfg.gate_up, cfg.down)
-            for wait in fp8_mlp.WAITS:
-                if wait == "grid" and cfg.down not in fp8_gemv.VARIANTS:
-                    continue
-                got = fp8_mlp.fp8_mlp(aq, a_s, gu.data, gu.scale, down.data, down.scale, cfg, wait=wait)
-                if not torch.equal(ref, got):
-                    failures += 1
-                    print(f"M={m} {cfg.gate_up_kernel} + {cfg.down_kernel} ({wait}): BITS DIFFER from the unfused "
-                          "path", flush=True)
+            got = fp8_mlp.fp8_mlp(aq, a_s, gu.data, gu.scale, down.data, down.scale, cfg)
+            if not torch.equal(ref, got):
+                failures += 1
+                print(f"M={m} {cfg.gate_up_kernel} + {cfg.down_kernel}: BITS DIFFER from the unfused path", flush=True)
         base = graph_time_us(lambda j: unfused(aq, a_s, *sets[j]), COPIES)
         rows.append((m, "unfused (shipped variants)", base))
         choice = fp8_mlp.default_config(m, hidden, inter)
         for cfg in pairs:
-            for wait in fp8_mlp.WAITS:
-                if wait == "grid" and cfg.down not in fp8_gemv.VARIANTS:
-                    continue
-                us = graph_time_us(lambda j, c=cfg, w=wait: fp8_mlp.fp8_mlp(
-                    aq, a_s, sets[j][0].data, sets[j][0].scale, sets[j][1].data, sets[j][1].scale, c, wait=w), COPIES)
-                tag = " (choice)" if cfg == choice else ""
-                rows.append((m, f"fused {cfg.gate_up_kernel[17:]} + {cfg.down_kernel[21:]}, {wait}{tag}", us))
-                print(f"M={m} {rows[-1][1]}: {us:.1f} us", flush=True)
+            us = graph_time_us(lambda j, c=cfg: fp8_mlp.fp8_mlp(aq, a_s, sets[j][0].data, sets[j][0].scale,
+                                                                sets[j][1].data, sets[j][1].scale, c), COPIES)
+            tag = " (choice)" if cfg == choice else ""
+            rows.append((m, f"fused {cfg.gate_up_kernel[17:]} + {cfg.down_kernel[21:]}{tag}", us))
+            print(f"M={m} {rows[-1][1]}: {us:.1f} us", flush=True)
     floor = mlp_bytes / bandwidth * 1e6
     print(f"\nQwen3 MLP hidden {hidden}, intermediate {inter}: {mlp_bytes / 1e6:.1f} MB of FP8 weights and scales, "
           f"{floor:.1f} us at the copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    print(f"{'M':>3s}  {'path':68s} {'us':>7s} {'x floor':>8s}")
+    print(f"{'M':>3s}  {'path':60s} {'us':>7s} {'x floor':>8s}")
     for m, name, us in rows:
-        print(f"{m:3d}  {name:68s} {us:7.1f} {us / floor:8.2f}")
+        print(f"{m:3d}  {name:60s} {us:7.1f} {us / floor:8.2f}")
     if failures:
         print(f"{failures} variant pairs differ from the unfused path")
         sys.exit(1)

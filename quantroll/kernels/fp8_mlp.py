@@ -24,8 +24,8 @@ from quantroll.kernels.fp8_gemv import GemvConfig
 from quantroll.kernels.fp8_linear import fp8_activation_buffers
 
 SOURCE = "fp8_mlp.cu"
-COUNTERS = "fused MLP groups"  # counters.py kind: down blocks done, arrivals and flags per group, groups ready
-MIN_COUNTERS = 2 + 2 * 1024  # allocated once for intermediate sizes up to 131072 (no reallocation under graphs)
+COUNTERS = "fused MLP groups"  # counters.py kind: [down blocks done, arrivals per group, flags per group]
+MIN_COUNTERS = 1 + 2 * 1024  # allocated once for intermediate sizes up to 131072 (no reallocation under graphs)
 
 # Every variant cuda/fp8_mlp.cu instantiates (a test keeps the lists equal). For the
 # gate/up kernel ``row_tiles`` counts tiles of 8 gate rows over their 8 up rows (8 * row
@@ -36,13 +36,6 @@ DOWN_VARIANTS = tuple(GemvConfig(*v) for v in ((2, 1, 8, 1, 1), (1, 2, 8, 1, 1),
 
 # Decode MLPs of at most fp8_gemv.MAX_M rows take the two kernels while this is True.
 ENABLED = False
-
-# How the down GEMM waits for its input: "flags" (fp8_down_after_flags: per K group, until
-# it saw every group ready) or "grid" (fp8_gemv's kernel launched early behind the gate/up
-# kernel: griddepcontrol.wait for the whole grid; what the kernel saves is then the silu
-# launch).
-DOWN_WAIT = "flags"
-WAITS = ("flags", "grid")
 
 
 @dataclass(frozen=True)
@@ -103,23 +96,19 @@ def takes(aq: torch.Tensor, gate_up_layer, down_layer) -> bool:
             and usable(aq.device))
 
 
-def fp8_mlp(aq, a_s, gu_w, gu_s, down_w, down_s, cfg: MlpConfig | None = None, early: bool | None = None,
-            wait: str | None = None) -> torch.Tensor:
+def fp8_mlp(aq, a_s, gu_w, gu_s, down_w, down_s, cfg: MlpConfig | None = None, early: bool | None = None
+            ) -> torch.Tensor:
     """y [M, H] bf16 = down(q(bf16(silu(gate)) * up)) for codes aq [M, H] with 1x128 scales
     a_s; gate_up codes [2I, H] (gate rows first), down codes [H, I], both with 128x128
     scales. ``early`` (default fp8_gemv.EARLY_LAUNCH): the gate/up kernel launched early
     behind the kernel that wrote aq; the down kernel always is, behind the gate/up kernel,
-    where the GPU has programmatic dependent launch (Hopper and newer). ``wait``: how the
-    down GEMM waits for its input (``DOWN_WAIT``)."""
+    where the GPU has programmatic dependent launch (Hopper and newer)."""
     m, hidden = aq.shape
     inter = down_w.shape[1]
     if not _shapes_ok(aq, gu_w, down_w):
         raise ValueError(f"fp8_mlp: codes {tuple(aq.shape)}, gate_up {tuple(gu_w.shape)}, down {tuple(down_w.shape)}: "
                          f"needs 1-{fp8_gemv.MAX_M} rows, gate_up [2I, H], down [H, I], H and I multiples of 128, "
                          "rows contiguous and 16-byte aligned")
-    wait = wait or DOWN_WAIT
-    if wait not in WAITS:
-        raise ValueError(f"fp8_mlp: wait must be one of {WAITS}, got {wait!r}")
     cfg = cfg or default_config(m, hidden, inter)
     if cfg is None or m > 8 * min(cfg.gate_up.token_tiles, cfg.down.token_tiles) or hidden % cfg.down.rows:
         raise ValueError(f"fp8_mlp: no variant for {m} rows, H {hidden}, I {inter} ({cfg})")
@@ -127,16 +116,13 @@ def fp8_mlp(aq, a_s, gu_w, gu_s, down_w, down_s, cfg: MlpConfig | None = None, e
     hopper = torch.cuda.get_device_capability(device)[0] >= 9
     silu_out = torch.empty(m, inter, dtype=torch.bfloat16, device=device)  # bf16(silu(gate)) * up, before quantizing
     q, s = fp8_activation_buffers(m, inter, device)
-    flags = counters(COUNTERS, device, max(MIN_COUNTERS, 2 + 2 * (inter // 128)))
+    flags = counters(COUNTERS, device, max(MIN_COUNTERS, 1 + 2 * (inter // 128)))
     y = torch.empty(m, hidden, dtype=torch.bfloat16, device=device)
     module = cuda_jit.load(SOURCE, device)
     module.launch(cfg.gate_up_kernel, (inter // cfg.columns, 1, 1), (32 * cfg.gate_up.warps, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), gu_w, gu_w.stride(0), gu_s, gu_s.stride(0),
                   gu_s.stride(1), silu_out, silu_out.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), flags,
-                  int(wait == "flags"), m, hidden, inter,
-                  early=(fp8_gemv.EARLY_LAUNCH if early is None else early) and hopper)
-    if wait == "grid":
-        return fp8_gemv.fp8_gemv(q, s, down_w, down_s, cfg.down, out=y, early=True)
+                  m, hidden, inter, early=(fp8_gemv.EARLY_LAUNCH if early is None else early) and hopper)
     module.launch(cfg.down_kernel, (hidden // cfg.down.rows, 1, 1), (32 * cfg.down.warps, 1, 1),
                   q, q.stride(0), s, s.stride(0), s.stride(1), down_w, down_w.stride(0), down_s, down_s.stride(0),
                   down_s.stride(1), y, y.stride(0), flags, m, inter, early=hopper)

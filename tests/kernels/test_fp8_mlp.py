@@ -101,18 +101,16 @@ def test_same_bits_as_the_unfused_path_and_down_rounds_float64(m, hidden, inter,
     from tests.numerics import excess_over_bf16_rounding
 
     aq, a_s, gu, down = _mlp_operands(m, hidden, inter)
+    y, q, s = _fused_with_input(monkeypatch, aq, a_s, gu.data, gu.scale, down.data, down.scale)
     y_ref, q_ref, s_ref = _unfused(aq, a_s, gu, down)
-    for wait in fp8_mlp.WAITS:
-        y, q, s = _fused_with_input(monkeypatch, aq, a_s, gu.data, gu.scale, down.data, down.scale, wait=wait)
-        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref), wait
-        assert torch.equal(y, y_ref), wait
-        h = q.double() * s.double().repeat_interleave(128, dim=1)
-        assert excess_over_bf16_rounding(y, h, get_format("fp8").dequantize(down).double()) <= 0
-        # plainly launched: the same bits, and the counters are back to zero after every launch
-        assert torch.equal(y, fp8_mlp.fp8_mlp(aq, a_s, gu.data, gu.scale, down.data, down.scale, early=False,
-                                              wait=wait))
-        flags = fp8_mlp.counters(fp8_mlp.COUNTERS, "cuda", fp8_mlp.MIN_COUNTERS)
-        assert int(flags.abs().sum()) == 0, wait
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    assert torch.equal(y, y_ref)
+    h = q.double() * s.double().repeat_interleave(128, dim=1)
+    assert excess_over_bf16_rounding(y, h, get_format("fp8").dequantize(down).double()) <= 0
+    # plainly launched: the same bits, and the counters are back to zero after every launch
+    assert torch.equal(y, fp8_mlp.fp8_mlp(aq, a_s, gu.data, gu.scale, down.data, down.scale, early=False))
+    flags = fp8_mlp.counters(fp8_mlp.COUNTERS, "cuda", fp8_mlp.MIN_COUNTERS)
+    assert int(flags.abs().sum()) == 0
 
 
 @gpu
@@ -136,12 +134,10 @@ def test_every_variant_pair_gives_the_bits_of_its_gemms():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("wait", fp8_mlp.WAITS)
-def test_graph_replay_reads_the_new_input(wait, monkeypatch):
+def test_graph_replay_reads_the_new_input():
     """Captured right after the kernel that writes its input and replayed on new inputs:
     the eager result every time (the gate/up kernel waits for the writer; the down kernel
     for each group's flag; the counters reset between replays)."""
-    monkeypatch.setattr(fp8_mlp, "DOWN_WAIT", wait)
     aq, a_s, gu, down = _mlp_operands(16, 512, 1024)
     src = aq.clone()
     out = torch.empty(16, 512, dtype=torch.bfloat16, device="cuda")
@@ -161,14 +157,12 @@ def test_graph_replay_reads_the_new_input(wait, monkeypatch):
 @gpu
 @pytest.mark.gpu
 def test_engine_generations_are_the_same_with_the_fused_mlp():
-    """The FP8 engine (CUDA graphs, 3 prompts, decode batch 3) with the two-kernel MLP on,
-    either wait: the same tokens and logprobs, bit for bit, as with it off; the kernels ran."""
+    """The FP8 engine (CUDA graphs, 3 prompts, decode batch 3) with the two-kernel MLP on:
+    the same tokens and logprobs, bit for bit, as with it off, and the kernels ran."""
     pytest.importorskip("triton")
-    from tests.engine.switches import assert_same_generations, counting, engine_results_with
+    from tests.engine.switches import assert_same_generations, counting, engine_results_by_switch
 
     with counting(fp8_mlp, "fp8_mlp") as calls:
-        off, flags, grid = engine_results_with([[("fp8_mlp", "ENABLED", False)], [("fp8_mlp", "ENABLED", True)],
-                                                [("fp8_mlp", "ENABLED", True), ("fp8_mlp", "DOWN_WAIT", "grid")]])
+        results = engine_results_by_switch("fp8_mlp", "ENABLED")
     assert calls[0] > 0
-    assert_same_generations(off, flags)
-    assert_same_generations(off, grid)
+    assert_same_generations(results[False], results[True])

@@ -22,9 +22,7 @@
 // flag; its last block to finish zeroes the counters for the next launch.
 //
 // Counters (int32, zero between launches): [0] down blocks finished, [1, 1 + G) blocks
-// arrived per group (reset by the group's last block), [1 + G, 1 + 2 G) ready flags,
-// [1 + 2 G] ready groups, G = I / 128. With publish_flags 0 the gate/up kernel sets no
-// flags: the down GEMM is then fp8_gemv's, waiting for the whole grid (griddepcontrol).
+// arrived per group, [1 + G, 1 + 2 G) ready flags, G = I / 128.
 //
 // No deadlock: the down kernel is launched with programmatic dependent launch, and its
 // blocks start only once every gate/up block has started (each releases it at its
@@ -65,21 +63,10 @@ __device__ __forceinline__ float load_l2_f32(const float* p) {
 
 // Token codes and scales of a K group written by the gate/up kernel, which may still run:
 // read once the group's flag is set.
-// A warp asks the count of ready groups first, and stops asking once it saw all of them:
-// an acquire load per group would put an L2 round trip in front of every round's tokens
-// (measured: ~12 us per 8B MLP at 16 rows).
 struct AfterGroupFlags {
   const int* ready;
-  const int* ready_count;
-  int groups;
-  mutable bool all_ready;
   __device__ __forceinline__ void start() const { allow_next_grid(); }
   __device__ __forceinline__ void before_group(int g) const {
-    if (all_ready) return;
-    if (load_acquire(ready_count) == groups) {
-      all_ready = true;
-      return;
-    }
     while (load_acquire(ready + g) == 0) __nanosleep(64);
   }
   __device__ __forceinline__ Words4 tokens(const uint8_t* p) const { return load_l2(p); }
@@ -139,8 +126,7 @@ __device__ __forceinline__ void gate_up_silu(const uint8_t* a_q, long long a_str
                                              const float* __restrict__ w_s, long long w_s_stride_n,
                                              long long w_s_stride_g, uint16_t* h, long long h_stride, uint8_t* q,
                                              long long q_stride, float* s, long long s_stride_m, long long s_stride_g,
-                                             int* counters, long long publish_flags, long long m_rows, long long k,
-                                             long long inter) {
+                                             int* counters, long long m_rows, long long k, long long inter) {
   constexpr int COLS = 8 * RT;  // intermediate columns of the block
   constexpr int ROWS = 16 * RT;  // partial-sum rows: per tile 8 gate rows, then their 8 up rows
   constexpr int THREADS = 32 * WARPS;
@@ -179,15 +165,10 @@ __device__ __forceinline__ void gate_up_silu(const uint8_t* a_q, long long a_str
   __syncthreads();
   if (!completes_group) return;
   __threadfence();
-  if (threadIdx.x == 0) counters[1 + g] = 0;  // every block of the group has arrived
   quantize_group<MT>(h, h_stride, q, q_stride, s, s_stride_m, s_stride_g, g, at.last_row);
-  if (!publish_flags) return;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    store_release(counters + 1 + groups + g, 1);
-    atomicAdd(counters + 1 + 2 * groups, 1);
-  }
+  if (threadIdx.x == 0) store_release(counters + 1 + groups + g, 1);
 }
 
 template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE>
@@ -205,8 +186,8 @@ __device__ __forceinline__ void down_after_flags(const uint8_t* a_q, long long a
   const RowPlan plan{at.w_row0, 16 * w_stride, 8 * w_stride, w_s_block, w_s_block, w_s_stride_g};
   const int groups = at.groups;
   float total[RT][MT][4];
-  const AfterGroupFlags tokens{counters + 1 + groups, counters + 1 + 2 * groups, groups, false};
-  gemv_totals<MT, RT, WARPS, UNROLL, PIPELINE>(total, plan, tokens, at, a_s, a_s_stride_m, a_s_stride_g);
+  gemv_totals<MT, RT, WARPS, UNROLL, PIPELINE>(total, plan, AfterGroupFlags{counters + 1 + groups}, at, a_s,
+                                               a_s_stride_m, a_s_stride_g);
   reduce_and_store<MT, RT, WARPS>(partial, total, y, y_stride, at.n0, at.last_row);
 
   // Every flag this block reads has been read (the reduction's barrier). The gate/up
@@ -214,7 +195,7 @@ __device__ __forceinline__ void down_after_flags(const uint8_t* a_q, long long a
   // to finish zeroes the counters for the next launch.
   wait_for_previous_grid();
   if (threadIdx.x == 0 && atomicAdd(counters, 1) == static_cast<int>(gridDim.x) - 1) {
-    for (int i = 1 + groups; i < 2 + 2 * groups; ++i) counters[i] = 0;
+    for (int i = 1; i < 1 + 2 * groups; ++i) counters[i] = 0;
     counters[0] = 0;
   }
 }
@@ -228,11 +209,10 @@ __device__ __forceinline__ void down_after_flags(const uint8_t* a_q, long long a
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                   \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* h, long long h_stride, uint8_t* q,        \
           long long q_stride, float* s, long long s_stride_m, long long s_stride_g, int* counters,            \
-          long long publish_flags, long long m_rows, long long k, long long inter) {                          \
+          long long m_rows, long long k, long long inter) {                                                   \
     gate_up_silu<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, \
                                                   w_s, w_s_stride_n, w_s_stride_g, h, h_stride, q, q_stride, s, \
-                                                  s_stride_m, s_stride_g, counters, publish_flags, m_rows, k,  \
-                                                  inter);                                                     \
+                                                  s_stride_m, s_stride_g, counters, m_rows, k, inter);        \
   }
 
 #define QUANTROLL_FP8_DOWN_AFTER_FLAGS(MT, RT, WARPS, UNROLL, PIPELINE)                                       \

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels import fp8_gemv, fp8_mlp, fp8_wgmma
+from quantroll.kernels import fp8_gemv, fp8_wgmma
 from quantroll.kernels.decode_attention import next_pow2
 from quantroll.kernels.fp8_linear import Fp8Activation, GateUpActivation, fp8_activation_buffers
 
@@ -109,16 +109,3 @@ def down_proj_input(gate_up: torch.Tensor, quantize: bool, down_weight: torch.Te
         if config is not None:
             return GateUpActivation(gate_up, config)
     return silu_mul(gate_up, quantize=quantize)
-
-
-def mlp(gate_up_proj, down_proj, x: torch.Tensor | Fp8Activation, quantize_down_input: bool) -> torch.Tensor:
-    """down_proj(bf16(silu(gate)) * up) of an MLP with a fused gate_up_proj, on the GPU:
-    the two overlapping kernels of fp8_mlp where they take the batch (an FP8 activation of
-    at most fp8_gemv.MAX_M rows, real FP8 linears; the same bits), else the gate_up GEMM,
-    ``down_proj_input`` and the down GEMM. ``quantize_down_input``: down_proj reads FP8
-    codes (the model's ``takes_fp8_activation``)."""
-    if quantize_down_input and isinstance(x, Fp8Activation) and fp8_mlp.takes(x.codes, gate_up_proj, down_proj):
-        y = fp8_mlp.fp8_mlp(x.codes, x.scales, gate_up_proj.weight, gate_up_proj.weight_scale, down_proj.weight,
-                            down_proj.weight_scale)
-        return y.view(*x.shape[:-1], down_proj.out_features)
-    return down_proj(down_proj_input(gate_up_proj(x), quantize_down_input, down_proj.weight))

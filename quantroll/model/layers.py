@@ -140,9 +140,10 @@ class MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
         if self.gate_up_proj is not None and self.fused and _on_gpu(x):
-            from quantroll.kernels.fused import mlp
+            from quantroll.kernels.fused import down_proj_input
 
-            return mlp(self.gate_up_proj, self.down_proj, x, takes_fp8_activation(self.down_proj))
+            return self.down_proj(down_proj_input(self.gate_up_proj(x), takes_fp8_activation(self.down_proj),
+                                                  self.down_proj.weight))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

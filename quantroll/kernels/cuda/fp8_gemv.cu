@@ -23,7 +23,7 @@
 // only then reads the token codes. PIPELINE: two register buffers, the next round's loads
 // in flight while this round multiplies.
 
-#include "gemv_loop.cuh"
+#include "gemv_fragments.cuh"
 
 namespace {
 
@@ -41,10 +41,73 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
   __shared__ float partial[WARPS][ROWS][partial_row<MT>()];
 
   Place<MT> at(ROWS, w_q, w_stride, a_q, a_stride, m_rows, k);
+  const int warp = at.warp, groups = at.groups;
+  const uint8_t* w_row0 = at.w_row0;
   const float* w_s_block = w_s + (at.n0 >> 7) * w_s_stride_n;
-  const RowPlan plan{at.w_row0, 16 * w_stride, 8 * w_stride, w_s_block, w_s_block, w_s_stride_g};
   float total[RT][MT][4];
-  gemv_totals<MT, RT, WARPS, UNROLL, PIPELINE>(total, plan, AfterPreviousGrid{}, at, a_s, a_s_stride_m, a_s_stride_g);
+  zero(total);
+
+  // One round: UNROLL groups (first, first + WARPS, ...) of this warp.
+  constexpr int STEP = WARPS * UNROLL;
+  auto load_round = [&](Group<MT, RT> (&grp)[UNROLL], int first) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int g = first + u * WARPS;
+      if (g < groups) load_weights<MT, RT, false>(grp[u], w_row0, w_stride, static_cast<long long>(g) << 7);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int g = first + u * WARPS;
+      if (g < groups) load_tokens<MT, RT>(grp[u], at.a_rows, static_cast<long long>(g) << 7);
+    }
+  };
+  auto multiply_round = [&](const Group<MT, RT> (&grp)[UNROLL], int first) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int g = first + u * WARPS;
+      if (g < groups) {
+        float acc[RT][MT][4];
+        multiply_group<MT, RT>(grp[u], acc);
+        add_scaled<MT, RT>(total, acc, a_s, at.scale_rows, a_s_stride_m, a_s_stride_g, g,
+                           w_s_block[g * w_s_stride_g]);
+      }
+    }
+  };
+
+  // The first round's weight bytes are requested before waiting for the previous kernel.
+  Group<MT, RT> cur[UNROLL];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int g = warp + u * WARPS;
+    if (g < groups) load_weights<MT, RT, true>(cur[u], w_row0, w_stride, static_cast<long long>(g) << 7);
+  }
+  allow_next_grid();
+  wait_for_previous_grid();
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) at.a_rows[tile] = after_wait(at.a_rows[tile]);
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int g = warp + u * WARPS;
+    if (g < groups) load_tokens<MT, RT>(cur[u], at.a_rows, static_cast<long long>(g) << 7);
+  }
+
+  if (PIPELINE) {
+    // Two register buffers: the next round's loads are in flight while this one multiplies.
+    Group<MT, RT> nxt[UNROLL];
+    for (int first = warp; first < groups; first += 2 * STEP) {
+      if (first + STEP < groups) load_round(nxt, first + STEP);
+      multiply_round(cur, first);
+      if (first + STEP >= groups) break;
+      if (first + 2 * STEP < groups) load_round(cur, first + 2 * STEP);
+      multiply_round(nxt, first + STEP);
+    }
+  } else {
+    for (int first = warp; first < groups; first += STEP) {
+      if (first != warp) load_round(cur, first);
+      multiply_round(cur, first);
+    }
+  }
+
   reduce_and_store<MT, RT, WARPS>(partial, total, y, y_stride, at.n0, at.last_row);
 }
 

@@ -1,4 +1,4 @@
-// Building blocks of the decode GEMM kernels (fp8_gemv.cu, fp8_mlp.cu): loads, conversions, the
+// Building blocks of the decode GEMM kernels in fp8_gemv.cu: loads, conversions, the
 // mma.sync wrapper, a thread's fragment of one K group, programmatic dependent launch,
 // and the block's final reduction. fp8_gemv.cu says how the work is
 // laid out; everything here is per thread and pure.
@@ -125,6 +125,42 @@ struct Group {
   uint32_t a[MT][8];
 };
 
+template <int MT, int RT, bool PINNED>
+__device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
+                                             long long offset) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const uint8_t* row0 = w_row0 + 16 * rt * w_stride + offset;
+    const uint8_t* row1 = row0 + 8 * w_stride;
+    Words4 v;
+    v = load_stream<PINNED>(row0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w0[rt][i] = v.w[i];
+    v = load_stream<PINNED>(row0 + SECOND_PIECE);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w0[rt][4 + i] = v.w[i];
+    v = load_stream<PINNED>(row1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w1[rt][i] = v.w[i];
+    v = load_stream<PINNED>(row1 + SECOND_PIECE);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.w1[rt][4 + i] = v.w[i];
+  }
+}
+
+template <int MT, int RT>
+__device__ __forceinline__ void load_tokens(Group<MT, RT>& grp, const uint8_t* const (&a_rows)[MT], long long offset) {
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    Words4 v = load_cached(a_rows[tile] + offset);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.a[tile][i] = v.w[i];
+    v = load_cached(a_rows[tile] + offset + SECOND_PIECE);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) grp.a[tile][4 + i] = v.w[i];
+  }
+}
+
 // Programmatic dependent launch: when this grid was launched early (fp8_gemv.py sets the
 // attribute), wait here until the kernel before it has finished and its writes are
 // visible; without the attribute this returns at once. Everything before it may only read
@@ -172,6 +208,26 @@ __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (
       const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[rt][j] >> 16);  // row r + 8, k + {2, 3}
 #pragma unroll
       for (int tile = 0; tile < MT; ++tile) mma_16816(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
+    }
+  }
+}
+
+// total += the group's code-product sums times their scales (token row scale x the
+// block's weight scale).
+template <int MT, int RT>
+__device__ __forceinline__ void add_scaled(float (&total)[RT][MT][4], const float (&acc)[RT][MT][4],
+                                           const float* a_s, const int (&scale_rows)[MT][2],
+                                           long long a_s_stride_m, long long a_s_stride_g, int g, float w_scale) {
+#pragma unroll
+  for (int tile = 0; tile < MT; ++tile) {
+    const float s0 = a_s[scale_rows[tile][0] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+    const float s1 = a_s[scale_rows[tile][1] * a_s_stride_m + g * a_s_stride_g] * w_scale;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      total[rt][tile][0] += acc[rt][tile][0] * s0;  // weight row r,     token 2t
+      total[rt][tile][1] += acc[rt][tile][1] * s1;  // weight row r,     token 2t + 1
+      total[rt][tile][2] += acc[rt][tile][2] * s0;  // weight row r + 8, token 2t
+      total[rt][tile][3] += acc[rt][tile][3] * s1;  // weight row r + 8, token 2t + 1
     }
   }
 }

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.bench.rollout import bench_one, copy_bandwidth
-from quantroll.bench.shapes import random_model, shape_config
+from quantroll.bench.shapes import EIGHT_B_GEMMS, random_model, shape_config
 from quantroll.engine import Engine
 from tests.numerics import excess_over_bf16_rounding
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 SETTINGS = list(itertools.product(("cublas", "cublaslt"), (True, False)))  # (library, reduced-precision reduction)
 COPIES = 8
 

@@ -19,11 +19,12 @@ import json
 import torch
 
 from quantroll.bench.graph_time import graph_time_us
+from quantroll.bench.shapes import EIGHT_B_GEMMS
 from quantroll.formats import get_format
 from quantroll.kernels.fp8_linear import DecodeGemmConfig, decode_config, fp8_gemm_decode, quantize_activation_fp8
 
 FP8 = get_format("fp8")
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 8
 
 

@@ -26,13 +26,14 @@ import json
 import torch
 
 from quantroll.bench.graph_time import graph_time_us
+from quantroll.bench.shapes import EIGHT_B_GEMMS
 from quantroll.formats import get_format
 from quantroll.kernels import fp8_gemv
 from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantize_activation_fp8
 from tests.numerics import excess_over_bf16_rounding
 
 FP8 = get_format("fp8")
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 CHECK_SHAPES = [(16, 128), (48, 384), (96, 256), (272, 1152), (4096, 4096), (4096, 12288)]
 CHECK_M = (1, 2, 5, 8, 9, 16, 17, 31, 32, 33, 64)
 COPIES = 8

@@ -16,9 +16,10 @@ import torch
 
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.bench.rollout import copy_bandwidth
+from quantroll.bench.shapes import EIGHT_B_GEMMS
 from quantroll.kernels import cuda_jit
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 2
 
 

@@ -20,13 +20,14 @@ from collections import defaultdict
 import torch
 
 from quantroll.bench.graph_time import graph_time_us
+from quantroll.bench.shapes import EIGHT_B_GEMMS
 from quantroll.formats import get_format
 from quantroll.kernels import fp8_wgmma
 from quantroll.kernels.fp8_linear import fp8_gemm, gemm_path, quantize_activation_fp8
 from tests.numerics import excess_over_bf16_rounding
 
 FP8 = get_format("fp8")
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 8
 
 

@@ -4,7 +4,7 @@ themselves run on the GPU: docs/PERFORMANCE.md)."""
 import torch
 
 from quantroll.bench.rollout import RolloutResult, decode_gemm_label, format_table
-from quantroll.bench.shapes import shape_config
+from quantroll.bench.shapes import EIGHT_B_GEMMS, layer_gemm_shapes, shape_config
 
 
 def _result(precision, step_ms, weight_bytes, gemm):
@@ -49,3 +49,23 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
     for extra, message in cases:
         assert main(["bench", "rollout", *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
+
+
+def test_layer_gemm_shapes_are_the_fused_weights_of_a_built_model():
+    """The benches' per-layer GEMM shapes against the weights the engine fuses (a 1-layer
+    model of a small odd config), and Qwen3-8B's published ones."""
+    import dataclasses
+
+    from quantroll.bench.shapes import random_model
+
+    cfg = dataclasses.replace(shape_config("qwen3-8b", 1), hidden_size=192, intermediate_size=320,
+                              num_attention_heads=6, num_key_value_heads=2, head_dim=48, vocab_size=64)
+    layer = random_model(cfg, "cpu").model.layers[0]
+    layer.mlp.fuse_()
+    attn = layer.self_attn
+    built = {"qkv": (attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features,
+                     attn.q_proj.in_features),
+             "o": tuple(attn.o_proj.weight.shape), "gate_up": tuple(layer.mlp.gate_up_proj.weight.shape),
+             "down": tuple(layer.mlp.down_proj.weight.shape)}
+    assert layer_gemm_shapes(cfg) == built
+    assert EIGHT_B_GEMMS == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}

@@ -32,6 +32,17 @@ def shape_config(name: str, layers: int | None = None) -> ModelConfig:
     return dataclasses.replace(cfg, num_hidden_layers=layers) if layers else cfg
 
 
+def layer_gemm_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(N, K) of a dense decoder layer's four GEMMs as the engine runs them (q/k/v and
+    gate/up fused): what the decode-GEMM benches time per "layer set"."""
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+
+
+EIGHT_B_GEMMS = layer_gemm_shapes(SHAPES["qwen3-8b"])
+
+
 @torch.no_grad()
 def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int = 0,
                  source: Qwen3ForCausalLM | None = None) -> Qwen3ForCausalLM:

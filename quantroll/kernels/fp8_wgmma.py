@@ -49,13 +49,8 @@ class WgmmaConfig:
 
     @property
     def kernel(self) -> str:
-        if self.pipelined:
-            return (f"fp8_wgmma_ws_pipe_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
-                    f"_s{self.slots}_b{self.min_blocks}")
-        if self.silu:
-            return (f"fp8_wgmma_ws_silu_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
-                    f"_s{self.slots}_b{self.min_blocks}")
-        return (f"fp8_wgmma_ws_n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
+        kind = "pipe_" if self.pipelined else "silu_" if self.silu else ""
+        return (f"fp8_wgmma_ws_{kind}n{self.tokens}_wg{self.warpgroups}_p{self.producer_warps}_d{self.depth}"
                 f"_s{self.slots}_b{self.min_blocks}")
 
     @property

@@ -14,29 +14,10 @@ def float32_sum_bound(k: int) -> float:
     return 4 * k**0.5 * 2**-24
 
 
-# Relative error (against sum |a| |w|) allowed for the FP8 tensor-core MMA's sums of code
-# products: each m16n8k32 instruction adds its 32 exact products and the running sum at
-# the MMA's own accumulation precision; a 128-wide K group chains 4 of them before the sum
-# is promoted to float32. Provisional, set from the H200 measurement (docs/PERFORMANCE.md).
-FP8_MMA_SUM_BOUND = 2**-10
-
-
-def excess_over_bf16_rounding(y: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
-                              sum_bound: float | None = None) -> float:
-    """max(|y - a w^T| - (half a BF16 ulp of a w^T + sum_bound |a| |w|^T)) for float64
-    operands a [M, K], w [N, K]: <= 0 when the BF16 output y is the float64 product rounded,
-    up to summation error (the CUDA decode GEMMs' check); sum_bound defaults to
-    float32_sum_bound(K)."""
+def excess_over_bf16_rounding(y: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> float:
+    """max(|y - a w^T| - (half a BF16 ulp of a w^T + float32_sum_bound(K) |a| |w|^T)) for
+    float64 operands a [M, K], w [N, K]: <= 0 when the BF16 output y is the float64 product
+    rounded, up to float32 summation error (the CUDA decode GEMMs' check)."""
     ref, mag = a @ w.t(), a.abs() @ w.abs().t()
     half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)  # 2^(e-1) * 2^-8
-    bound = float32_sum_bound(a.shape[1]) if sum_bound is None else sum_bound
-    return ((y.double() - ref).abs() - half_ulp - bound * mag).max().item()
-
-
-def summation_error(y: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> float:
-    """max((|y - a w^T| - half a BF16 ulp) / (|a| |w|^T)): the summation error of a BF16
-    output y beyond its final rounding, relative to the sum of the products' magnitudes
-    (what FP8_MMA_SUM_BOUND bounds)."""
-    ref, mag = a @ w.t(), a.abs() @ w.abs().t()
-    half_ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref.abs())[1] - 9)
-    return (((y.double() - ref).abs() - half_ulp).clamp(min=0) / mag.clamp(min=1e-300)).max().item()
+    return ((y.double() - ref).abs() - half_ulp - float32_sum_bound(a.shape[1]) * mag).max().item()

@@ -41,12 +41,10 @@ class GemvConfig:
     warps: int
     unroll: int
     pipeline: int = 0
-    fp8_mma: int = 0
 
     @property
     def kernel(self) -> str:
-        return (f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}"
-                f"_f{self.fp8_mma}")
+        return f"fp8_gemv_mt{self.token_tiles}_rt{self.row_tiles}_w{self.warps}_u{self.unroll}_p{self.pipeline}"
 
     @property
     def rows(self) -> int:
@@ -57,13 +55,10 @@ class GemvConfig:
 # Measured and removed (2026-12-01, docs/PERFORMANCE.md session 8): weights staged through
 # shared memory with cp.async (slower everywhere) and a whole-sector load layout (a tie).
 VARIANTS = tuple(GemvConfig(*v) for v in (
-    (1, 1, 8, 1, 1, 0), (1, 2, 8, 1, 1, 0), (1, 2, 8, 2, 0, 0), (1, 1, 8, 2, 0, 0), (1, 2, 4, 2, 0, 0),
-    (1, 2, 4, 1, 1, 0), (1, 1, 8, 2, 1, 0), (2, 1, 8, 1, 1, 0), (2, 1, 4, 1, 1, 0), (2, 1, 4, 2, 0, 0),
-    (2, 2, 8, 1, 0, 0), (2, 1, 8, 2, 0, 0), (2, 1, 8, 1, 0, 0), (2, 2, 4, 1, 1, 0), (2, 2, 8, 1, 1, 0),
-    (2, 1, 4, 2, 1, 0), (4, 1, 4, 1, 0, 0), (4, 1, 4, 1, 1, 0), (8, 1, 4, 1, 0, 0),
-    (1, 1, 8, 1, 1, 1), (1, 2, 8, 1, 1, 1), (2, 1, 8, 1, 1, 1), (2, 1, 4, 1, 1, 1), (2, 2, 8, 1, 1, 1),
-    (2, 1, 8, 2, 0, 1), (4, 1, 4, 1, 0, 1), (4, 1, 4, 1, 1, 1), (4, 1, 8, 1, 0, 1), (8, 1, 4, 1, 0, 1),
-    (8, 1, 8, 1, 0, 1),
+    (1, 1, 8, 1, 1), (1, 2, 8, 1, 1), (1, 2, 8, 2, 0), (1, 1, 8, 2, 0), (1, 2, 4, 2, 0), (1, 2, 4, 1, 1),
+    (1, 1, 8, 2, 1), (2, 1, 8, 1, 1), (2, 1, 4, 1, 1), (2, 1, 4, 2, 0), (2, 2, 8, 1, 0), (2, 1, 8, 2, 0),
+    (2, 1, 8, 1, 0), (2, 2, 4, 1, 1), (2, 2, 8, 1, 1), (2, 1, 4, 2, 1), (4, 1, 4, 1, 0), (4, 1, 4, 1, 1),
+    (8, 1, 4, 1, 0),
 ))
 
 
@@ -87,24 +82,13 @@ CHOICE: dict[tuple[int, str], tuple[int, ...]] = {
     (1, "narrow"): (2, 1, 8, 1, 1), (1, "wide"): (1, 2, 8, 1, 1), (2, "narrow"): (2, 1, 8, 1, 1),
     (2, "wide"): (2, 1, 4, 1, 1), (4, "narrow"): (4, 1, 4, 1, 0), (4, "wide"): (4, 1, 4, 1, 0),
     (8, "narrow"): (8, 1, 4, 1, 0), (8, "wide"): (8, 1, 4, 1, 0)}
-CHOICE = {key: (*v, 0) for key, v in CHOICE.items()}
-
-# The same for the variants on the FP8 tensor-core MMA (fp8_mma = 1).
-FP8_MMA_CHOICE: dict[tuple[int, str], tuple[int, ...]] = {
-    (1, "narrow"): (2, 1, 8, 1, 1, 1), (1, "wide"): (1, 2, 8, 1, 1, 1), (2, "narrow"): (2, 1, 8, 1, 1, 1),
-    (2, "wide"): (2, 1, 4, 1, 1, 1), (4, "narrow"): (4, 1, 4, 1, 0, 1), (4, "wide"): (4, 1, 4, 1, 0, 1),
-    (8, "narrow"): (8, 1, 4, 1, 0, 1), (8, "wide"): (8, 1, 4, 1, 0, 1)}
-
-# Which multiply the decode GEMM uses: False, the codes widened to float16 (exact products,
-# float32 sums); True, the FP8 tensor-core MMA on the codes as they are.
-FP8_MMA = False
 
 
 def default_config(m: int, n: int, k: int) -> GemvConfig:
     """The variant for an M-row decode GEMM: measured best for the token tiles M needs and
-    N's width class (``FP8_MMA_CHOICE`` or ``CHOICE``, after ``FP8_MMA``); its one-row-tile
-    twin where N is not a multiple of the chosen block's rows."""
-    cfg = GemvConfig(*(FP8_MMA_CHOICE if FP8_MMA else CHOICE)[(token_tiles(m), width_class(n))])
+    N's width class (``CHOICE``); its one-row-tile twin where N is not a multiple of the
+    chosen block's rows."""
+    cfg = GemvConfig(*CHOICE[(token_tiles(m), width_class(n))])
     return dataclasses.replace(cfg, row_tiles=1) if n % cfg.rows else cfg
 
 

@@ -3,7 +3,6 @@ its outputs against float64 (each BF16 output float64's value rounded, up to flo
 summation slack), run to run, under CUDA-graph replay, launched early or not, and in the
 engine (issue 3's logits criterion with every decode GEMM on it)."""
 
-import dataclasses
 import re
 
 import pytest
@@ -14,16 +13,16 @@ from quantroll.kernels import cuda_jit, fp8_gemv
 
 def test_variants_list_matches_the_instances_in_the_source():
     source = (cuda_jit.SOURCE_DIR / fp8_gemv.SOURCE).read_text()
-    found = re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
-    assert {tuple(map(int, m)) for m in found} == {dataclasses.astuple(c) for c in fp8_gemv.VARIANTS}
+    found = re.findall(r"^QUANTROLL_FP8_GEMV\((\d+), (\d+), (\d+), (\d+), (\d+)\)", source, re.M)
+    assert {tuple(map(int, m)) for m in found} == {(c.token_tiles, c.row_tiles, c.warps, c.unroll, c.pipeline)
+                                                   for c in fp8_gemv.VARIANTS}
     assert len(found) == len(fp8_gemv.VARIANTS)
-    for table, fp8_mma in ((fp8_gemv.CHOICE, 0), (fp8_gemv.FP8_MMA_CHOICE, 1)):
-        assert set(table) == {(t, w) for t in (1, 2, 4, 8) for w in ("narrow", "wide")}
-        for (needed, _), choice in table.items():
-            cfg = fp8_gemv.GemvConfig(*choice)
-            assert cfg.token_tiles >= needed and cfg in fp8_gemv.VARIANTS and cfg.fp8_mma == fp8_mma
-            # the one-row-tile twin serves N that the chosen rows do not divide
-            assert dataclasses.replace(cfg, row_tiles=1) in fp8_gemv.VARIANTS
+    assert set(fp8_gemv.CHOICE) == {(t, w) for t in (1, 2, 4, 8) for w in ("narrow", "wide")}
+    for (needed, _), choice in fp8_gemv.CHOICE.items():
+        cfg = fp8_gemv.GemvConfig(*choice)
+        assert cfg.token_tiles >= needed and cfg in fp8_gemv.VARIANTS
+        # the one-row-tile twin serves N that the chosen rows do not divide
+        assert fp8_gemv.GemvConfig(*choice[:1], 1, *choice[2:]) in fp8_gemv.VARIANTS
 
 
 def test_the_cuda_sources_ship_in_the_package():
@@ -85,14 +84,11 @@ def test_cpu_tensors_never_take_the_cuda_kernel():
     assert not fp8_gemv.usable(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("fp8_mma", [False, True])
-def test_default_config_fits_every_batch_and_width(fp8_mma, monkeypatch):
-    monkeypatch.setattr(fp8_gemv, "FP8_MMA", fp8_mma)
+def test_default_config_fits_every_batch_and_width():
     for m in range(1, 65):
         for n in (16, 48, 96, 4096, 6144):
             cfg = fp8_gemv.default_config(m, n, 4096)
             assert cfg in fp8_gemv.VARIANTS and 8 * cfg.token_tiles >= m and n % cfg.rows == 0
-            assert cfg.fp8_mma == fp8_mma
 
 
 @pytest.mark.skipif(cuda_jit.find_nvcc() is None, reason="needs nvcc")

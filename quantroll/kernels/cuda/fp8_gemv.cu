@@ -29,7 +29,7 @@ namespace {
 
 using namespace quantroll_gemv;
 
-template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE, bool FP8_MMA>
+template <int MT, int RT, int WARPS, int UNROLL, bool PIPELINE>
 __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
                                          const float* a_s, long long a_s_stride_m,
                                          long long a_s_stride_g, const uint8_t* __restrict__ w_q,
@@ -67,11 +67,7 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
       const int g = first + u * WARPS;
       if (g < groups) {
         float acc[RT][MT][4];
-        if (FP8_MMA) {
-          multiply_group_fp8<MT, RT>(grp[u], acc);
-        } else {
-          multiply_group<MT, RT>(grp[u], acc);
-        }
+        multiply_group<MT, RT>(grp[u], acc);
         add_scaled<MT, RT>(total, acc, a_s, at.scale_rows, a_s_stride_m, a_s_stride_g, g,
                            w_s_block[g * w_s_stride_g]);
       }
@@ -117,49 +113,35 @@ __device__ __forceinline__ void fp8_gemv(const uint8_t* a_q, long long a_stride,
 
 }  // namespace
 
-#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE, FP8_MMA)                                       \
+#define QUANTROLL_FP8_GEMV(MT, RT, WARPS, UNROLL, PIPELINE)                                                \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                 \
-      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE##_f##FP8_MMA(                          \
+      fp8_gemv_mt##MT##_rt##RT##_w##WARPS##_u##UNROLL##_p##PIPELINE(                                       \
           const uint8_t* a_q, long long a_stride, const float* a_s, long long a_s_stride_m,                \
           long long a_s_stride_g, const uint8_t* w_q, long long w_stride, const float* w_s,                \
           long long w_s_stride_n, long long w_s_stride_g, uint16_t* y, long long y_stride,                 \
           long long m_rows, long long k) {                                                                 \
-    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE, FP8_MMA>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q,   \
-                                                       w_stride, w_s, w_s_stride_n, w_s_stride_g, y, y_stride, \
-                                                       m_rows, k);                                           \
+    fp8_gemv<MT, RT, WARPS, UNROLL, PIPELINE>(a_q, a_stride, a_s, a_s_stride_m, a_s_stride_g, w_q, w_stride, w_s, \
+                                              w_s_stride_n, w_s_stride_g, y, y_stride, m_rows, k);         \
   }
 
 // The compiled variants (fp8_gemv.py's VARIANTS names them; bench/gemv_cuda.py times them):
-// the chosen ones, their one-row-tile twins, and the runners-up of the 2026-12-01 sweep;
-// FP8_MMA 0 widens the codes to float16 (float32-accurate), 1 multiplies them on the FP8
-// tensor cores.
-QUANTROLL_FP8_GEMV(1, 1, 8, 1, 1, 0)
-QUANTROLL_FP8_GEMV(1, 2, 8, 1, 1, 0)
-QUANTROLL_FP8_GEMV(1, 2, 8, 2, 0, 0)
-QUANTROLL_FP8_GEMV(1, 1, 8, 2, 0, 0)
-QUANTROLL_FP8_GEMV(1, 2, 4, 2, 0, 0)
-QUANTROLL_FP8_GEMV(1, 2, 4, 1, 1, 0)
-QUANTROLL_FP8_GEMV(1, 1, 8, 2, 1, 0)
-QUANTROLL_FP8_GEMV(2, 1, 8, 1, 1, 0)
-QUANTROLL_FP8_GEMV(2, 1, 4, 1, 1, 0)
-QUANTROLL_FP8_GEMV(2, 1, 4, 2, 0, 0)
-QUANTROLL_FP8_GEMV(2, 2, 8, 1, 0, 0)
-QUANTROLL_FP8_GEMV(2, 1, 8, 2, 0, 0)
-QUANTROLL_FP8_GEMV(2, 1, 8, 1, 0, 0)
-QUANTROLL_FP8_GEMV(2, 2, 4, 1, 1, 0)
-QUANTROLL_FP8_GEMV(2, 2, 8, 1, 1, 0)
-QUANTROLL_FP8_GEMV(2, 1, 4, 2, 1, 0)
-QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0, 0)
-QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1, 0)
-QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0, 0)
-QUANTROLL_FP8_GEMV(1, 1, 8, 1, 1, 1)
-QUANTROLL_FP8_GEMV(1, 2, 8, 1, 1, 1)
-QUANTROLL_FP8_GEMV(2, 1, 8, 1, 1, 1)
-QUANTROLL_FP8_GEMV(2, 1, 4, 1, 1, 1)
-QUANTROLL_FP8_GEMV(2, 2, 8, 1, 1, 1)
-QUANTROLL_FP8_GEMV(2, 1, 8, 2, 0, 1)
-QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0, 1)
-QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1, 1)
-QUANTROLL_FP8_GEMV(4, 1, 8, 1, 0, 1)
-QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0, 1)
-QUANTROLL_FP8_GEMV(8, 1, 8, 1, 0, 1)
+// the chosen ones, their one-row-tile twins, and the runners-up of the 2026-12-01 sweep.
+QUANTROLL_FP8_GEMV(1, 1, 8, 1, 1)
+QUANTROLL_FP8_GEMV(1, 2, 8, 1, 1)
+QUANTROLL_FP8_GEMV(1, 2, 8, 2, 0)
+QUANTROLL_FP8_GEMV(1, 1, 8, 2, 0)
+QUANTROLL_FP8_GEMV(1, 2, 4, 2, 0)
+QUANTROLL_FP8_GEMV(1, 2, 4, 1, 1)
+QUANTROLL_FP8_GEMV(1, 1, 8, 2, 1)
+QUANTROLL_FP8_GEMV(2, 1, 8, 1, 1)
+QUANTROLL_FP8_GEMV(2, 1, 4, 1, 1)
+QUANTROLL_FP8_GEMV(2, 1, 4, 2, 0)
+QUANTROLL_FP8_GEMV(2, 2, 8, 1, 0)
+QUANTROLL_FP8_GEMV(2, 1, 8, 2, 0)
+QUANTROLL_FP8_GEMV(2, 1, 8, 1, 0)
+QUANTROLL_FP8_GEMV(2, 2, 4, 1, 1)
+QUANTROLL_FP8_GEMV(2, 2, 8, 1, 1)
+QUANTROLL_FP8_GEMV(2, 1, 4, 2, 1)
+QUANTROLL_FP8_GEMV(4, 1, 4, 1, 0)
+QUANTROLL_FP8_GEMV(4, 1, 4, 1, 1)
+QUANTROLL_FP8_GEMV(8, 1, 4, 1, 0)

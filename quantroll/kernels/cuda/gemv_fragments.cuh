@@ -67,20 +67,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// D += A B on the FP8 tensor cores (sm_89 and newer): e4m3 codes as loaded, four per
-// register, no widening. The products are exact, but the instruction adds its 32 products
-// and C at the FP8 MMA's own accumulation precision, not float32's (fewer bits, truncated:
-// DeepSeek-V3 reports ~14 on Hopper), which is why a K group's sum starts from zero and is
-// promoted to float32 after its 4 instructions (add_scaled), as blockwise-FP8 GEMMs do.
-__device__ __forceinline__ void mma_16832_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint16_t f32_to_bf16_rne(float x) {
   uint16_t out;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
@@ -222,25 +208,6 @@ __device__ __forceinline__ void multiply_group(const Group<MT, RT>& grp, float (
       const uint32_t a3 = e4m3x2_to_f16x2(grp.w1[rt][j] >> 16);  // row r + 8, k + {2, 3}
 #pragma unroll
       for (int tile = 0; tile < MT; ++tile) mma_16816(acc[rt][tile], a0, a1, a2, a3, b0[tile], b1[tile]);
-    }
-  }
-}
-
-// The same sums on the FP8 tensor cores: mma step s takes words 2s and 2s + 1 of the
-// thread's 32 bytes (m16n8k32's A slots 4t..4t+3 and 16+4t..16+4t+3 of rows r and r + 8,
-// B slots alike for token r), so A and B meet at the same logical k as in multiply_group;
-// half the instructions and no conversions, at the FP8 MMA's accumulation precision.
-template <int MT, int RT>
-__device__ __forceinline__ void multiply_group_fp8(const Group<MT, RT>& grp, float (&acc)[RT][MT][4]) {
-  zero(acc);
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-      for (int tile = 0; tile < MT; ++tile)
-        mma_16832_e4m3(acc[rt][tile], grp.w0[rt][2 * s], grp.w1[rt][2 * s], grp.w0[rt][2 * s + 1],
-                       grp.w1[rt][2 * s + 1], grp.a[tile][2 * s], grp.a[tile][2 * s + 1]);
     }
   }
 }

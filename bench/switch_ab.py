@@ -13,7 +13,7 @@ CUDA-graph decode, median of the repeats) at each batch.
         [--shape qwen3-8b] [--layers N]
 
 A value is a Python literal or an expression over the module's names, e.g.
-``--variant ws:fp8_wgmma.ENGINE_CONFIGS={(17,64):WgmmaConfig(64,2,3,1,0,2,4)} --approx ws``.
+``--variant tiles:fp8_gemv.CHOICE={**CHOICE,(2,'wide'):(2,2,8,1,0)}``.
 """
 import argparse
 import ast
@@ -29,7 +29,7 @@ from quantroll.formats import get_format
 
 def setting_value(module: str, text: str):
     """A Python literal, or an expression over the target module's names (e.g.
-    ``fp8_wgmma.ENGINE_CONFIGS={(17,64):WgmmaConfig(64,2,3,1,0,2,4)}``)."""
+    ``fp8_gemv.CHOICE={**CHOICE,(2,'wide'):(2,2,8,1,0)}``)."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):

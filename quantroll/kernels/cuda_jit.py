@@ -49,15 +49,9 @@ def find_nvcc() -> str | None:
     return None
 
 
-# Sources that use instructions of one architecture only (Hopper's warpgroup MMA exists on
-# sm_90a, not on sm_90 or any later GPU): compiled for the "a" target of the device.
-ARCH_SPECIFIC = frozenset({"fp8_wgmma_ws.cu"})
-
-
-def arch_flag(capability: tuple[int, int], arch_specific: bool = False) -> str:
+def arch_flag(capability: tuple[int, int]) -> str:
     major, minor = capability
-    suffix = "a" if arch_specific else ""
-    return f"-gencode=arch=compute_{major}{minor}{suffix},code=sm_{major}{minor}{suffix}"
+    return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
 
 
 class CompileError(RuntimeError):
@@ -71,7 +65,7 @@ def compile_cubin(source: Path, capability: tuple[int, int], nvcc: str | None = 
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CompileError("nvcc not found: set CUDA_HOME or QUANTROLL_NVCC to a CUDA toolkit >= 12.1")
-    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability, source.name in ARCH_SPECIFIC), f"-I{source.parent}"]
+    flags = ["-cubin", "-O3", "-std=c++17", arch_flag(capability), f"-I{source.parent}"]
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     texts = [source.read_text()] + [h.read_text() for h in sorted(source.parent.glob("*.cuh"))]
     key = hashlib.sha256("\0".join([*texts, *flags[:-1], version]).encode()).hexdigest()[:24]

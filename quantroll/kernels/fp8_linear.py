@@ -7,8 +7,6 @@ scales in float32, and they differ only in accumulation order; ``fp8_gemm`` pick
 - decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
   registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
   can build it;
-- decode, only for the batch ranges ``fp8_wgmma.ENGINE_CONFIGS`` names (none until one
-  beats the kernels below on the H200): the warpgroup-MMA kernels of fp8_wgmma.py, Hopper;
 - decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
   tiles of 32 weight rows (64 on long-K weights at 17-64 rows, ``LONG_K_DECODE``), split-K
   summed in the same launch, products on mma.sync
@@ -36,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.kernels import fp8_gemv, fp8_wgmma
+from quantroll.kernels import fp8_gemv
 from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm, scaled_mm_supports, scaled_mm_verified_on
 from quantroll.kernels.counters import counters
 from quantroll.model.linear import BACKENDS
@@ -66,25 +64,6 @@ class Fp8Activation:
     shape: torch.Size
     dtype: torch.dtype
     source: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class GateUpActivation:
-    """The input bf16(silu(gate)) * up of an MLP's down_proj, handed over as the BF16
-    gate_up [..., 2I] it comes from, for a down_proj GEMM that computes and quantizes it
-    itself (fp8_wgmma.fp8_wgmma_silu, chosen by ``fp8_wgmma.silu_config``): the silu
-    kernel is not launched. ``shape`` and ``dtype`` are those of the silu output."""
-
-    gate_up: torch.Tensor
-    config: fp8_wgmma.WgmmaConfig  # the silu twin that takes it
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size([*self.gate_up.shape[:-1], self.gate_up.shape[-1] // 2])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.gate_up.dtype
 
 
 def fp8_activation_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,12 +205,8 @@ def splits_to_fill(tiles: int, k: int, target: int) -> int:
 def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16) -> str:
     """Which FP8 GEMM an M x N x K product on ``device`` takes (``fp8_gemm`` follows it; a
     CUDA-kernel choice also needs 16-byte aligned rows, which every engine buffer has):
-    "cuda wgmma" (fp8_wgmma, batch ranges named in ``fp8_wgmma.ENGINE_CONFIGS``), "cuda
-    decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
+    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
     (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
-    wgmma = fp8_wgmma.engine_config(m)
-    if wgmma is not None and fp8_wgmma.supports_shape(m, n, k, out_dtype, wgmma) and fp8_wgmma.usable(device):
-        return "cuda wgmma"
     if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
         return "cuda decode"
     if m <= 64:
@@ -246,8 +221,6 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
     path = gemm_path(m, n, k, aq.device, out_dtype)
-    if path == "cuda wgmma" and fp8_wgmma.supports(aq, wq, out_dtype, wgmma := fp8_wgmma.engine_config(m)):
-        return fp8_wgmma.fp8_wgmma(aq, a_s, wq, w_s, wgmma)
     if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
     if m <= 64:
@@ -260,9 +233,7 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
 def fp8_linear_forward(layer, x) -> torch.Tensor:
     """QLinear backend: real FP8 GEMMs on the layer's block-FP8 buffers."""
     shape = x.shape
-    if isinstance(x, GateUpActivation):
-        y = fp8_wgmma.fp8_wgmma_silu(x.gate_up, layer.weight, layer.weight_scale, x.config)
-    elif isinstance(x, Fp8Activation):
+    if isinstance(x, Fp8Activation):
         y = fp8_gemm(x.codes, x.scales, layer.weight, layer.weight_scale, x.dtype)
     else:
         x2d = x.reshape(-1, shape[-1])

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.kernels import fp8_gemv, fp8_wgmma
+from quantroll.kernels import fp8_gemv
 from quantroll.kernels.decode_attention import next_pow2
-from quantroll.kernels.fp8_linear import Fp8Activation, GateUpActivation, fp8_activation_buffers
+from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
 # The model asks for producer-quantized activations only while this is True; tests turn it
 # off to check that both paths give the same bits.
@@ -97,15 +97,3 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
         return Fp8Activation(q, s, shape, gate_up.dtype)
     return y.view(shape)
 
-
-def down_proj_input(gate_up: torch.Tensor, quantize: bool, down_weight: torch.Tensor
-                    ) -> torch.Tensor | Fp8Activation | GateUpActivation:
-    """What an MLP's down_proj takes from its BF16 gate_up: ``silu_mul``'s output (with
-    ``quantize``, for a block-FP8 down_proj, as codes), or, where
-    ``fp8_wgmma.ENGINE_SILU_CONFIGS`` names a silu twin for this batch, the gate_up itself,
-    for that GEMM to compute and quantize silu * up (no silu launch)."""
-    if quantize:
-        config = fp8_wgmma.silu_config(gate_up, down_weight)
-        if config is not None:
-            return GateUpActivation(gate_up, config)
-    return silu_mul(gate_up, quantize=quantize)

@@ -140,10 +140,9 @@ class MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
         if self.gate_up_proj is not None and self.fused and _on_gpu(x):
-            from quantroll.kernels.fused import down_proj_input
+            from quantroll.kernels.fused import silu_mul
 
-            return self.down_proj(down_proj_input(self.gate_up_proj(x), takes_fp8_activation(self.down_proj),
-                                                  self.down_proj.weight))
+            return self.down_proj(silu_mul(self.gate_up_proj(x), quantize=takes_fp8_activation(self.down_proj)))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

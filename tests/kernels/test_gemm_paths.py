@@ -38,17 +38,3 @@ def test_small_batches_stay_on_the_decode_kernels(gpu):
 
 def test_cpu_devices_never_take_cublas():
     assert not fp8_linear.scaled_mm_verified_on(torch.device("cpu"))
-
-
-def test_the_wgmma_kernel_takes_only_the_batch_ranges_switched_on(gpu, monkeypatch):
-    from quantroll.kernels import fp8_wgmma
-
-    device = gpu((9, 0))
-    monkeypatch.setattr(fp8_wgmma, "usable", lambda device: torch.cuda.get_device_capability(device) == (9, 0))
-    assert fp8_wgmma.ENGINE_CONFIGS == {}  # off until a variant beats the other decode GEMMs
-    assert fp8_linear.gemm_path(32, 4096, 4096, device) == "triton decode"
-    monkeypatch.setattr(fp8_wgmma, "ENGINE_CONFIGS", {(17, 64): fp8_wgmma.DEFAULT})
-    assert [fp8_linear.gemm_path(m, 4096, 4096, device) for m in (16, 17, 64, 65)] == [
-        "triton decode", "cuda wgmma", "cuda wgmma", "cublas"]
-    assert fp8_linear.gemm_path(32, 4040, 4096, device) == "triton decode"  # N not a multiple of 64
-    assert fp8_linear.gemm_path(32, 4096, 4096, gpu((10, 0))) == "triton decode"  # no wgmma on Blackwell

@@ -10,7 +10,6 @@ import torch
 
 from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
 from quantroll.cli import main
-from quantroll.errors import QuantrollError
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.loop import run_training
 from quantroll.tasks.arithmetic import ArithmeticTask

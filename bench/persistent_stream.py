@@ -1,15 +1,20 @@
 """How much of the copy rate a stream of one Qwen3-8B layer's FP8 weights keeps as four
-launches (one per decode GEMM: qkv, o, gate_up, down) against one launch streaming the
-four matrices one after another. Pure loads (bench/persistent_stream.cu), no arithmetic
-and no waiting between the matrices: the floor under the decode GEMMs' per-layer times
-with per-GEMM launches, and what one launch per layer could at most save on the weight
-stream (docs/PERFORMANCE.md, session 12).
+launches (one per decode GEMM: qkv, o, gate_up, down), plainly or launched early as the
+decode GEMMs are (first loads requested, then griddepcontrol.wait), against one launch
+streaming the four matrices one after another: without waiting between them, with a grid
+barrier between them (what a persistent decode layer pays: each GEMM needs all of the one
+before), and with each block requesting its first loads of the next matrix before the
+barrier. Pure loads (bench/persistent_stream.cu), no arithmetic: the floor under the
+decode GEMMs' per-layer times with per-GEMM launches, and what one launch per layer could
+at most save on the weight stream (docs/PERFORMANCE.md, sessions 12 and 14).
 
-GPU time per layer set in a CUDA graph over 2 weight copies (386 MB, past L2), median of 20.
+GPU time per layer set in a CUDA graph over 2 weight copies (386 MB, past L2), median of 20;
+per shape (the row-tiled loads) over 8 copies of that shape.
 
     python bench/persistent_stream.py [--blocks-per-sm 1,2,4]
 """
 import argparse
+import ctypes
 import pathlib
 
 import torch
@@ -21,6 +26,16 @@ from quantroll.kernels import cuda_jit
 
 SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 2
+
+
+def resident_blocks(module: cuda_jit.CudaModule, name: str) -> int:
+    """How many 256-thread blocks of kernel ``name`` one SM holds at once (the driver's
+    occupancy calculator: registers, shared memory, threads)."""
+    count = ctypes.c_int()
+    drv = cuda_jit.driver()
+    drv.check(drv.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(count), module.function(name), 256,
+                                                                  ctypes.c_size_t(0)), f"occupancy of {name}")
+    return count.value
 
 
 def main():
@@ -40,24 +55,58 @@ def main():
     bandwidth = copy_bandwidth(dev)  # the rate the engine's roofline reads weights at
     print(f"one layer set: {total / 1e6:.1f} MB, {total / bandwidth * 1e6:.1f} us at the copy bandwidth "
           f"({bandwidth / 1e12:.2f} TB/s)", flush=True)
+    sync = torch.zeros(2, dtype=torch.int32, device=dev)  # grid barrier: arrivals, generation
+    max_per_sm = min(resident_blocks(module, name) for name in ("stream_four_barrier", "stream_four_barrier_prefetch"))
+    print(f"barrier kernels: at most {max_per_sm} resident blocks per SM", flush=True)
+    columns = ("4 launches", "4 early", "1 launch", "1, barriers", "1, barr.+pref.")
     rows = []
     for per_sm in (int(b) for b in args.blocks_per_sm.split(",")):
+        if per_sm > max_per_sm:  # the barrier needs every block resident
+            raise SystemExit(f"--blocks-per-sm {per_sm}: at most {max_per_sm} blocks of the barrier kernels fit an SM")
         grid = (sms * per_sm, 1, 1)
 
-        def four_launches(j):
+        def four_launches(j, kernel="stream_one", early=False):
             for w, n in zip(weights[j], words):
-                module.launch("stream_one", grid, (256, 1, 1), w, n, out)
+                module.launch(kernel, grid, (256, 1, 1), w, n, out, early=early)
 
-        def one_launch(j):
-            module.launch("stream_four", grid, (256, 1, 1), *[x for w, n in zip(weights[j], words) for x in (w, n)],
-                          out)
+        def one_launch(j, kernel="stream_four"):
+            module.launch(kernel, grid, (256, 1, 1), *[x for w, n in zip(weights[j], words) for x in (w, n)], sync, out)
 
-        rows.append((per_sm, graph_time_us(four_launches, COPIES), graph_time_us(one_launch, COPIES)))
+        times = [graph_time_us(four_launches, COPIES),
+                 graph_time_us(lambda j: four_launches(j, "stream_one_early", True), COPIES),
+                 graph_time_us(one_launch, COPIES),
+                 graph_time_us(lambda j: one_launch(j, "stream_four_barrier"), COPIES),
+                 graph_time_us(lambda j: one_launch(j, "stream_four_barrier_prefetch"), COPIES)]
+        torch.cuda.synchronize()
+        if sync[0].item() != 0:
+            raise SystemExit(f"grid barrier left {sync[0].item()} arrivals counted (expected 0)")
+        rows.append((per_sm, *times))
+        print(f"{per_sm} blocks/SM: " + ", ".join(f"{c} {t:.1f}" for c, t in zip(columns, times)), flush=True)
+    # The decode GEMM's row tiling, pure loads, launched early: per tiling and per shape.
+    tilings = [(rt, w, tiled) for tiled in (0, 1) for rt, w in ((1, 4), (1, 8), (2, 4), (2, 8))]
+    shape_copies = 8  # per shape, so that one shape's copies (o_proj: 8 x 16.8 MB) are well past L2
+    copies = [[torch.empty(n * k, dtype=torch.uint8, device=dev).random_(0, 255) for n, k in SHAPES.values()]
+              for _ in range(shape_copies)]
+    per_shape = {}
+    for rt, warps, tiled in tilings:
+        name = f"stream_rows_rt{rt}_w{warps}_t{tiled}"
+        for i, (layer, (n, k)) in enumerate(SHAPES.items()):
+            per_shape[(layer, rt, warps, tiled)] = graph_time_us(
+                lambda j: module.launch(name, (n // (16 * rt), 1, 1), (32 * warps, 1, 1), copies[j][i], k, out,
+                                        early=True), shape_copies)
+    print("\nrow-tiled loads (the decode GEMM's tiling; t1: weights stored tile-major), early launch, us per call:")
+    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w} t{t}':>12s}" for rt, w, t in tilings))
+    for i, (layer, (n, k)) in enumerate(SHAPES.items()):
+        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} "
+              + " ".join(f"{per_shape[(layer, *c)]:12.1f}" for c in tilings))
+    for tiled in (0, 1):
+        best = sum(min(per_shape[(layer, *c)] for c in tilings if c[2] == tiled) for layer in SHAPES)
+        print(f"{'tile-major' if tiled else 'row-major'} weights, best tiling per shape, summed over the layer set: "
+              f"{best:.1f} us (one launch each, not back to back)")
     print("\nus per layer set (% of the copy bandwidth):")
-    print(f"{'blocks/SM':>9s} {'4 launches':>16s} {'1 launch':>16s}")
+    print(f"{'blocks/SM':>9s} " + " ".join(f"{c:>16s}" for c in columns))
     for per_sm, *times in rows:
         print(f"{per_sm:9d} " + " ".join(f"{t:8.1f} ({total / bandwidth / (t * 1e-6) * 100:3.0f}%)" for t in times))
-
 
 if __name__ == "__main__":
     main()

@@ -137,33 +137,23 @@ QUANTROLL_STREAM_FOUR(stream_four_barrier_prefetch, 2)
 // groups in flight; launched early like the GEMMs (first round, release, wait). What the
 // shipped tiling costs against the grid-stride stream above: whole rows per block, so the
 // blocks per SM differ by one where the tiles do not divide evenly.
-// TILED: the weights stored tile-major instead (each 16-row x 128-byte piece of a K group,
-// 2 KB, contiguous, pieces of a tile in K order), each lane reading its 64 bytes of it: the
-// same bytes per lane, one contiguous 2 KB read per warp and group instead of 16 row pieces
-// K bytes apart.
-template <int RT, int WARPS, bool TILED>
+template <int RT, int WARPS>
 __device__ __forceinline__ void stream_rows(const uint8_t* w, long long k, uint32_t* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t = lane & 3;
   const long long n0 = static_cast<long long>(blockIdx.x) * 16 * RT;
   const int groups = static_cast<int>(k >> 7);
-  const uint8_t* row0 = TILED ? w + n0 * k + 64 * lane : w + (n0 + r) * k + 32 * t;
+  const uint8_t* row0 = w + (n0 + r) * k + 32 * t;
   uint32_t acc = 0;
   uint4 cur[RT][4];
   auto load = [&](uint4 (&v)[RT][4], int g) {
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
-      if (TILED) {
-        const uint8_t* p = row0 + 16 * rt * k + (static_cast<long long>(g) << 11);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[rt][i] = load_stream(reinterpret_cast<const uint4*>(p + 16 * i));
-      } else {
-        const uint8_t* p = row0 + 16 * rt * k + (static_cast<long long>(g) << 7);
-        v[rt][0] = load_stream(reinterpret_cast<const uint4*>(p));
-        v[rt][1] = load_stream(reinterpret_cast<const uint4*>(p + 16));
-        v[rt][2] = load_stream(reinterpret_cast<const uint4*>(p + 8 * k));
-        v[rt][3] = load_stream(reinterpret_cast<const uint4*>(p + 8 * k + 16));
-      }
+      const uint8_t* p = row0 + 16 * rt * k + (static_cast<long long>(g) << 7);
+      v[rt][0] = load_stream(reinterpret_cast<const uint4*>(p));
+      v[rt][1] = load_stream(reinterpret_cast<const uint4*>(p + 16));
+      v[rt][2] = load_stream(reinterpret_cast<const uint4*>(p + 8 * k));
+      v[rt][3] = load_stream(reinterpret_cast<const uint4*>(p + 8 * k + 16));
     }
   };
   auto take = [&](const uint4 (&v)[RT][4]) {
@@ -184,17 +174,15 @@ __device__ __forceinline__ void stream_rows(const uint8_t* w, long long k, uint3
   if (acc == 0x9E3779B9u) out[blockIdx.x] = acc;
 }
 
-#define QUANTROLL_STREAM_ROWS(RT, WARPS, TILED)                                                     \
+#define QUANTROLL_STREAM_ROWS(RT, WARPS)                                                            \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                          \
-      stream_rows_rt##RT##_w##WARPS##_t##TILED(const uint8_t* w, long long k, uint32_t* out) {     \
-    stream_rows<RT, WARPS, TILED>(w, k, out);                                                      \
+      stream_rows_rt##RT##_w##WARPS(const uint8_t* w, long long k, uint32_t* out) {                \
+    stream_rows<RT, WARPS>(w, k, out);                                                             \
   }
 
-QUANTROLL_STREAM_ROWS(1, 4, 0)
-QUANTROLL_STREAM_ROWS(1, 8, 0)
-QUANTROLL_STREAM_ROWS(2, 4, 0)
-QUANTROLL_STREAM_ROWS(2, 8, 0)
-QUANTROLL_STREAM_ROWS(1, 4, 1)
-QUANTROLL_STREAM_ROWS(1, 8, 1)
-QUANTROLL_STREAM_ROWS(2, 4, 1)
-QUANTROLL_STREAM_ROWS(2, 8, 1)
+// (Weights stored tile-major, each warp's K group one contiguous 2 KB read, measured slower:
+// 57.7 against 54.3 us per layer set, docs/PERFORMANCE.md session 14; removed.)
+QUANTROLL_STREAM_ROWS(1, 4)
+QUANTROLL_STREAM_ROWS(1, 8)
+QUANTROLL_STREAM_ROWS(2, 4)
+QUANTROLL_STREAM_ROWS(2, 8)

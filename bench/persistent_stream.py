@@ -83,26 +83,23 @@ def main():
         rows.append((per_sm, *times))
         print(f"{per_sm} blocks/SM: " + ", ".join(f"{c} {t:.1f}" for c, t in zip(columns, times)), flush=True)
     # The decode GEMM's row tiling, pure loads, launched early: per tiling and per shape.
-    tilings = [(rt, w, tiled) for tiled in (0, 1) for rt, w in ((1, 4), (1, 8), (2, 4), (2, 8))]
+    tilings = [(1, 4), (1, 8), (2, 4), (2, 8)]
     shape_copies = 8  # per shape, so that one shape's copies (o_proj: 8 x 16.8 MB) are well past L2
     copies = [[torch.empty(n * k, dtype=torch.uint8, device=dev).random_(0, 255) for n, k in SHAPES.values()]
               for _ in range(shape_copies)]
     per_shape = {}
-    for rt, warps, tiled in tilings:
-        name = f"stream_rows_rt{rt}_w{warps}_t{tiled}"
+    for rt, warps in tilings:
+        name = f"stream_rows_rt{rt}_w{warps}"
         for i, (layer, (n, k)) in enumerate(SHAPES.items()):
-            per_shape[(layer, rt, warps, tiled)] = graph_time_us(
+            per_shape[(layer, rt, warps)] = graph_time_us(
                 lambda j: module.launch(name, (n // (16 * rt), 1, 1), (32 * warps, 1, 1), copies[j][i], k, out,
                                         early=True), shape_copies)
-    print("\nrow-tiled loads (the decode GEMM's tiling; t1: weights stored tile-major), early launch, us per call:")
-    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w} t{t}':>12s}" for rt, w, t in tilings))
-    for i, (layer, (n, k)) in enumerate(SHAPES.items()):
-        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} "
-              + " ".join(f"{per_shape[(layer, *c)]:12.1f}" for c in tilings))
-    for tiled in (0, 1):
-        best = sum(min(per_shape[(layer, *c)] for c in tilings if c[2] == tiled) for layer in SHAPES)
-        print(f"{'tile-major' if tiled else 'row-major'} weights, best tiling per shape, summed over the layer set: "
-              f"{best:.1f} us (one launch each, not back to back)")
+    print("\nrow-tiled loads (the decode GEMM's tiling), early launch, us per call:")
+    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w}':>9s}" for rt, w in tilings))
+    for layer, (n, k) in SHAPES.items():
+        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} " + " ".join(f"{per_shape[(layer, *c)]:9.1f}" for c in tilings))
+    best = sum(min(per_shape[(layer, *c)] for c in tilings) for layer in SHAPES)
+    print(f"best tiling per shape, summed over the layer set: {best:.1f} us (one launch each, not back to back)")
     print("\nus per layer set (% of the copy bandwidth):")
     print(f"{'blocks/SM':>9s} " + " ".join(f"{c:>16s}" for c in columns))
     for per_sm, *times in rows:

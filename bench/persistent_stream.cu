@@ -132,7 +132,7 @@ QUANTROLL_STREAM_FOUR(stream_four_barrier, 1)
 QUANTROLL_STREAM_FOUR(stream_four_barrier_prefetch, 2)
 
 // The decode GEMM's tiling without its arithmetic: a block owns 16 * RT weight rows and all
-// of K, its WARPS warps take the 128-byte K groups round-robin, and lane (r, t) loads 32
+// of K (or, with gridDim.y = S, the y-th of S runs of K groups), its WARPS warps take the 128-byte K groups round-robin, and lane (r, t) loads 32
 // bytes of rows r and r + 8 of each 16-row tile per group (fp8_gemv.cu's loads), two
 // groups in flight; launched early like the GEMMs (first round, release, wait). What the
 // shipped tiling costs against the grid-stride stream above: whole rows per block, so the
@@ -142,8 +142,12 @@ __device__ __forceinline__ void stream_rows(const uint8_t* w, long long k, uint3
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t = lane & 3;
   const long long n0 = static_cast<long long>(blockIdx.x) * 16 * RT;
-  const int groups = static_cast<int>(k >> 7);
-  const uint8_t* row0 = w + (n0 + r) * k + 32 * t;
+  // split K: block (x, y) of gridDim.y splits takes the y-th contiguous run of K groups
+  const int all_groups = static_cast<int>(k >> 7);
+  const int per_split = (all_groups + gridDim.y - 1) / gridDim.y;
+  const int g0 = blockIdx.y * per_split;
+  const int groups = min(per_split, all_groups - g0);
+  const uint8_t* row0 = w + (n0 + r) * k + 32 * t + (static_cast<long long>(g0) << 7);
   uint32_t acc = 0;
   uint4 cur[RT][4];
   auto load = [&](uint4 (&v)[RT][4], int g) {

@@ -83,23 +83,24 @@ def main():
         rows.append((per_sm, *times))
         print(f"{per_sm} blocks/SM: " + ", ".join(f"{c} {t:.1f}" for c, t in zip(columns, times)), flush=True)
     # The decode GEMM's row tiling, pure loads, launched early: per tiling and per shape.
-    tilings = [(1, 4), (1, 8), (2, 4), (2, 8)]
+    tilings = [(1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 2), (2, 8, 2), (2, 8, 4)]
     shape_copies = 8  # per shape, so that one shape's copies (o_proj: 8 x 16.8 MB) are well past L2
     copies = [[torch.empty(n * k, dtype=torch.uint8, device=dev).random_(0, 255) for n, k in SHAPES.values()]
               for _ in range(shape_copies)]
     per_shape = {}
-    for rt, warps in tilings:
+    for rt, warps, splits in tilings:
         name = f"stream_rows_rt{rt}_w{warps}"
         for i, (layer, (n, k)) in enumerate(SHAPES.items()):
-            per_shape[(layer, rt, warps)] = graph_time_us(
-                lambda j: module.launch(name, (n // (16 * rt), 1, 1), (32 * warps, 1, 1), copies[j][i], k, out,
+            per_shape[(layer, rt, warps, splits)] = graph_time_us(
+                lambda j: module.launch(name, (n // (16 * rt), splits, 1), (32 * warps, 1, 1), copies[j][i], k, out,
                                         early=True), shape_copies)
-    print("\nrow-tiled loads (the decode GEMM's tiling), early launch, us per call:")
-    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w}':>9s}" for rt, w in tilings))
+    print("\nrow-tiled loads (the decode GEMM's tiling; sN: K split over N blocks), early launch, us per call:")
+    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w} s{sp}':>11s}" for rt, w, sp in tilings))
     for layer, (n, k) in SHAPES.items():
-        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} " + " ".join(f"{per_shape[(layer, *c)]:9.1f}" for c in tilings))
-    best = sum(min(per_shape[(layer, *c)] for c in tilings) for layer in SHAPES)
-    print(f"best tiling per shape, summed over the layer set: {best:.1f} us (one launch each, not back to back)")
+        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} " + " ".join(f"{per_shape[(layer, *c)]:11.1f}" for c in tilings))
+    for label, keep in (("whole K per block", lambda c: c[2] == 1), ("any split", lambda c: True)):
+        best = sum(min(per_shape[(layer, *c)] for c in tilings if keep(c)) for layer in SHAPES)
+        print(f"best tiling per shape, {label}, summed over the layer set: {best:.1f} us (one launch each)")
     print("\nus per layer set (% of the copy bandwidth):")
     print(f"{'blocks/SM':>9s} " + " ".join(f"{c:>16s}" for c in columns))
     for per_sm, *times in rows:

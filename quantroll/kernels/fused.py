@@ -96,4 +96,3 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
     if quantize:
         return Fp8Activation(q, s, shape, gate_up.dtype)
     return y.view(shape)
-

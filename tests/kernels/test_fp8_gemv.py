@@ -142,67 +142,54 @@ def _excess_over_rounding(aq, a_s, wq, y) -> float:
     return excess_over_bf16_rounding(y, a, get_format("fp8").dequantize(wq).double())
 
 
-def check_rounds_and_repeats(gemm, aq, a_s, wq, cfg) -> None:
-    """gemm(aq, a_s, codes, scales, cfg, early=...) rounds float64's product (up to float32
-    summation slack) and gives the same bits launched early or plainly."""
-    y = gemm(aq, a_s, wq.data, wq.scale, cfg)
-    assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
-    assert torch.equal(y, gemm(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
-
-
-def check_scale_layouts_and_row_slice(gemm, m: int, first: int, last: int) -> None:
-    """gemm(aq, a_s, codes, scales) gives the same bits for scales in either layout, and is
-    right on rows first..last-1 of a larger activation (the row stride and the scale offset
-    carry over)."""
-    aq, a_s, wq = _operands(m, 256, 512)
-    y = gemm(aq, a_s, wq.data, wq.scale)
-    assert torch.equal(y, gemm(aq, a_s.contiguous(), wq.data, wq.scale))
-    part = gemm(aq[first:last], a_s[first:last], wq.data, wq.scale)
-    assert _excess_over_rounding(aq[first:last], a_s[first:last], wq, part) <= 0
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(1, 16, 128), (5, 48, 384), (9, 272, 1152), (16, 4096, 4096), (17, 96, 256),
                                    (33, 1024, 12288), (64, 6144, 4096)])
 def test_every_variant_rounds_the_float64_result(m, n, k):
+    """Each variant rounds float64's product (up to float32 summation slack) and gives the
+    same bits launched early or plainly."""
     aq, a_s, wq = _operands(m, n, k)
     for cfg in fp8_gemv.VARIANTS:
         if 8 * cfg.token_tiles < m or n % cfg.rows:
             continue
-        check_rounds_and_repeats(fp8_gemv.fp8_gemv, aq, a_s, wq, cfg)
+        y = fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, cfg)
+        assert _excess_over_rounding(aq, a_s, wq, y) <= 0, cfg
+        assert torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, cfg, early=False)), cfg
 
 
 @gpu
 @pytest.mark.gpu
 def test_scales_in_either_layout_and_a_row_slice_of_the_codes():
-    check_scale_layouts_and_row_slice(fp8_gemv.fp8_gemv, 12, 2, 10)
+    """The same bits for scales in either layout, and right on rows 2..9 of a larger
+    activation (the row stride and the scale offset carry over)."""
+    aq, a_s, wq = _operands(12, 256, 512)
+    y = fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale)
+    assert torch.equal(y, fp8_gemv.fp8_gemv(aq, a_s.contiguous(), wq.data, wq.scale))
+    part = fp8_gemv.fp8_gemv(aq[2:10], a_s[2:10], wq.data, wq.scale)
+    assert _excess_over_rounding(aq[2:10], a_s[2:10], wq, part) <= 0
 
 
 @gpu
 @pytest.mark.gpu
 def test_graph_replay_after_a_kernel_that_writes_the_input():
-    check_graph_replay_reads_the_new_input(fp8_gemv.fp8_gemv, 16, 4096, 4096)
-
-
-def check_graph_replay_reads_the_new_input(gemm, m, n, k):
-    """Launched early inside a CUDA graph right after the kernel that writes its input,
-    ``gemm`` (codes, scales, weight codes, weight scales, out=, early=) must read the new
-    input (griddepcontrol.wait), replay after replay."""
+    """Launched early inside a CUDA graph right after the kernel that writes its input, the
+    GEMM must read the new input (griddepcontrol.wait), replay after replay."""
+    m, n, k = 16, 4096, 4096
     aq, a_s, wq = _operands(m, n, k)
     src = aq.clone()
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         aq.copy_(src)
-        gemm(aq, a_s, wq.data, wq.scale, out=out)
+        fp8_gemv.fp8_gemv(aq, a_s, wq.data, wq.scale, out=out)
     for seed in range(3):
         fresh = _operands(m, n, k, seed=seed + 1)[0]
         src.copy_(fresh)
         aq.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, gemm(fresh, a_s, wq.data, wq.scale, early=False))
+        assert torch.equal(out, fp8_gemv.fp8_gemv(fresh, a_s, wq.data, wq.scale, early=False))
 
 
 @gpu

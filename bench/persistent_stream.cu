@@ -132,11 +132,12 @@ QUANTROLL_STREAM_FOUR(stream_four_barrier, 1)
 QUANTROLL_STREAM_FOUR(stream_four_barrier_prefetch, 2)
 
 // The decode GEMM's tiling without its arithmetic: a block owns 16 * RT weight rows and all
-// of K (or, with gridDim.y = S, the y-th of S runs of K groups), its WARPS warps take the 128-byte K groups round-robin, and lane (r, t) loads 32
-// bytes of rows r and r + 8 of each 16-row tile per group (fp8_gemv.cu's loads), two
-// groups in flight; launched early like the GEMMs (first round, release, wait). What the
-// shipped tiling costs against the grid-stride stream above: whole rows per block, so the
-// blocks per SM differ by one where the tiles do not divide evenly.
+// of K (or, with gridDim.y = S, the y-th of S runs of K groups), its WARPS warps take the
+// 128-byte K groups round-robin, and lane (r, t) loads 32 bytes of rows r and r + 8 of each
+// 16-row tile per group (fp8_gemv.cu's loads), two groups in flight; launched early like
+// the GEMMs (first round, release, wait). What the shipped tiling costs against the
+// grid-stride stream above: whole rows per block, so the blocks per SM differ by one where
+// the tiles do not divide evenly.
 template <int RT, int WARPS>
 __device__ __forceinline__ void stream_rows(const uint8_t* w, long long k, uint32_t* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

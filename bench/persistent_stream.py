@@ -26,6 +26,9 @@ from quantroll.kernels import cuda_jit
 
 SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 2
+COLUMNS = ("4 launches", "4 early", "1 launch", "1, barriers", "1, barr.+pref.")  # launch structures timed
+# (row tiles, warps, K splits) of the row-tiled loads
+TILINGS = [(1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 2), (2, 8, 2), (2, 8, 4)]
 
 
 def resident_blocks(module: cuda_jit.CudaModule, name: str) -> int:
@@ -55,12 +58,22 @@ def main():
     bandwidth = copy_bandwidth(dev)  # the rate the engine's roofline reads weights at
     print(f"one layer set: {total / 1e6:.1f} MB, {total / bandwidth * 1e6:.1f} us at the copy bandwidth "
           f"({bandwidth / 1e12:.2f} TB/s)", flush=True)
+    rows = launch_structures(module, sms, weights, words, out, dev,
+                             tuple(int(b) for b in args.blocks_per_sm.split(",")))
+    row_tilings(module, dev, out, bandwidth)
+    print("\nus per layer set (% of the copy bandwidth):")
+    print(f"{'blocks/SM':>9s} " + " ".join(f"{c:>16s}" for c in COLUMNS))
+    for per_sm, *times in rows:
+        print(f"{per_sm:9d} " + " ".join(f"{t:8.1f} ({total / bandwidth / (t * 1e-6) * 100:3.0f}%)" for t in times))
+
+
+def launch_structures(module, sms: int, weights, words, out, dev, blocks_per_sm=(1, 2, 4)) -> list[tuple]:
+    """(blocks per SM, us per layer set for each of COLUMNS) of the grid-stride stream."""
     sync = torch.zeros(2, dtype=torch.int32, device=dev)  # grid barrier: arrivals, generation
     max_per_sm = min(resident_blocks(module, name) for name in ("stream_four_barrier", "stream_four_barrier_prefetch"))
     print(f"barrier kernels: at most {max_per_sm} resident blocks per SM", flush=True)
-    columns = ("4 launches", "4 early", "1 launch", "1, barriers", "1, barr.+pref.")
     rows = []
-    for per_sm in (int(b) for b in args.blocks_per_sm.split(",")):
+    for per_sm in blocks_per_sm:
         if per_sm > max_per_sm:  # the barrier needs every block resident
             raise SystemExit(f"--blocks-per-sm {per_sm}: at most {max_per_sm} blocks of the barrier kernels fit an SM")
         grid = (sms * per_sm, 1, 1)
@@ -81,30 +94,32 @@ def main():
         if sync[0].item() != 0:
             raise SystemExit(f"grid barrier left {sync[0].item()} arrivals counted (expected 0)")
         rows.append((per_sm, *times))
-        print(f"{per_sm} blocks/SM: " + ", ".join(f"{c} {t:.1f}" for c, t in zip(columns, times)), flush=True)
-    # The decode GEMM's row tiling, pure loads, launched early: per tiling and per shape.
-    tilings = [(1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (1, 4, 2), (1, 8, 2), (2, 4, 2), (2, 8, 2), (2, 8, 4)]
-    shape_copies = 8  # per shape, so that one shape's copies (o_proj: 8 x 16.8 MB) are well past L2
+        print(f"{per_sm} blocks/SM: " + ", ".join(f"{c} {t:.1f}" for c, t in zip(COLUMNS, times)), flush=True)
+    return rows
+
+
+def row_tilings(module, dev, out, bandwidth: float) -> None:
+    """The decode GEMM's row tiling, pure loads, launched early, per tiling and shape (over
+    8 copies of each shape, so that o_proj's 8 x 16.8 MB are well past L2): the table and
+    the best tiling per shape summed over the layer set, with whole K and with any split."""
+    shape_copies = 8
     copies = [[torch.empty(n * k, dtype=torch.uint8, device=dev).random_(0, 255) for n, k in SHAPES.values()]
               for _ in range(shape_copies)]
     per_shape = {}
-    for rt, warps, splits in tilings:
+    for rt, warps, splits in TILINGS:
         name = f"stream_rows_rt{rt}_w{warps}"
         for i, (layer, (n, k)) in enumerate(SHAPES.items()):
             per_shape[(layer, rt, warps, splits)] = graph_time_us(
                 lambda j: module.launch(name, (n // (16 * rt), splits, 1), (32 * warps, 1, 1), copies[j][i], k, out,
                                         early=True), shape_copies)
     print("\nrow-tiled loads (the decode GEMM's tiling; sN: K split over N blocks), early launch, us per call:")
-    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w} s{sp}':>11s}" for rt, w, sp in tilings))
+    print(f"{'layer':8s} {'bytes':>6s} " + " ".join(f"{f'rt{rt} w{w} s{sp}':>11s}" for rt, w, sp in TILINGS))
     for layer, (n, k) in SHAPES.items():
-        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} " + " ".join(f"{per_shape[(layer, *c)]:11.1f}" for c in tilings))
+        print(f"{layer:8s} {n * k / bandwidth * 1e6:6.1f} " + " ".join(f"{per_shape[(layer, *c)]:11.1f}" for c in TILINGS))
     for label, keep in (("whole K per block", lambda c: c[2] == 1), ("any split", lambda c: True)):
-        best = sum(min(per_shape[(layer, *c)] for c in tilings if keep(c)) for layer in SHAPES)
+        best = sum(min(per_shape[(layer, *c)] for c in TILINGS if keep(c)) for layer in SHAPES)
         print(f"best tiling per shape, {label}, summed over the layer set: {best:.1f} us (one launch each)")
-    print("\nus per layer set (% of the copy bandwidth):")
-    print(f"{'blocks/SM':>9s} " + " ".join(f"{c:>16s}" for c in columns))
-    for per_sm, *times in rows:
-        print(f"{per_sm:9d} " + " ".join(f"{t:8.1f} ({total / bandwidth / (t * 1e-6) * 100:3.0f}%)" for t in times))
+
 
 if __name__ == "__main__":
     main()

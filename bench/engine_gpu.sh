@@ -2,7 +2,6 @@
 # One device session for the engine: GPU tests first (correctness), then the GEMM studies and
 # the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
-#   FUSED_ATTENTION_AB=1  also time the 8B decode with FUSE_QKV_ATTENTION off (batches 16,64)
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SWITCH_AB_OTHERS=1    the BF16 8B step and the MoE shape (shipped settings, via bench/switch_ab.py)
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
@@ -17,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py
-  tests/engine/test_decode_attention_fused.py tests/kernels/test_fp8_gemv.py"
+  tests/engine/test_paged_attention_gpu.py tests/kernels/test_fp8_gemv.py"
 # shellcheck disable=SC2086
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout "${T_TESTS:-540}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-$ALL_TESTS} -rxXf --durations=8 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -30
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # measured 2026-12-01; skip them to fit the A/B runs in one call
@@ -27,15 +26,6 @@ fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \
   2>&1 | tee "$OUT/rollout_8b.log" | grep -v '^{'
-fi
-if [ "${FUSED_ATTENTION_AB:-0}" = 1 ]; then
-  python3 - <<'PY' 2>&1 | tee "$OUT/rollout_8b_fused_attention.log" | grep -v '^{'
-from quantroll.kernels import decode_attention
-decode_attention.FUSE_QKV_ATTENTION = False
-from quantroll.bench.rollout import format_table, run_rollout_bench
-bandwidth, results = run_rollout_bench("qwen3-8b", None, [16, 64], ["bf16", "fp8"], 128, 256, 2)
-print("FUSE_QKV_ATTENTION off"); print(format_table(bandwidth, results))
-PY
 fi
 if [ "${SWITCH_AB:-0}" = 1 ]; then
   timeout "${T_SWITCH:-560}" python3 bench/switch_ab.py --batches 1,16,64 \

@@ -1,32 +1,46 @@
-"""The rollout engine: batched generation with a KV cache, reporting what RL needs.
+"""The rollout engine: continuous batching over a paged KV cache, reporting what RL needs.
 
-``Engine(checkpoint_dir)`` loads a BF16 or quantized checkpoint; ``generate`` returns,
-per prompt, the response tokens, the logprob of each (full vocabulary, at the sampling
-temperature, before truncation), the finish reason, and for MoE models the experts
-each MoE layer chose at every position the trainer will process ([P + R - 1,
-moe_layers, top_k]): the prompt's P positions and every response token but the last.
-``load_weights`` updates weights in place for the weight sync.
+``Engine(checkpoint_dir)`` loads a BF16 or quantized checkpoint; ``generate`` queues all
+its prompts and returns, per prompt, the response tokens, the logprob of each (full
+vocabulary, at the sampling temperature, before truncation), the finish reason, and for
+MoE models the experts each MoE layer chose at every position the trainer will process
+([P + R - 1, moe_layers, top_k]): the prompt's P positions and every response token but
+the last. ``load_weights`` updates weights in place for the weight sync.
+
+The parts, as serving engines split them: ``Sequence`` (one request's state),
+``BlockManager`` (the KV blocks, shared prompt prefixes), ``Scheduler`` (what runs next:
+admission, chunked prefill, decode, preemption), ``ModelRunner`` (all device state:
+the pools, the forward passes, the decode graphs). The KV pool is allocated once, at the
+first generate() (``CacheConfig``: its budget and dtype), and kept across calls;
+``release_kv_cache`` gives its memory back (to a trainer on the same GPU).
+
+What a sample depends on: its prompt, its seed (``params.seed + prompt index``) and the
+weights. The noise a position draws is a hash of (seed, position), so neither the
+schedule, nor what runs beside it, nor a preemption changes it; only rounding in the
+logits can (batch-variant kernels).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence as Seq
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from quantroll.engine.decode import DecodeLoop
-from quantroll.engine.kv_cache import KVCache, kv_cache_bytes
+from quantroll.engine.block_manager import BlockManager, blocks_for
+from quantroll.engine.model_runner import ModelRunner
+from quantroll.engine.paged_cache import CacheConfig, PagedKVCache, kv_bytes_per_token
 from quantroll.engine.request import check_request
-from quantroll.engine.sampling import SamplingParams, sample
+from quantroll.engine.sampling import SamplingParams
+from quantroll.engine.scheduler import Prefill, Scheduler, SchedulerConfig
+from quantroll.engine.sequence import Sequence, Status
 from quantroll.errors import QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.kernels import triton_available
 from quantroll.model.linear import QLinear
 from quantroll.model.loader import load_model
-from quantroll.model.moe import RecordRouting
 
 
 @dataclass(frozen=True)
@@ -37,42 +51,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (a stop token, included in tokens) or "length"
     routed_experts: torch.Tensor | None  # int16/int32 [P + R - 1, moe_layers, top_k], MoE only
     weight_version: int
-
-
-class _Timer:
-    """CUDA events (or host clocks on CPU) at named points; read once at the end."""
-
-    def __init__(self, device: torch.device):
-        import time
-
-        self.cuda = device.type == "cuda"
-        self._clock = time.perf_counter
-        self.marks: list[tuple[str, object]] = [("start", self._now())]
-
-    def _now(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return self._clock()
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, self._now()))
-
-    def _ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-
-    def summary(self, steps: int, replays: int) -> dict[str, float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-        t = dict(self.marks)
-        stats = {"prefill_ms": self._ms(t["start"], t["prefill"]), "steps": steps, "graph_replays": replays}
-        stats["decode_ms"] = self._ms(t["prefill"], self.marks[-1][1])
-        if "replays_start" in t and replays:
-            stats["decode_step_ms"] = self._ms(t["replays_start"], self.marks[-1][1]) / replays
-        elif steps > 1:
-            stats["decode_step_ms"] = stats["decode_ms"] / (steps - 1)
-        return stats
+    preemptions: int = 0  # times this sequence was preempted and recomputed
 
 
 def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -110,34 +89,39 @@ def on_engine_device(method):
 class Engine:
     def __init__(self, checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                  fp8_kernels: bool | None = None, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 max_kv_cache_gb: float | None = None):
+                 cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None):
         """fp8_kernels: real FP8 GEMMs for a block-FP8 checkpoint (default: when the GPU has
         them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
-        on GPU (default on; off is the eager path, for debugging)."""
+        on GPU (default on; off is the eager path, for debugging). cache / scheduler: the KV
+        pool (budget, block size, dtype) and the batching policy."""
         self.checkpoint_dir = Path(checkpoint_dir)
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
         self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
-                    fused_kernels)
-        self.max_kv_cache_bytes = int(max_kv_cache_gb * 2**30) if max_kv_cache_gb else None
+                    fused_kernels, cache, scheduler)
 
     @classmethod
     def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
-                   cuda_graphs: bool = True, stop_ids: tuple[int, ...] = (), fused_kernels: bool = True) -> "Engine":
+                   cuda_graphs: bool = True, stop_ids: tuple[int, ...] = (), fused_kernels: bool = True,
+                   cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None) -> "Engine":
         """An engine around a model already in memory (benchmarks of real shapes, tests)."""
         engine = cls.__new__(cls)
         engine.checkpoint_dir = None
-        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels)
+        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler)
         return engine
 
-    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels=True) -> None:
+    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler) -> None:
         self.model, self.format = model, fmt
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = self.model.config
         self.last_stats: dict[str, float] = {}
-        self.max_kv_cache_bytes: int | None = None
         self.gpu_kernels = self.device.type == "cuda" and triton_available()
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.cache_config = cache or CacheConfig()
+        sched = scheduler or SchedulerConfig()
+        if sched.decode_steps is None:
+            sched = replace(sched, decode_steps=8 if self.device.type == "cuda" else 1)
+        self.scheduler_config = sched
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
         self.model.fuse_projections_()
         if self.gpu_kernels and fused_kernels:
@@ -161,6 +145,9 @@ class Engine:
         self.weight_version = 0
         self._params = dict(self.model.named_parameters())
         self._linears = {m.name: m for m in self.model.modules() if isinstance(m, QLinear) and m.quantized}
+        self._kv: PagedKVCache | None = None
+        self._blocks: BlockManager | None = None
+        self._runner: ModelRunner | None = None
 
     def quantized_layers(self) -> dict:
         """Quantized linears by checkpoint module name (a fused layer's parts, not the fused layer)."""
@@ -189,87 +176,137 @@ class Engine:
         backends = {layer.backend for layer in self._linears.values()}
         return f"{self.format.name} (emulated)" if "emulated" in backends else self.format.name
 
-    # -- generation -------------------------------------------------------------------
-    def _check(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        check_request(prompts, params, self.config.vocab_size, self.config.max_position_embeddings)
+    @property
+    def kv_cache_dtype(self) -> str:
+        return self.cache_config.kv_cache_dtype
 
+    @property
+    def kv_cache_label(self) -> str:
+        """The KV cache's precision as reports print it; the CPU's FP8 KV is an emulation."""
+        if self.kv_cache_dtype == "bf16":
+            return "bf16"
+        return "fp8_e4m3" if self.gpu_kernels else "fp8_e4m3 (emulated)"
+
+    # -- the KV cache -------------------------------------------------------------------
+    def kv_bytes_per_token(self) -> float:
+        return kv_bytes_per_token(self.config, self.kv_cache_dtype, self.dtype)
+
+    def _budget_bytes(self) -> int:
+        cfg = self.cache_config
+        if cfg.memory_gb is not None:
+            return int(cfg.memory_gb * 2**30)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            return int(torch.cuda.mem_get_info(self.device)[0] * cfg.memory_fraction)
+        return int(cfg.cpu_memory_gb * 2**30)
+
+    def _block_bytes(self) -> float:
+        routes = len(self.config.moe_layers) * self.config.num_experts_per_tok * torch.iinfo(self.route_dtype).bits // 8
+        return (self.kv_bytes_per_token() + routes) * self.cache_config.block_size
+
+    def kv_cache_capacity_tokens(self) -> int:
+        """Tokens the pool holds (allocated now, or as it would be allocated now)."""
+        if self._blocks is not None:
+            return self._blocks.usable_blocks * self._blocks.block_size
+        return max(int(self._budget_bytes() // self._block_bytes()) - 1, 0) * self.cache_config.block_size
+
+    def _ensure_cache(self) -> None:
+        if self._kv is not None:
+            return
+        bs = self.cache_config.block_size
+        budget = self._budget_bytes()
+        num_blocks = int(budget // self._block_bytes())
+        if num_blocks < 2:
+            raise QuantrollError(
+                f"a KV cache budget of {budget / 2**30:.4f} GiB holds {num_blocks} block(s) of {bs} tokens "
+                f"({self._block_bytes() / 2**20:.3f} MiB each), fewer than 2; raise --kv-cache-memory-gb")
+        try:
+            self._kv = PagedKVCache(self.config, num_blocks, bs, self.dtype, self.kv_cache_dtype, self.device,
+                                    self.gpu_kernels)
+        except torch.OutOfMemoryError:
+            raise QuantrollError(f"out of GPU memory allocating a KV cache of {budget / 2**30:.2f} GiB; lower "
+                                 "--kv-cache-memory-gb (or the memory fraction)") from None
+        self._blocks = BlockManager(num_blocks, bs, self.cache_config.prefix_sharing)
+        max_len = min(self.config.max_position_embeddings, self._blocks.usable_blocks * bs)
+        self._runner = ModelRunner(self.model, self._kv, self.device, self.route_dtype,
+                                   self.use_cuda_graphs and self.grouped_moe, blocks_for(max_len, bs),
+                                   self.scheduler_config.decode_steps)
+
+    def release_kv_cache(self) -> None:
+        """Free the KV pool and the decode graphs (which point into it); the next generate()
+        allocates them again. A trainer sharing the GPU calls this before its step."""
+        self._kv = self._blocks = self._runner = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- generation -------------------------------------------------------------------
     @torch.no_grad()
     @on_engine_device
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams()) -> list[GenerationResult]:
-        """Generate for every prompt. With ``max_kv_cache_bytes`` set, the prompts run in
-        consecutive sub-batches whose KV cache fits; prompt i always samples with seed + i."""
-        self._check(prompts, params)
-        seq_len = max(len(p) for p in prompts) + params.max_new_tokens
-        chunk = len(prompts)
-        if self.max_kv_cache_bytes:
-            per_sequence = kv_cache_bytes(self.config, 1, seq_len, self.dtype)
-            if per_sequence > self.max_kv_cache_bytes:
-                raise QuantrollError(
-                    f"one sequence of {seq_len} tokens needs {per_sequence / 2**30:.3f} GiB of KV cache, more than the "
-                    f"{self.max_kv_cache_bytes / 2**30:.3f} GiB allowed; raise the KV-cache bound or lower "
-                    "max_new_tokens")
-            chunk = max(1, self.max_kv_cache_bytes // per_sequence)
-        results: list[GenerationResult] = []
-        for start in range(0, len(prompts), chunk):
-            results += self._generate_batch(prompts[start: start + chunk], params, start)
-        return results
-
-    def _generate_batch(self, prompts, params: SamplingParams, seed_offset: int) -> list[GenerationResult]:
-        batch = len(prompts)
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        seq_len = int(lengths.max()) + params.max_new_tokens
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams = SamplingParams(),
+                 max_new_tokens: Seq[int] | None = None) -> list[GenerationResult]:
+        """Generate for every prompt (prompt i samples with seed ``params.seed + i``).
+        ``max_new_tokens``: an optional cap per prompt, each at most ``params.max_new_tokens``."""
+        check_request(prompts, params, self.config.vocab_size, self.config.max_position_embeddings)
+        caps = _per_prompt_caps(max_new_tokens, len(prompts), params.max_new_tokens)
+        self._ensure_cache()
+        seqs = [Sequence(i, list(p), caps[i], params.seed + i) for i, p in enumerate(prompts)]
+        sched = Scheduler(self._blocks, self.scheduler_config, params.max_new_tokens)
+        sched.on_preempt = self._runner.save_routes
+        for seq in seqs:
+            sched.add(seq)
+        stop = frozenset(params.stop_token_ids if params.stop_token_ids is not None else self.default_stop_ids)
+        results: dict[int, GenerationResult] = {}
+        steps = 0
         try:
-            return self._generate(prompts, params, batch, lengths, seq_len, seed_offset)
+            while not sched.done:
+                work = sched.schedule()
+                if work is None:
+                    raise RuntimeError("the scheduler has waiting sequences but scheduled nothing")
+                if isinstance(work, Prefill):
+                    sampled = self._runner.prefill(work.chunks, params)
+                    sched.prefilled(work.chunks)
+                    for chunk, first in zip(work.chunks, sampled):
+                        if first is not None and chunk.seq.append(*first, stop):
+                            results[chunk.seq.index] = self._finish(chunk.seq, sched)
+                    continue
+                tokens, logprobs = self._runner.decode(work.seqs, work.steps, params, self.scheduler_config.max_num_seqs)
+                steps += work.steps
+                for seq, row, lps in zip(work.seqs, tokens, logprobs):
+                    if seq.status is not Status.RUNNING:
+                        continue  # static policy: a finished row still computed until its group ends
+                    for token, logprob in zip(row, lps):
+                        if seq.append(token, logprob, stop):
+                            break
+                    if seq.finish_reason is not None:
+                        results[seq.index] = self._finish(seq, sched)
+                    else:
+                        sched.decoded(seq, work.steps)
         except torch.OutOfMemoryError:
-            gib = kv_cache_bytes(self.config, batch, seq_len, self.dtype) / 2**30
             raise QuantrollError(
-                f"out of GPU memory generating {batch} sequences of up to {seq_len} tokens "
-                f"(KV cache {gib:.2f} GiB); lower the batch size or max_new_tokens") from None
+                f"out of GPU memory generating {len(prompts)} sequences beside a KV cache of "
+                f"{self._kv.nbytes / 2**30:.2f} GiB; lower --kv-cache-memory-gb (or the memory fraction) or "
+                "max_num_batched_tokens") from None
+        self._record_stats(sched, steps)
+        return [results[i] for i in range(len(prompts))]
 
-    def _generate(self, prompts, params, batch, lengths, seq_len, seed_offset=0) -> list[GenerationResult]:
-        cfg, dev = self.config, self.device
-        stop = torch.tensor(params.stop_token_ids if params.stop_token_ids is not None else self.default_stop_ids,
-                            dtype=torch.long, device=dev)
-        cache = KVCache(cfg, batch, seq_len, self.dtype, dev, decode_kernel=self.gpu_kernels)
-        p_max = int(lengths.max())
-        ids = torch.zeros(batch, p_max, dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p, device=dev)
-        positions = torch.arange(p_max, device=dev).expand(batch, p_max)
-        prefill_routing = RecordRouting() if cfg.moe_layers else None
-        cache.positions = positions
-        timer = _Timer(dev)
-        hidden = self.model.hidden(ids, positions, cache, prefill_routing)
-        rows = torch.arange(batch, device=dev)
-        seeds = params.seed + seed_offset + rows.to(torch.int64)
-        token, logprob = sample(self.model.logits(hidden[rows, lengths - 1]), params, seeds, lengths)
-        loop = DecodeLoop(self.model, cache, params, stop, seeds, token, logprob, lengths, self.route_dtype,
-                          use_graph=self.use_cuda_graphs and self.grouped_moe)
-        timer.mark("prefill")
-        steps = loop.run(timer)
-        self.last_stats = timer.summary(steps, loop.replays)
-        prefill = None
-        if prefill_routing is not None:
-            k = cfg.num_experts_per_tok
-            prefill = torch.stack([prefill_routing.chosen[layer].view(batch, p_max, k) for layer in cfg.moe_layers], dim=2)
-        return self._results(prompts, loop.tokens[:steps].t(), loop.logprobs[:steps].t(), stop, prefill,
-                             None if loop.routes is None else loop.routes.transpose(0, 1))
+    def _finish(self, seq: Sequence, sched: Scheduler) -> GenerationResult:
+        routes = self._runner.routes_of(seq)
+        sched.finish(seq)
+        return GenerationResult(seq.prompt, seq.tokens, seq.logprobs, seq.finish_reason, routes, self.weight_version,
+                                seq.preemptions)
 
-    def _results(self, prompts, tokens, logprobs, stop, prefill_routes, decode_routes):
-        tokens, logprobs = tokens.cpu(), logprobs.cpu()
-        is_stop = torch.isin(tokens, stop.cpu())
-        if prefill_routes is not None:
-            prefill_routes, decode_routes = prefill_routes.to(self.route_dtype).cpu(), decode_routes.cpu()
-        out = []
-        for i, prompt in enumerate(prompts):
-            hits = is_stop[i].nonzero()
-            n = int(hits[0]) + 1 if len(hits) else tokens.shape[1]
-            experts = None
-            if prefill_routes is not None:
-                experts = torch.cat([prefill_routes[i, : len(prompt)], decode_routes[i, : n - 1]], dim=0)
-            out.append(GenerationResult(list(prompt), tokens[i, :n].tolist(), logprobs[i, :n].tolist(),
-                                        "stop" if len(hits) else "length", experts, self.weight_version))
-        return out
+    def _record_stats(self, sched: Scheduler, steps: int) -> None:
+        stats = self._runner.take_timings()
+        stats.update({
+            "decode_steps": steps, "preemptions": sched.preemptions, "prefill_tokens": sched.prefill_tokens,
+            "prefill_tokens_saved": sched.prefill_tokens_saved, "peak_blocks_used": self._blocks.peak_used,
+            "num_blocks": self._blocks.usable_blocks, "block_size": self._blocks.block_size,
+            "kv_cache_gb": self._kv.nbytes / 2**30, "graph_captures": self._runner.captures,
+        })
+        if steps:
+            stats["decode_step_ms"] = stats["decode_ms"] / steps
+        self._blocks.peak_used = self._blocks.num_used
+        self.last_stats = stats
 
     # -- weight updates ---------------------------------------------------------------
     @on_engine_device
@@ -281,5 +318,20 @@ class Engine:
         from quantroll.engine.weights import load_weights
 
         load_weights(named_tensors, self._linears, self._params, self.device)
+        if self._blocks is not None:
+            self._blocks.reset_prefix_cache()  # cached KV was computed with the old weights
         self.weight_version += 1
         return self.weight_version
+
+
+def _per_prompt_caps(caps: Seq[int] | None, n: int, limit: int) -> list[int]:
+    if caps is None:
+        return [limit] * n
+    caps = list(caps)
+    if len(caps) != n:
+        raise QuantrollError(f"max_new_tokens has {len(caps)} entries for {n} prompts; give one per prompt")
+    for i, c in enumerate(caps):
+        if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c <= limit:
+            raise QuantrollError(f"max_new_tokens[{i}] must be an integer in [1, {limit}] (params.max_new_tokens), "
+                                 f"got {c!r}")
+    return caps

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from quantroll.kernels import fp8_gemv
-from quantroll.kernels.decode_attention import next_pow2
+from quantroll.kernels.launch import next_pow2
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
 # The model asks for producer-quantized activations only while this is True; tests turn it
@@ -58,24 +58,6 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     if quantize:
         return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype, y.view(x.shape) if keep_bf16 else None)
     return res.view(x.shape), y.view(x.shape)
-
-
-def qk_norm_rope_cache(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                       heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
-    """qkv [T, (H + 2 Hkv) D] -> q [T, H, D] normalized and rotated; k (normalized,
-    rotated) and v written into the caches at (rows[t], positions[t])."""
-    from quantroll.kernels.fused_triton import qk_norm_rope_cache_kernel
-
-    t = qkv.shape[0]
-    q = torch.empty(t, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    cos2, sin2 = cos.reshape(t, -1), sin.reshape(t, -1)
-    qk_norm_rope_cache_kernel[(t, heads + kv_heads)](
-        qkv, q_norm_w, k_norm_w, cos2, sin2, q, k_cache, v_cache, rows, positions, eps,
-        qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HQ=heads, HKV=kv_heads, D=head_dim, num_warps=1)
-    return q
 
 
 def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Activation:

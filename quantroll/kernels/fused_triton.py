@@ -5,9 +5,8 @@ after every op that PyTorch rounds), so the engine's numerics move only by reduc
 order inside the RMS mean:
 
 - ``add_rmsnorm``: residual = x + delta (rounded), y = weight * bf16(r * rsqrt(mean r^2 + eps))
-- ``qk_norm_rope_cache``: for the token's q/k/v row of the fused projection: RMSNorm of
-  each q and k head, rotary embedding (rotate-half form), k and v written into the KV
-  cache at the token's position, q returned
+- ``_norm_rope``: RMSNorm of one q or k head and its rotary embedding (rotate-half
+  form), for the paged cache's store kernel (paged_attention_triton.py)
 - ``silu_mul``: bf16(silu(gate)) * up, rounded
 
 ``add_rmsnorm`` and ``silu_mul`` have a ``QUANT`` variant for when their output feeds a
@@ -100,39 +99,6 @@ def _norm_rope(x1, x2, w1, w2, c, s, eps, D: tl.constexpr, OUT: tl.constexpr):
     y1 = ((n1 * c).to(OUT).to(tl.float32) + (-n2 * s).to(OUT).to(tl.float32)).to(OUT)
     y2 = ((n2 * c).to(OUT).to(tl.float32) + (n1 * s).to(OUT).to(tl.float32)).to(OUT)
     return y1, y2
-
-
-@triton.jit
-def qk_norm_rope_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, row_ptr, pos_ptr, eps,
-                              s_t, s_ct, s_qt, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
-                              HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)  # token x stride passes 2^31 on long prefills
-    head = tl.program_id(1)  # 0..HQ-1: q heads; HQ..HQ+HKV-1: kv heads
-    HALF: tl.constexpr = D // 2
-    offs = tl.arange(0, HALF)
-    c = tl.load(cos_ptr + t * s_ct + offs).to(tl.float32)
-    s = tl.load(sin_ptr + t * s_ct + offs).to(tl.float32)
-    OUT = q_ptr.dtype.element_ty
-    if head < HQ:
-        base = qkv_ptr + t * s_t + head * D
-        y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(qw_ptr + offs),
-                            tl.load(qw_ptr + HALF + offs), c, s, eps, D, OUT)
-        tl.store(q_ptr + t * s_qt + head * s_qh + offs, y1)
-        tl.store(q_ptr + t * s_qt + head * s_qh + HALF + offs, y2)
-    else:
-        kvh = head - HQ
-        base = qkv_ptr + t * s_t + (HQ + kvh) * D
-        y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(kw_ptr + offs),
-                            tl.load(kw_ptr + HALF + offs), c, s, eps, D, OUT)
-        b = tl.load(row_ptr + t)
-        p = tl.load(pos_ptr + t)
-        k_dst = kc_ptr + b * s_kb + p * s_ks + kvh * s_kh
-        tl.store(k_dst + offs, y1)
-        tl.store(k_dst + HALF + offs, y2)
-        vbase = qkv_ptr + t * s_t + (HQ + HKV + kvh) * D
-        v_dst = vc_ptr + b * s_vb + p * s_vs + kvh * s_vh
-        tl.store(v_dst + offs, tl.load(vbase + offs))
-        tl.store(v_dst + HALF + offs, tl.load(vbase + HALF + offs))
 
 
 @triton.jit

@@ -35,7 +35,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) 
 def moe_align_fused(topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``moe_align`` in one launch (moe_align_kernel); at most MAX_ALIGN_KERNEL_PAIRS pairs."""
-    from quantroll.kernels.decode_attention import next_pow2
+    from quantroll.kernels.launch import next_pow2
     from quantroll.kernels.moe_triton import moe_align_kernel
 
     flat = topk_ids.reshape(-1).contiguous()
@@ -134,7 +134,7 @@ def fused_route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple
     """Router logits [N, E] -> (expert ids [N, top_k] int64, weights [N, top_k] in the
     logits' dtype) in one launch (moe_route_kernel), instead of softmax, topk, gather,
     sum, division and cast."""
-    from quantroll.kernels.decode_attention import next_pow2
+    from quantroll.kernels.launch import next_pow2
     from quantroll.kernels.moe_triton import moe_route_kernel
 
     n, e = logits.shape

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from quantroll.compute import resolve_compute_dtype
-from quantroll.engine import Engine, SamplingParams
+from quantroll.engine import CacheConfig, Engine, SamplingParams
 from quantroll.errors import QuantrollError
 from quantroll.metrics.sink import JsonlSink
 from quantroll.metrics.tensorboard import TensorBoardSink
@@ -90,7 +90,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
     if torch.device(cfg.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(cfg.device)
-    engine = Engine(engine_dir, device=cfg.device, dtype=dtype, max_kv_cache_gb=cfg.kv_cache_memory_gb)
+    engine = Engine(engine_dir, device=cfg.device, dtype=dtype,
+                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb))
     policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)

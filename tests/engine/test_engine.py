@@ -225,21 +225,6 @@ def test_fp8_fused_layer_drops_its_dequantized_cache_on_load(tiny_qwen3_dir, tmp
     assert torch.equal(mlp.gate_up_proj.weight[mlp.gate_proj.out_features:].view(torch.uint8), q.data.view(torch.uint8))
 
 
-def test_kv_cache_bound_splits_the_batch_without_changing_samples(tiny_qwen3_dir):
-    from quantroll.engine.kv_cache import kv_cache_bytes
-
-    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=9)
-    free = Engine(tiny_qwen3_dir, dtype=torch.float32).generate(PROMPTS, params)
-    cfg = Engine(tiny_qwen3_dir).config
-    one = kv_cache_bytes(cfg, 1, max(map(len, PROMPTS)) + 6, torch.float32)
-    bounded = Engine(tiny_qwen3_dir, dtype=torch.float32, max_kv_cache_gb=1.5 * one / 2**30)  # one sequence at a time
-    got = bounded.generate(PROMPTS, params)
-    assert [r.tokens for r in got] == [r.tokens for r in free]
-    too_small = Engine(tiny_qwen3_dir, dtype=torch.float32, max_kv_cache_gb=0.5 * one / 2**30)
-    with pytest.raises(QuantrollError, match="needs .* GiB of KV cache"):
-        too_small.generate(PROMPTS, params)
-
-
 def test_engine_and_sampling_params_are_exported_from_the_package():
     import quantroll
 

@@ -217,14 +217,13 @@ def test_kernels_on_gpu():
 @pytest.mark.parametrize("graphs", [False, True])
 def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkeypatch):
     """Bit-identical quantization -> bit-identical GEMM inputs -> the same tokens and
-    logprobs; prefill goes through the fused forward too (144 rows: the cuBLAS path). The
-    one-launch attention is off here (it quantizes o_proj's input itself: its own test)."""
+    logprobs; prefill goes through the fused forward too (144 rows: the cuBLAS path)."""
     import dataclasses
 
     from quantroll.bench.shapes import random_model, shape_config
     from quantroll.engine import Engine, SamplingParams
     from quantroll.formats import get_format
-    from quantroll.kernels import decode_attention, fused
+    from quantroll.kernels import fused
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
@@ -232,7 +231,6 @@ def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkey
     engine = Engine.from_model(model, fp8, "cuda", fp8_kernels=True, cuda_graphs=graphs)
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 172))]
-    monkeypatch.setattr(decode_attention, "FUSE_QKV_ATTENTION", False)
     calls = count_act_quant_launches(monkeypatch.setattr)
     results, launches = {}, {}
     for fuse in (False, True):
@@ -243,7 +241,7 @@ def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkey
     for a, b in zip(results[False], results[True]):
         assert a.tokens == b.tokens
         assert a.logprobs == b.logprobs
-    if not graphs:  # per forward (prefill + 11 decode steps) and layer: 4 linears quantize, fused only o_proj
+    if not graphs:  # per forward (one prefill, 11 decode steps) and layer: 4 linears quantize, fused only o_proj
         assert launches == {False: 12 * 2 * 4, True: 12 * 2 * 1}, launches
 
 

@@ -41,20 +41,25 @@ CASES = [
                                               "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
        dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y, RELEASE=quant), dict(num_warps=16))
       for quant, store_y in ((False, True), (True, False), (True, True))],
-    ("fused_triton", "qk_norm_rope_cache_kernel", {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr",
-                                                                       "sin_ptr", "q_ptr", "kc_ptr", "vc_ptr")}
-     | {"row_ptr": "i64", "pos_ptr": "i64"}, dict(HQ=32, HKV=8, D=128), dict(num_warps=1)),
     *[("fused_triton", "silu_mul_kernel", {"gu_ptr": "bf16", "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
        dict(QUANT=quant, BLOCK=1024, RELEASE=quant), {}) for quant in (False, True)],
-    ("decode_attention_triton", "decode_attention_kernel", {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16",
-                                                            "len_ptr": "i64", "o_ptr": "bf16"},
-     dict(HEAD_DIM=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_S=64), dict(num_warps=4, num_stages=2)),
-    *[("decode_attention_triton", "decode_attention_qkv_kernel",
-       {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "o_ptr")}
-       | {"row_ptr": "i64", "pos_ptr": "i64", "oq_ptr": "fp8e4nv", "os_ptr": "fp32"},
-       dict(HQ=32, HKV=8, D=128, GROUP=4, G_PAD=16, BLOCK_S=64, QUANT=quant, RELEASE=quant),
-       dict(num_warps=4, num_stages=2))
-      for quant in (False, True)],
+    *[("paged_attention_triton", "paged_decode_kernel",
+       {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",
+        "len_ptr": "i32", "o_ptr": "bf16", "po_ptr": "fp32", "pml_ptr": "fp32"},
+       dict(HKV=8, D=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_S=64, SPLITS=splits,
+            FP8=kv == "fp8e4nv", IEEE=False), dict(num_warps=4, num_stages=2))
+      for kv in ("bf16", "fp8e4nv") for splits in (1, 8)],
+    *[("paged_attention_triton", "paged_prefill_kernel",
+       {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",
+        "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},
+       dict(HKV=8, D=128, D_PAD=128, GROUP=4, BLOCK_SIZE=16, BLOCK_M=64, BLOCK_N=64, FP8=kv == "fp8e4nv",
+            IEEE=False), dict(num_warps=4, num_stages=2))
+      for kv in ("bf16", "fp8e4nv")],
+    *[("paged_attention_triton", "store_kv_kernel",
+       {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
+       | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},
+       dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv"), dict(num_warps=1))
+      for kv in ("bf16", "fp8e4nv")],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
                                              "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
        dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),

@@ -1,0 +1,112 @@
+"""Launchers for the paged-attention kernels (paged_attention_triton.py) over a
+``PagedKVCache`` and the ``AttentionBatch`` of one forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantroll.kernels.launch import next_pow2
+
+
+@dataclass(frozen=True)
+class PagedTiles:
+    """Launch shapes: keys per decode tile, prefill query and key tiles, warps."""
+
+    decode_block_s: int = 64
+    decode_warps: int = 4
+    prefill_block_m: int = 64
+    prefill_block_n: int = 64
+    prefill_warps: int = 4
+    max_splits: int = 16
+
+
+TILES = PagedTiles()
+
+
+def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedTiles = TILES) -> int:
+    """How many programs share one sequence's positions: enough to give every SM one
+    (sequence, KV head, split) program when the batch alone cannot; fixed per batch size,
+    so that a captured graph keeps its grid as contexts grow."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(tiles.max_splits, sms // max(batch * kv_heads, 1)))
+
+
+def _pools(cache, layer: int):
+    k, v = cache.k[layer], cache.v[layer]
+    ks = cache.k_scale[layer] if cache.quantized else k  # placeholders without scales (never read)
+    vs = cache.v_scale[layer] if cache.quantized else v
+    return k, v, ks, vs
+
+
+def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles = TILES) -> torch.Tensor:
+    """q [B, H, D] (one token per sequence) -> [B, H, D]."""
+    from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
+
+    b, h, d = q.shape
+    hkv = cache.kv_heads
+    group = h // hkv
+    splits = decode_splits(b, hkv, q.device, tiles)
+    out = torch.empty_like(q)
+    k, v, ks, vs = _pools(cache, layer)
+    if splits > 1:
+        part_o = torch.empty(b, h, splits, d, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(b, h, splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_ml = out  # placeholders (never stored to)
+    tables = batch.block_tables
+    paged_decode_kernel[(b, hkv, splits)](
+        q, k, v, ks, vs, tables, batch.context_lens, out, part_o, part_ml, d**-0.5,
+        q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
+        HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_SIZE=cache.block_size,
+        BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
+        num_warps=tiles.decode_warps, num_stages=2)
+    if splits > 1:
+        merge_splits_kernel[(b, h)](part_o, part_ml, out, out.stride(0), out.stride(1), H=h, D=d,
+                                    D_PAD=next_pow2(d, 16), SPLITS=splits, S_PAD=next_pow2(splits, 2))
+    return out
+
+
+def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles = TILES) -> torch.Tensor:
+    """q [N, H, D] (the flattened queries of the batch's sequences) -> [N, H, D]."""
+    from quantroll.kernels.paged_attention_triton import paged_prefill_kernel
+
+    n, h, d = q.shape
+    hkv = cache.kv_heads
+    out = torch.empty_like(q)
+    k, v, ks, vs = _pools(cache, layer)
+    tables = batch.block_tables
+    seqs = tables.shape[0]
+    grid = (seqs, -(-batch.max_query // tiles.prefill_block_m), h)
+    paged_prefill_kernel[grid](
+        q, k, v, ks, vs, tables, batch.query_starts, batch.context_lens, out, d**-0.5,
+        q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
+        HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=h // hkv, BLOCK_SIZE=cache.block_size,
+        BLOCK_M=tiles.prefill_block_m, BLOCK_N=tiles.prefill_block_n, FP8=cache.quantized,
+        IEEE=q.dtype == torch.float32, num_warps=tiles.prefill_warps, num_stages=2)
+    return out
+
+
+def attend(q: torch.Tensor, cache, layer: int, batch) -> torch.Tensor:
+    """The batch's queries [N, H, D] against the cache (its new keys already written)."""
+    if batch.query_starts is None:
+        return decode_attention(q.contiguous(), cache, layer, batch)
+    return prefill_attention(q.contiguous(), cache, layer, batch)
+
+
+def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin, cache, layer: int, batch
+                    ) -> torch.Tensor:
+    """A decode step from the fused q/k/v projection [B, (H + 2 Hkv) D]: norms, rotary and
+    the key/value store in one launch, then attention -> [B, H, D]."""
+    from quantroll.kernels.paged_attention_triton import store_kv_kernel
+
+    b = qkv.shape[0]
+    h, hkv, d = cache.heads, cache.kv_heads, cache.head_dim
+    q = torch.empty(b, h, d, dtype=qkv.dtype, device=qkv.device)
+    cos2, sin2 = cos.reshape(b, -1), sin.reshape(b, -1)
+    k, v, ks, vs = _pools(cache, layer)
+    store_kv_kernel[(b, h + hkv)](
+        qkv, q_norm_w, k_norm_w, cos2, sin2, q, k, v, ks, vs, batch.slots, eps,
+        qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1), HQ=h, HKV=hkv, D=d, FP8=cache.quantized, num_warps=1)
+    return decode_attention(q, cache, layer, batch)

@@ -1,0 +1,248 @@
+"""Attention over the paged KV cache (engine/paged_cache.py), in Triton.
+
+The pool of a layer is [num_blocks, BLOCK_SIZE, HKV, D], contiguous: the key of head h
+at slot t sits at ``(t * HKV + h) * D``. A tile of BLOCK_S consecutive positions of one
+sequence reads its blocks' ids from the sequence's row of the block table and gathers
+the rows at their slots, so the key loop is the same as over a contiguous cache except
+for that one indirection per tile.
+
+- ``paged_decode_kernel``: one query token per sequence. One program per (sequence, KV
+  head, split) serves the whole group of query heads sharing that KV head (GQA), so
+  every key and value is read once per step. With SPLITS > 1 each program walks 1/SPLITS
+  of the sequence's positions (whole tiles) and writes a partial result, which
+  ``merge_splits_kernel`` combines (flash-decoding): that is what fills the GPU when
+  batch x KV heads is small and contexts are long. Lengths come from device memory, so
+  the kernels are CUDA-graph safe while sequences grow.
+- ``paged_prefill_kernel``: any number of query tokens per sequence (new prompts, chunks
+  of long prompts, recomputed sequences), flattened; queries attend causally to all of
+  their sequence's positions up to their own, cached prefix included.
+- ``store_kv_kernel``: q/k RMSNorm, rotary and the key/value store at the tokens' slots
+  from the fused q/k/v projection of a decode step (the decode twin of the model's
+  ops), quantizing keys and values for an FP8 cache.
+
+FP8 cache (FP8=True): codes E4M3 with one float32 scale per (slot, head). Codes widen
+to BF16 exactly; a key's scale multiplies its column of q.k after the dot, a value's
+scale its column of the probabilities before the PV dot, so no dequantized tile is
+materialized. Softmax runs in float32 (online), P is rounded to the value dtype for
+the PV dot.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from quantroll.kernels.fused_triton import FP32_TINY, _norm_rope
+
+
+@triton.jit
+def _tile_slots(table_row, offs, ok, BLOCK_SIZE: tl.constexpr):
+    blk = tl.load(table_row + offs // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    return blk * BLOCK_SIZE + offs % BLOCK_SIZE
+
+
+@triton.jit
+def _load_tile(pool, scales, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
+               COMPUTE: tl.constexpr):
+    """[BLOCK_S, D_PAD] rows of one head at ``slots`` (zeros where not ok), in COMPUTE, and
+    their scales (FP8) or None."""
+    rows = slots * HKV + kvh
+    x = tl.load(pool + rows[:, None] * D + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    if FP8:
+        return x.to(COMPUTE), tl.load(scales + rows, mask=ok, other=0.0)
+    return x.to(COMPUTE), None
+
+
+@triton.jit
+def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, sm_scale,
+                        s_qb, s_qh, s_tb, s_ob, s_oh,
+                        HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
+                        G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
+                        FP8: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    length = tl.load(len_ptr + b).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_S) * BLOCK_S
+    start = split * per_split
+    end = tl.minimum(start + per_split, length)
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    g_ok = offs_g < GROUP
+    d_ok = offs_d < D
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=g_ok[:, None] & d_ok[None, :],
+                other=0.0)
+    COMPUTE = q.dtype
+    m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
+    acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
+    table_row = table_ptr + b * s_tb
+    for s0 in range(start, end, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        ok = offs < end
+        slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
+        k, k_scale = _load_tile(k_ptr, ks_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if FP8:
+            qk = qk * k_scale[None, :]
+        qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v, v_scale = _load_tile(v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        if FP8:
+            p = p * v_scale[None, :]
+        if IEEE:
+            pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(COMPUTE), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out_ok = g_ok[:, None] & d_ok[None, :]
+    if SPLITS == 1:
+        tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=out_ok)
+    else:
+        # partials [B, H, SPLITS, D] (acc / l) and [B, H, SPLITS, 2] (m, l); an empty split stores l = 0
+        row = (b * (HKV * GROUP) + heads) * SPLITS + split
+        safe_l = tl.where(l_i > 0, l_i, 1.0)
+        tl.store(po_ptr + row[:, None] * D + offs_d[None, :], acc / safe_l[:, None], mask=out_ok)
+        tl.store(pml_ptr + row * 2, m_i, mask=g_ok)
+        tl.store(pml_ptr + row * 2 + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def merge_splits_kernel(po_ptr, pml_ptr, o_ptr, s_ob, s_oh, H: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                        SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+    """Program (sequence, query head): the log-sum-exp weighted mean of the splits."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_ok = offs_s < SPLITS
+    row = (b * H + h) * SPLITS + offs_s
+    m = tl.load(pml_ptr + row * 2, mask=s_ok, other=float("-inf"))
+    l = tl.load(pml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
+    m = tl.where(l > 0, m, float("-inf"))
+    m_all = tl.max(m, axis=0)
+    w = tl.where(l > 0, l * tl.exp(m - m_all), 0.0)
+    o = tl.load(po_ptr + row[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(o_ptr + b * s_ob + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
+
+
+@triton.jit
+def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_ptr, ctx_ptr, o_ptr, sm_scale,
+                         s_qt, s_qh, s_tb, s_ot, s_oh,
+                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
+                         BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
+                         IEEE: tl.constexpr):
+    """Program (sequence, tile of BLOCK_M of its queries, query head)."""
+    s = tl.program_id(0).to(tl.int64)
+    mt = tl.program_id(1)
+    h = tl.program_id(2)
+    kvh = h // GROUP
+    q0 = tl.load(start_ptr + s)
+    q_len = tl.load(start_ptr + s + 1) - q0
+    ctx = tl.load(ctx_ptr + s)
+    pos0 = ctx - q_len  # absolute position of the sequence's first query
+    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < q_len
+    qpos = pos0 + rows
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    tok = (q0 + rows).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * s_qt + h * s_qh + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0)
+    COMPUTE = q.dtype
+    hi = tl.minimum(ctx, pos0 + (mt + 1) * BLOCK_M)  # the tile's last query sees positions < hi
+    hi = tl.where(mt * BLOCK_M < q_len, hi, 0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, D_PAD), dtype=tl.float32)
+    table_row = table_ptr + s * s_tb
+    for n0 in range(0, hi, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        ok = offs < hi
+        slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
+        k, k_scale = _load_tile(k_ptr, ks_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if FP8:
+            qk = qk * k_scale[None, :]
+        visible = ok[None, :] & (offs[None, :] <= qpos[:, None])
+        qk = tl.where(visible, qk * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet (padding)
+        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v, v_scale = _load_tile(v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        if FP8:
+            p = p * v_scale[None, :]
+        if IEEE:
+            pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(COMPUTE), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    tl.store(o_ptr + tok[:, None] * s_ot + h * s_oh + offs_d[None, :], (acc / safe_l[:, None]).to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _store_head(pool, scales, slot, kvh, offs, y1, y2, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+    """Store one head's vector (its two halves) at ``slot``; FP8: as E4M3 codes with the
+    vector's scale amax / 448 (formats/kv_fp8.quantize_kv)."""
+    HALF: tl.constexpr = D // 2
+    base = pool + (slot * HKV + kvh) * D
+    if FP8:
+        a = tl.maximum(tl.max(tl.abs(y1.to(tl.float32)), axis=0), tl.max(tl.abs(y2.to(tl.float32)), axis=0))
+        scale = tl.maximum(tl.math.div_rn(a, 448.0), FP32_TINY)
+        scale = tl.where(a > 0, scale, 0.0)
+        divisor = tl.where(scale > 0, scale, 1.0)
+        c1 = tl.minimum(tl.maximum(tl.math.div_rn(y1.to(tl.float32), divisor), -448.0), 448.0)
+        c2 = tl.minimum(tl.maximum(tl.math.div_rn(y2.to(tl.float32), divisor), -448.0), 448.0)
+        tl.store(base + offs, c1.to(tl.float8e4nv))
+        tl.store(base + HALF + offs, c2.to(tl.float8e4nv))
+        tl.store(scales + slot * HKV + kvh, scale)
+    else:
+        tl.store(base + offs, y1.to(pool.dtype.element_ty))
+        tl.store(base + HALF + offs, y2.to(pool.dtype.element_ty))
+
+
+@triton.jit
+def store_kv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, eps,
+                    s_t, s_ct, s_qt, s_qh, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+    """Program (token, head): q heads normalized and rotated into q; k heads normalized,
+    rotated and stored at the token's slot, with the matching v head."""
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    offs = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + t * s_ct + offs).to(tl.float32)
+    s = tl.load(sin_ptr + t * s_ct + offs).to(tl.float32)
+    OUT = q_ptr.dtype.element_ty
+    if head < HQ:
+        base = qkv_ptr + t * s_t + head * D
+        y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(qw_ptr + offs),
+                            tl.load(qw_ptr + HALF + offs), c, s, eps, D, OUT)
+        tl.store(q_ptr + t * s_qt + head * s_qh + offs, y1)
+        tl.store(q_ptr + t * s_qt + head * s_qh + HALF + offs, y2)
+    else:
+        kvh = head - HQ
+        base = qkv_ptr + t * s_t + (HQ + kvh) * D
+        y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(kw_ptr + offs),
+                            tl.load(kw_ptr + HALF + offs), c, s, eps, D, OUT)
+        slot = tl.load(slot_ptr + t)
+        _store_head(k_ptr, ks_ptr, slot, kvh, offs, y1, y2, HKV, D, FP8)
+        vbase = qkv_ptr + t * s_t + (HQ + HKV + kvh) * D
+        _store_head(v_ptr, vs_ptr, slot, kvh, offs, tl.load(vbase + offs), tl.load(vbase + HALF + offs), HKV, D, FP8)

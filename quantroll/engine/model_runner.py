@@ -7,11 +7,12 @@ The scheduler says what to run; this module turns it into tensors and forward pa
   whose prompt this pass completes.
 - ``decode``: ``steps`` steps of one token per sequence with no host synchronization in
   between. On a GPU each step is a CUDA graph replay; one graph per batch-size bucket
-  (1, 2, 4, ... up to max_num_seqs) and sampling setting, captured at its first use and
+  and sampling setting, captured at its first use and
   replayed for every later call, across ``load_weights`` too (weights are updated in
-  place). The step computes each row's slot from its position and block table on the
-  device, so positions advance inside the graph; a row past its last needed position
-  (``limits``) and the padding rows of a bucket write to the scratch block.
+  place). The buckets are powers of two up to 32, then multiples of 32 (``bucket_for``).
+  The step computes each row's slot from its position and block table on the device, so
+  positions advance inside the graph; a row past its last needed position (``limits``)
+  and the padding rows of a bucket write to the scratch block.
 
 MoE: every forward pass writes each token's experts into a routes pool indexed like the
 KV slots, so a sequence's routed experts are read back through its block table, shared
@@ -45,11 +46,15 @@ class RouteWriter(Routing):
 
 
 def bucket_for(n: int, largest: int) -> int:
-    """The smallest power of two >= n, or ``largest`` above it."""
+    """The decode batch a running set of ``n`` sequences replays in: powers of two up to 32,
+    then multiples of 32 (padding at most 31 rows where the linears start to cost by the
+    row), never beyond ``largest`` (max_num_seqs) unless n itself is."""
     b = 1
-    while b < n:
+    while b < n and b < 32:
         b *= 2
-    return min(b, max(largest, n))
+    if b < n:
+        b = -(-n // 32) * 32
+    return max(min(b, largest), n)
 
 
 @dataclass

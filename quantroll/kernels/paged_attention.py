@@ -29,6 +29,8 @@ def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedT
     """How many programs share one sequence's positions: enough to give every SM one
     (sequence, KV head, split) program when the batch alone cannot; fixed per batch size,
     so that a captured graph keeps its grid as contexts grow."""
+    if torch.device(device).type != "cuda":
+        return 1  # Triton's interpreter
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(tiles.max_splits, sms // max(batch * kv_heads, 1)))
 
@@ -40,14 +42,16 @@ def _pools(cache, layer: int):
     return k, v, ks, vs
 
 
-def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles = TILES) -> torch.Tensor:
-    """q [B, H, D] (one token per sequence) -> [B, H, D]."""
+def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles = TILES,
+                     splits: int | None = None) -> torch.Tensor:
+    """q [B, H, D] (one token per sequence) -> [B, H, D]; ``splits`` default: decode_splits."""
     from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
 
     b, h, d = q.shape
     hkv = cache.kv_heads
     group = h // hkv
-    splits = decode_splits(b, hkv, q.device, tiles)
+    if splits is None:
+        splits = decode_splits(b, hkv, q.device, tiles)
     out = torch.empty_like(q)
     k, v, ks, vs = _pools(cache, layer)
     if splits > 1:

@@ -42,15 +42,17 @@ def _tile_slots(table_row, offs, ok, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(pool, scales, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
-               COMPUTE: tl.constexpr):
-    """[BLOCK_S, D_PAD] rows of one head at ``slots`` (zeros where not ok), in COMPUTE, and
-    their scales (FP8) or None."""
+def _load_tile(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr, COMPUTE: tl.constexpr):
+    """[BLOCK_S, D_PAD] rows of one head at ``slots`` (zeros where not ok), in COMPUTE (E4M3
+    codes widen exactly)."""
     rows = slots * HKV + kvh
     x = tl.load(pool + rows[:, None] * D + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-    if FP8:
-        return x.to(COMPUTE), tl.load(scales + rows, mask=ok, other=0.0)
-    return x.to(COMPUTE), None
+    return x.to(COMPUTE)
+
+
+@triton.jit
+def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr):
+    return tl.load(scales + slots * HKV + kvh, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -82,21 +84,21 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
         offs = s0 + tl.arange(0, BLOCK_S)
         ok = offs < end
         slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        k, k_scale = _load_tile(k_ptr, ks_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
         if IEEE:
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             qk = tl.dot(q, tl.trans(k))
         if FP8:
-            qk = qk * k_scale[None, :]
+            qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
         qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, v_scale = _load_tile(v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
         if FP8:
-            p = p * v_scale[None, :]
+            p = p * _load_scales(vs_ptr, slots, ok, kvh, HKV)[None, :]
         if IEEE:
             pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
         else:
@@ -170,13 +172,13 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
         offs = n0 + tl.arange(0, BLOCK_N)
         ok = offs < hi
         slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        k, k_scale = _load_tile(k_ptr, ks_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
         if IEEE:
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             qk = tl.dot(q, tl.trans(k))
         if FP8:
-            qk = qk * k_scale[None, :]
+            qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
         visible = ok[None, :] & (offs[None, :] <= qpos[:, None])
         qk = tl.where(visible, qk * sm_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -184,9 +186,9 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
         p = tl.exp(qk - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, v_scale = _load_tile(v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, FP8, COMPUTE)
+        v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
         if FP8:
-            p = p * v_scale[None, :]
+            p = p * _load_scales(vs_ptr, slots, ok, kvh, HKV)[None, :]
         if IEEE:
             pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
         else:

@@ -12,14 +12,31 @@ from quantroll.errors import QuantrollError
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="GPU benchmarks (rollout speed)", description=__doc__)
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    r = sub.add_parser("rollout", help="prefill/decode speed of BF16 and FP8 engines on real model shapes")
+    r = sub.add_parser("rollout", help="prefill/decode speed of BF16 and FP8 engines on real model shapes",
+                       description="Rollout speed on real model shapes with random weights. --workload fixed: every "
+                       "sequence of a batch generates --new-tokens tokens, per batch size. --workload rl: --prompts x "
+                       "--samples sequences with long-tail response lengths (lognormal, sigma 1, mean --mean-len, "
+                       "capped at --new-tokens), per weight precision x KV cache dtype, against the serial roofline.")
+    r.add_argument("--workload", default="fixed", choices=["fixed", "rl"], help="fixed batches, or the RL workload "
+                   "(default: fixed)")
     r.add_argument("--shape", default="qwen3-8b", choices=["qwen3-8b", "qwen3-30b-a3b", "qwen3-1.7b"],
                    help="model shape, random weights (default: qwen3-8b)")
     r.add_argument("--layers", type=int, default=None, help="use only N decoder layers (default: all)")
     r.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes (default: 1,16,64,256)")
     r.add_argument("--precisions", default="bf16,fp8", help="comma-separated engine precisions (default: bf16,fp8)")
-    r.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default: 128)")
-    r.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence (default: 256)")
+    r.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default: 128 fixed, "
+                   "512 rl)")
+    r.add_argument("--new-tokens", type=int, default=None, help="tokens generated per sequence, for rl the cap of "
+                   "the drawn lengths (default: 256 fixed, 8192 rl)")
+    r.add_argument("--prompts", type=int, default=64, help="rl: distinct prompts (default: 64)")
+    r.add_argument("--samples", type=int, default=8, help="rl: samples per prompt, sharing its prefix (default: 8)")
+    r.add_argument("--mean-len", type=int, default=2048, help="rl: mean response length (default: 2048)")
+    r.add_argument("--kv-cache-dtypes", default="bf16,fp8_e4m3", help="rl: comma-separated KV cache dtypes "
+                   "(default: bf16,fp8_e4m3)")
+    r.add_argument("--static", action="store_true", help="rl: also run the static policy (sub-batches reserving "
+                   "the maximum length, each run to its longest row) at the same KV budget")
+    r.add_argument("--kv-cache-memory-gb", type=float, default=None, help="rl: the KV pool (default: 85%% of the "
+                   "free GPU memory)")
     r.add_argument("--repeats", type=int, default=3, help="timed repeats per point, median reported (default: 3)")
     r.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON to FILE")
     r.set_defaults(func=run_rollout)
@@ -45,10 +62,20 @@ def rollout_plan(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     most = SHAPES[args.shape].num_hidden_layers
     if args.layers is not None and not 1 <= args.layers <= most:
         raise QuantrollError(f"--layers must be in [1, {most}] for {args.shape}, got {args.layers}")
+    rl = args.workload == "rl"
+    args.prompt_len = args.prompt_len or (512 if rl else 128)
+    args.new_tokens = args.new_tokens or (8192 if rl else 256)
     for flag, value in (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens),
-                        ("--repeats", args.repeats)):
+                        ("--repeats", args.repeats), ("--prompts", args.prompts), ("--samples", args.samples),
+                        ("--mean-len", args.mean_len)):
         if value < 1:
             raise QuantrollError(f"{flag} must be >= 1, got {value}")
+    if rl:
+        from quantroll.engine.paged_cache import kv_cache_dtype_name
+
+        args.kv_cache_dtypes = [kv_cache_dtype_name(d) for d in args.kv_cache_dtypes.split(",")]
+        if args.mean_len > args.new_tokens:
+            raise QuantrollError(f"--mean-len {args.mean_len} is above the cap --new-tokens {args.new_tokens}")
     if args.json:
         check_output_path("--json", args.json, is_file=True)
     return batches, precisions
@@ -60,6 +87,18 @@ def run_rollout(args: argparse.Namespace) -> int:
     batches, precisions = rollout_plan(args)
     if not torch.cuda.is_available():
         raise QuantrollError("bench rollout needs a CUDA GPU; none is visible")
+    if args.workload == "rl":
+        from quantroll.bench.workload import Workload, format_workload_table, run_workload
+
+        w = Workload(args.prompts, args.samples, args.prompt_len, args.mean_len, args.new_tokens)
+        peaks, results = run_workload(args.shape, args.layers, w, precisions, args.kv_cache_dtypes, args.static,
+                                      args.kv_cache_memory_gb)
+        print(format_workload_table(peaks, w, results))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"peaks": asdict(peaks), "workload": asdict(w), "results": [asdict(r) for r in results]},
+                          f, indent=2)
+        return 0
     from quantroll.bench.rollout import format_table, run_rollout_bench
 
     bandwidth, results = run_rollout_bench(args.shape, args.layers, batches, precisions, args.prompt_len,

@@ -39,8 +39,15 @@ def register(subparsers) -> None:
                    "N layers in BF16 on both sides")
     m.add_argument("--ref-load", default=None, help="the trainer's BF16 weights (required when --hf-checkpoint is "
                    "quantized: mode 1)")
-    m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="bound on the engine's KV cache: larger "
-                   "rollouts run in sub-batches that fit (default: no bound)")
+    m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="the engine's KV cache pool in GiB; when "
+                   "it runs out the engine preempts and recomputes sequences (default: 85%% of the GPU memory free "
+                   "when the pool is allocated, 1 GiB on a CPU)")
+    m.add_argument("--kv-cache-dtype", default=D.kv_cache_dtype, choices=["bf16", "fp8_e4m3", "fp8"],
+                   help="what the engine's KV cache stores: bf16 (the compute dtype) or E4M3 with a scale per token "
+                   "and head (fp8 = fp8_e4m3); the trainer always attends in its own precision")
+    m.add_argument("--keep-kv-cache", action="store_true", help="GPU: keep the engine's KV pool and decode graphs "
+                   "while the trainer steps (default: release them, as colocated trainers do, so the trainer's peak "
+                   "fits; the next rollout allocates and captures them again)")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for both sides")
     m.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help="what the BF16 sides compute in: "
                    "auto = bfloat16 on GPU, float32 on CPU (weights keep BF16 values either way; CPUs without BF16 "
@@ -73,6 +80,8 @@ def register(subparsers) -> None:
     o = p.add_argument_group("optimization")
     o.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: the "
                    "whole rollout, one step per rollout)")
+    o.add_argument("--micro-batch-size", type=int, default=None, help="samples per forward pass; gradients of the "
+                   "micro-batches of one optimizer step are accumulated (default: the whole --global-batch-size)")
     o.add_argument("--lr", type=float, default=D.lr, help="AdamW learning rate (FP32 master weights)")
     o.add_argument("--advantage-estimator", default="grpo", choices=["grpo", "reinforce_plus_plus"], help="advantages")
     o.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range (low side)")
@@ -126,7 +135,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16, rollout_ignore_eos=args.rollout_ignore_eos,
         device=args.device, compute_dtype=args.compute_dtype,
-        kv_cache_memory_gb=args.kv_cache_memory_gb, task=args.task,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, kv_cache_dtype=args.kv_cache_dtype,
+        keep_kv_cache=args.keep_kv_cache, micro_batch_size=args.micro_batch_size, task=args.task,
         digits=args.digits, count_span=args.count_span, train_problems=args.train_problems, eval_size=args.eval_size, rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
         rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,

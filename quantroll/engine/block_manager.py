@@ -12,8 +12,8 @@ blocks and compute only the rest. A block becomes shareable once its KV is writt
 (``PrefixPlan.pending``) rather than recomputing it. The block holding a prompt's last
 position is never taken from the cache: that position must be computed, because its
 logits give the sequence's first token. Freed blocks keep their content and name until
-the pool reuses them (oldest first), so a later call with the same prompt can still hit;
-``reset_prefix_cache`` forgets every name when the weights change.
+the pool reuses them (oldest first) or ``reset_prefix_cache`` forgets every name (the
+engine does at each generate() call, so that a call's numbers depend on that call alone).
 
 Block 0 is never handed out: padded rows of a decode batch, and positions a sequence
 will not keep, write there.

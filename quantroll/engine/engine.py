@@ -239,6 +239,16 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    @torch.no_grad()
+    @on_engine_device
+    def capture_decode_graphs(self, params: SamplingParams = SamplingParams()) -> int:
+        """Capture the decode graph of every batch bucket for these sampling settings now,
+        rather than at each bucket's first use inside a generate() call (benchmarks, the
+        first RL step). Returns how many graphs the engine holds."""
+        self._ensure_cache()
+        self._runner.capture_all(params, self.scheduler_config.max_num_seqs)
+        return len(self._runner.states)
+
     # -- generation -------------------------------------------------------------------
     @torch.no_grad()
     @on_engine_device
@@ -249,6 +259,7 @@ class Engine:
         check_request(prompts, params, self.config.vocab_size, self.config.max_position_embeddings)
         caps = _per_prompt_caps(max_new_tokens, len(prompts), params.max_new_tokens)
         self._ensure_cache()
+        self._blocks.reset_prefix_cache()  # share within a call only: a call's bits depend on it alone
         seqs = [Sequence(i, list(p), caps[i], params.seed + i) for i, p in enumerate(prompts)]
         sched = Scheduler(self._blocks, self.scheduler_config, params.max_new_tokens)
         sched.on_preempt = self._runner.save_routes
@@ -305,6 +316,8 @@ class Engine:
         })
         if steps:
             stats["decode_step_ms"] = stats["decode_ms"] / steps
+        stats["decode_trace"] = self._runner.trace
+        self._runner.trace = []
         self._blocks.peak_used = self._blocks.num_used
         self.last_stats = stats
 
@@ -318,8 +331,6 @@ class Engine:
         from quantroll.engine.weights import load_weights
 
         load_weights(named_tensors, self._linears, self._params, self.device)
-        if self._blocks is not None:
-            self._blocks.reset_prefix_cache()  # cached KV was computed with the old weights
         self.weight_version += 1
         return self.weight_version
 

@@ -91,6 +91,8 @@ class ModelRunner:
         self.graph_pool = None
         self.captures = 0
         self.events: list[tuple[str, object, object]] = []
+        # per decode chunk: (sequences, bucket rows, steps, sum of the sequences' keys at its first step)
+        self.trace: list[tuple[int, int, int, int]] = []
 
     # -- timing ---------------------------------------------------------------------------
     def _mark(self):
@@ -240,6 +242,7 @@ class ModelRunner:
             dst.copy_(src.to(self.device, non_blocking=True))
         st.step.zero_()
         first = int(positions[:n].max())
+        self.trace.append((n, b, steps, int(positions[:n].sum()) + n))
         for s in range(steps):
             if st.graph is not None:
                 st.graph.replay()
@@ -249,6 +252,15 @@ class ModelRunner:
         out_t, out_lp = st.out_tokens[:steps, :n].t().tolist(), st.out_logprobs[:steps, :n].t().tolist()
         self.events.append(("decode", start, self._mark()))
         return out_t, out_lp
+
+    def capture_all(self, params: SamplingParams, largest: int) -> None:
+        """Capture every bucket up to ``largest`` now (largest first, so that the smaller
+        ones reuse its memory pool), instead of at each bucket's first use."""
+        if not self.use_graphs:
+            return
+        sizes = sorted({bucket_for(n, largest) for n in range(1, largest + 1)}, reverse=True)
+        for b in sizes:
+            self._state(b, params, largest)
 
     def drop_graphs(self) -> None:
         self.states.clear()

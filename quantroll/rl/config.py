@@ -19,6 +19,8 @@ class TrainConfig:
     num_layers_at_end_in_bf16: int = 0
     device: str = "cpu"
     kv_cache_memory_gb: float | None = None
+    kv_cache_dtype: str = "bf16"  # the engine's KV cache: bf16 (the compute dtype) or fp8_e4m3
+    keep_kv_cache: bool = False  # GPU: keep the engine's KV pool while the trainer steps (default: release it)
     compute_dtype: str = "auto"  # quantroll/compute.py: bfloat16 on GPU, float32 on CPU
     # rollout
     task: str = "arithmetic"
@@ -41,6 +43,7 @@ class TrainConfig:
     eval_interval: int = 0
     # optimization
     global_batch_size: int | None = None  # None: the whole rollout batch, one step per rollout
+    micro_batch_size: int | None = None  # sequences per forward pass (gradients accumulated); None: the minibatch
     lr: float = 2e-4
     max_grad_norm: float = 1.0
     advantage_estimator: str = "grpo"
@@ -92,6 +95,11 @@ class TrainConfig:
             raise bad("n-samples-per-prompt", f">= {least} ({self.advantage_estimator} groups)", self.n_samples_per_prompt)
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise bad("global-batch-size", ">= 1", self.global_batch_size)
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise bad("micro-batch-size", ">= 1", self.micro_batch_size)
+        from quantroll.engine.paged_cache import kv_cache_dtype_name
+
+        object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
         for flag, value in (("lr", self.lr), ("eps-clip", self.eps_clip), ("eps-clip-high", self.eps_clip_high),
                             ("kv-cache-memory-gb", self.kv_cache_memory_gb), ("tis-clip", self.tis_clip)):
             if value is not None and not (math.isfinite(value) and value > 0):

@@ -91,7 +91,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     if torch.device(cfg.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(cfg.device)
     engine = Engine(engine_dir, device=cfg.device, dtype=dtype,
-                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb))
+                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb, kv_cache_dtype=cfg.kv_cache_dtype))
     policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
@@ -126,6 +126,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                                     seed=cfg.seed * 1_000_003 + step * 100_003,
                                     stop_token_ids=() if cfg.rollout_ignore_eos else None)
             batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
+            if engine.device.type == "cuda" and not cfg.keep_kv_cache:
+                engine.release_kv_cache()  # colocated: the trainer's step gets the KV pool's memory
             metrics = train_on_batch(cfg, policy, ref_policy, optimizer, batch)
             if metrics.get("skipped_nonfinite"):
                 bad += 1
@@ -138,12 +140,14 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             if eval_problems and cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
                 metrics.update(evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len))
             record = {
-                "step": step, "rollout_precision": engine.precision, "loss_agg": cfg.loss_agg,
+                "step": step, "rollout_precision": engine.precision, "kv_cache_dtype": engine.kv_cache_label,
+                "loss_agg": cfg.loss_agg,
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),
                 "response_len_mean": batch.num_tokens / len(batch.results),
                 **metrics,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,
+                **batch.engine_stats,
                 "weight_quantize_time": timing.quantize_s, "weight_load_time": timing.load_s,
                 "weight_version": timing.version, "peak_memory_gb": peak_memory_gb(engine.device), **memory,
             }

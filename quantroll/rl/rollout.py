@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -64,6 +64,7 @@ class RolloutBatch:
     results: list[GenerationResult]
     rewards: torch.Tensor  # [B] float32
     seconds: float
+    engine_stats: dict = field(default_factory=dict)  # the engine's counters for this rollout (rollout_* metrics)
 
     @property
     def responses(self) -> list[list[int]]:
@@ -100,4 +101,7 @@ def rollout(engine: Engine, tokenizer, task, rng: random.Random, prompts_per_ste
             rewards.append(float(task.reward(text, label)))
         except Exception as err:  # a user's reward function: stop with the sample that broke it
             raise QuantrollError(f"the reward function raised on sample {i} ({text!r}): {type(err).__name__}: {err}") from err
-    return RolloutBatch(prompts, labels, results, torch.tensor(rewards, dtype=torch.float32), seconds)
+    stats = engine.last_stats
+    counters = {f"rollout_{k}": float(stats[k]) for k in ("preemptions", "prefill_tokens", "prefill_tokens_saved",
+                                                          "peak_blocks_used") if k in stats}
+    return RolloutBatch(prompts, labels, results, torch.tensor(rewards, dtype=torch.float32), seconds, counters)

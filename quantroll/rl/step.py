@@ -1,7 +1,11 @@
 """One training step on one rollout batch, as the algorithm reads:
 
 old logprobs (trainer, no grad) -> mismatch metrics -> advantages -> for each
-minibatch: logprobs -> PPO loss -> correction -> KL -> aggregate -> backward -> step.
+minibatch: for each micro-batch: logprobs -> PPO loss -> correction -> KL -> aggregate
+(over the minibatch's denominators) -> backward; then one optimizer step.
+
+``--micro-batch-size`` bounds the sequences in one forward pass (memory at long
+responses); the minibatch's loss and gradient do not depend on it, beyond float rounding.
 """
 
 from __future__ import annotations
@@ -18,17 +22,15 @@ from quantroll.rl.rollout import RolloutBatch
 from quantroll.rl.routing import replay_from_engine
 from quantroll.trainer.advantages import broadcast_to_tokens, grpo_advantages, reinforce_plus_plus_advantages
 from quantroll.trainer.corrections import CorrectionConfig, correct
-from quantroll.trainer.losses import aggregate, kl_penalty, ppo_policy_loss
+from quantroll.trainer.losses import aggregate, denominators, kl_penalty, ppo_policy_loss
 from quantroll.trainer.policy import response_logprobs
 
 
-def _routing_rows(record: RecordRouting, prompts, responses, moe_layers, batch_len) -> torch.Tensor:
-    """Recorded [B * L, k] tables -> per valid position [N, layers, k]."""
-    rows = []
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        n = len(p) + len(r) - 1
-        rows.append(torch.stack([record.chosen[layer].view(len(prompts), batch_len, -1)[i, :n] for layer in moe_layers], 1))
-    return torch.cat(rows).cpu()
+def _per_sequence_routes(record: RecordRouting, prompts, responses, moe_layers) -> list[torch.Tensor]:
+    """A pass's recorded [B * L, k] tables -> per sequence [P + R - 1, layers, k] (the engine's layout)."""
+    b, length = len(prompts), max(len(p) + len(r) - 1 for p, r in zip(prompts, responses))
+    return [torch.stack([record.chosen[layer].view(b, length, -1)[i, : len(p) + len(r) - 1] for layer in moe_layers], 1)
+            .cpu() for i, (p, r) in enumerate(zip(prompts, responses))]
 
 
 def _advantages(cfg: TrainConfig, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -37,85 +39,112 @@ def _advantages(cfg: TrainConfig, rewards: torch.Tensor, mask: torch.Tensor) -> 
     return reinforce_plus_plus_advantages(rewards, mask)
 
 
-def _slice_routing(replay: ReplayRouting | None, rows: list[int], batch: int, length: int) -> ReplayRouting | None:
-    """The replay tables of a minibatch, cut to the minibatch's own padded length."""
-    if replay is None:
-        return None
-    out = {}
-    for layer, table in replay.chosen.items():
-        per_row = table.view(batch, -1, table.shape[-1])
-        out[layer] = per_row[rows, :length].reshape(-1, table.shape[-1])
-    return ReplayRouting(out)
+class _Batch:
+    """The rollout's sequences and their routes, cut into any group of rows."""
+
+    def __init__(self, batch: RolloutBatch, model_cfg):
+        self.prompts, self.responses = batch.prompts, batch.responses
+        self.moe_layers, self.top_k = model_cfg.moe_layers, model_cfg.num_experts_per_tok
+
+    def rows(self, rows):
+        return [self.prompts[i] for i in rows], [self.responses[i] for i in rows]
+
+    def replay(self, routes: list[torch.Tensor] | None, rows) -> ReplayRouting | None:
+        if routes is None:
+            return None
+        prompts, responses = self.rows(rows)
+        return replay_from_engine([routes[i] for i in rows], prompts, responses, self.moe_layers, self.top_k)
+
+
+def _parts(rows: list[int], size: int | None) -> list[list[int]]:
+    return [rows[i: i + size] for i in range(0, len(rows), size)] if size else [rows]
+
+
+def _logprobs_no_grad(model, data: _Batch, temperature: float, parts, routes=None, record=False):
+    """(logp [B, R], mask [B, R], the routes the model chose itself or None), micro-batch by micro-batch."""
+    width = max(len(r) for r in data.responses)
+    logps, masks, natural = [], [], []
+    with torch.no_grad():
+        for rows in parts:
+            rec = RecordRouting() if record else None
+            prompts, responses = data.rows(rows)
+            lp, m = response_logprobs(model, prompts, responses, temperature, data.replay(routes, rows) or rec)
+            logps.append(torch.nn.functional.pad(lp.cpu(), (0, width - lp.shape[1])))
+            masks.append(torch.nn.functional.pad(m.cpu(), (0, width - m.shape[1])))
+            if rec is not None:
+                natural += _per_sequence_routes(rec, prompts, responses, data.moe_layers)
+    return torch.cat(logps), torch.cat(masks), (natural if record else None)
 
 
 def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: RolloutBatch) -> dict:
     model_cfg = policy.config
-    prompts, responses = batch.prompts, batch.responses
+    data = _Batch(batch, model_cfg)
+    n = len(data.prompts)
     moe = bool(model_cfg.moe_layers)
     metrics: dict = {}
     t0 = time.perf_counter()
+    micro = _parts(list(range(n)), cfg.micro_batch_size)
     # -- old logprobs: the trainer's own, before any update of this step ------------------
-    replay = None
-    if moe and cfg.use_rollout_routing_replay:
-        replay = replay_from_engine([r.routed_experts for r in batch.results], prompts, responses,
-                                    model_cfg.moe_layers, model_cfg.num_experts_per_tok)
-    record = RecordRouting() if moe else None
-    with torch.no_grad():
-        old_logp, mask = response_logprobs(policy, prompts, responses, cfg.rollout_temperature, replay or record)
-        if moe:
-            natural = record if replay is None else RecordRouting()
-            if replay is not None:
-                response_logprobs(policy, prompts, responses, cfg.rollout_temperature, natural)
-            length = max(len(p) + len(r) - 1 for p, r in zip(prompts, responses))
-            trainer_routes = _routing_rows(natural, prompts, responses, model_cfg.moe_layers, length)
-            engine_routes = torch.cat([r.routed_experts.long() for r in batch.results])
-            for j, share in enumerate(routing_agreement(trainer_routes, engine_routes)):
-                metrics[f"routing_agreement_layer{model_cfg.moe_layers[j]}"] = share
-            if cfg.use_routing_replay and replay is None:
-                replay = ReplayRouting(dict(natural.chosen))
-        ref_logp = None
-        if cfg.use_kl_loss and ref_policy is not None:
-            ref_logp, _ = response_logprobs(ref_policy, prompts, responses, cfg.rollout_temperature, replay)
-    old_logp, mask = old_logp.cpu(), mask.cpu()
+    engine_routes = [r.routed_experts for r in batch.results] if moe else None
+    replayed = engine_routes if moe and cfg.use_rollout_routing_replay else None
+    old_logp, mask, natural = _logprobs_no_grad(policy, data, cfg.rollout_temperature, micro, replayed,
+                                                record=moe and replayed is None)
+    if moe:
+        if natural is None:  # the old logprobs replayed the engine's choices: the trainer's own, for the metric
+            natural = _logprobs_no_grad(policy, data, cfg.rollout_temperature, micro, record=True)[2]
+        for j, share in enumerate(routing_agreement(torch.cat(natural), torch.cat([r.long() for r in engine_routes]))):
+            metrics[f"routing_agreement_layer{model_cfg.moe_layers[j]}"] = share
+        if cfg.use_routing_replay and replayed is None:
+            replayed = natural
+    ref_logp = None
+    if cfg.use_kl_loss and ref_policy is not None:
+        ref_logp = _logprobs_no_grad(ref_policy, data, cfg.rollout_temperature, micro, replayed)[0]
     rollout_logp = batch.rollout_logprobs()
     metrics.update(mismatch_metrics(old_logp, rollout_logp, mask))
     advantages = _advantages(cfg, batch.rewards, mask)
-    # -- updates, one per minibatch -----------------------------------------------------
+    # -- updates, one per minibatch, gradients accumulated over its micro-batches ---------
     correction = CorrectionConfig(enabled=cfg.use_tis, mode=cfg.tis_mode, level=cfg.tis_level, clip=cfg.tis_clip,
                                   clip_low=cfg.tis_clip_low)
-    size = cfg.global_batch_size or len(prompts)
+    size = cfg.global_batch_size or n
     losses, clipfracs, kls, norms, corr = [], [], [], [], []
-    for start in range(0, len(prompts), size):
-        rows = list(range(start, min(start + size, len(prompts))))
-        length = max(len(prompts[i]) + len(responses[i]) - 1 for i in rows)
-        sub_routing = _slice_routing(replay, rows, len(prompts), length)
-        logp, sub_mask = response_logprobs(policy, [prompts[i] for i in rows], [responses[i] for i in rows],
-                                           cfg.rollout_temperature, sub_routing)
-        width = logp.shape[1]
-        sub_old, sub_roll = old_logp[rows, :width].to(logp.device), rollout_logp[rows, :width].to(logp.device)
-        sub_adv = advantages[rows, :width].to(logp.device)
-        pg, clipped = ppo_policy_loss(logp, sub_old, sub_adv, cfg.eps_clip, cfg.eps_clip_high)
-        pg, numerator_mask, corr_metrics = correct(pg, sub_old, sub_roll, sub_mask, correction)
-        loss = aggregate(pg, numerator_mask, cfg.loss_agg, denom_mask=sub_mask)
-        if ref_logp is not None and cfg.kl_loss_coef:
-            kl = aggregate(kl_penalty(logp, ref_logp[rows, :width].to(logp.device), cfg.kl_loss_type), sub_mask, cfg.loss_agg)
-            loss = loss + cfg.kl_loss_coef * kl
-            kls.append(float(kl))
-        if not math.isfinite(float(loss.detach())):
+    for start in range(0, n, size):
+        minibatch = list(range(start, min(start + size, n)))
+        over = denominators(mask[minibatch])
+        optimizer.zero_grad()
+        loss_value, kl_value, finite, clipped_tokens = 0.0, 0.0, True, []
+        for rows in _parts(minibatch, cfg.micro_batch_size):
+            prompts, responses = data.rows(rows)
+            logp, sub_mask = response_logprobs(policy, prompts, responses, cfg.rollout_temperature,
+                                               data.replay(replayed, rows))
+            width = logp.shape[1]
+            sub_old, sub_roll = old_logp[rows, :width].to(logp.device), rollout_logp[rows, :width].to(logp.device)
+            sub_adv = advantages[rows, :width].to(logp.device)
+            pg, clipped = ppo_policy_loss(logp, sub_old, sub_adv, cfg.eps_clip, cfg.eps_clip_high)
+            pg, numerator_mask, corr_metrics = correct(pg, sub_old, sub_roll, sub_mask, correction)
+            loss = aggregate(pg, numerator_mask, cfg.loss_agg, denom_mask=sub_mask, over=over)
+            if ref_logp is not None and cfg.kl_loss_coef:
+                kl = aggregate(kl_penalty(logp, ref_logp[rows, :width].to(logp.device), cfg.kl_loss_type), sub_mask,
+                               cfg.loss_agg, over=over)
+                loss = loss + cfg.kl_loss_coef * kl
+                kl_value += float(kl)
+            if not math.isfinite(float(loss.detach())):
+                finite = False
+                break
+            loss.backward()
+            optimizer.accumulate()
+            loss_value += float(loss.detach())
+            clipped_tokens.append(clipped[sub_mask.bool()].float())
+            corr.append(corr_metrics)
+        if not finite or not math.isfinite(optimizer.grad_norm()):
             optimizer.zero_grad()
             metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0) + 1
             continue
-        optimizer.zero_grad()
-        loss.backward()
-        norm = optimizer.step(cfg.max_grad_norm) if math.isfinite(optimizer.grad_norm()) else float("nan")
-        if not math.isfinite(norm):
-            metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0) + 1
-            continue
-        losses.append(float(loss.detach()))
-        norms.append(norm)
-        m = sub_mask.bool()
-        clipfracs.append(float(clipped[m].float().mean()) if m.any() else 0.0)
-        corr.append(corr_metrics)
+        norms.append(optimizer.step(cfg.max_grad_norm))
+        losses.append(loss_value)
+        if ref_logp is not None and cfg.kl_loss_coef:
+            kls.append(kl_value)
+        tokens = torch.cat(clipped_tokens)
+        clipfracs.append(float(tokens.mean()) if tokens.numel() else 0.0)
     metrics.update({
         "loss": _mean(losses), "pg_clipfrac": _mean(clipfracs), "grad_norm": _mean(norms),
         "train_time": time.perf_counter() - t0,

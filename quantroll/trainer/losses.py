@@ -12,6 +12,8 @@ importance weight, or drop tokens from the numerator), and the choice of reducti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 # Log-ratios are clamped to +-LOG_RATIO_CLAMP before exp, as verl and slime do, so that
@@ -101,11 +103,27 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     raise ValueError(f"unknown KL kind {kind!r}; choose one of {KL_KINDS}")
 
 
+@dataclass(frozen=True)
+class Denominators:
+    """What a whole (mini)batch's loss divides by: its response tokens, and its sequences
+    that have any. A micro-batch divides by its minibatch's, so that the micro-batches'
+    losses (and gradients) add up to the minibatch's."""
+
+    tokens: float
+    sequences: int
+
+
+def denominators(denom_mask: torch.Tensor) -> Denominators:
+    den = as_bool_mask(denom_mask)
+    return Denominators(float(den.sum()), int(den.any(dim=1).sum()))
+
+
 def aggregate(
     per_token: torch.Tensor,
     mask: torch.Tensor,
     mode: str = "token-mean",
     denom_mask: torch.Tensor | None = None,
+    over: Denominators | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
@@ -119,8 +137,9 @@ def aggregate(
     ``denom_mask`` defaults to ``mask``. Mask-mode corrections pass the original
     response mask here and the reduced mask as ``mask``: tokens outside ``[c, C]``
     leave the numerator while the denominator keeps the original token count (DESIGN,
-    "Corrections"). With nothing to average the result is a 0 that stays attached to
-    the graph, so ``backward()`` still works and gives zero gradients.
+    "Corrections"). ``over``: the denominators of the batch this one is a micro-batch of
+    (default: this batch's own). With nothing to average the result is a 0 that stays
+    attached to the graph, so ``backward()`` still works and gives zero gradients.
 
     Masked-out positions are selected away (``torch.where``), not multiplied by 0, so
     a NaN in padding cannot leak into the value.
@@ -128,18 +147,18 @@ def aggregate(
     if denom_mask is None:
         denom_mask = mask
     check_same_shape(per_token=per_token, mask=mask, denom_mask=denom_mask)
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGG_MODES}")
+    over = over or denominators(denom_mask)
     num_mask = as_bool_mask(mask)
     den = as_bool_mask(denom_mask).to(per_token.dtype)
     masked = torch.where(num_mask, per_token, torch.zeros_like(per_token))
     zero = (per_token * 0.0).nan_to_num(0.0, 0.0, 0.0).sum()  # graph-attached zero
     if mode == "token-mean":
-        total = den.sum()
-        return masked.sum() / total if total > 0 else zero
-    if mode == "seq-mean-token-mean":
-        seq_den = den.sum(dim=1)
-        has_tokens = seq_den > 0
-        if not bool(has_tokens.any()):
-            return zero
-        seq_mean = masked.sum(dim=1)[has_tokens] / seq_den[has_tokens]
-        return seq_mean.mean()
-    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGG_MODES}")
+        return masked.sum() / over.tokens if over.tokens > 0 else zero
+    seq_den = den.sum(dim=1)
+    has_tokens = seq_den > 0
+    if not bool(has_tokens.any()) or not over.sequences:
+        return zero
+    return (masked.sum(dim=1)[has_tokens] / seq_den[has_tokens]).sum() / over.sequences
+

@@ -21,13 +21,29 @@ class MasterWeightAdamW:
         self.weight_dtype = weight_dtype
         self.master = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.params]
         self.inner = torch.optim.AdamW(self.master, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self._sums: list[torch.Tensor | None] = [None] * len(self.params)
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+        self._sums = [None] * len(self.params)
+
+    @torch.no_grad()
+    def accumulate(self) -> None:
+        """Move the gradients of one micro-batch into FP32 sums, so that accumulating
+        several in a BF16 model loses nothing to BF16 additions."""
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                g = p.grad.to(torch.float32)
+                self._sums[i] = g if self._sums[i] is None else self._sums[i].add_(g)
+                p.grad = None
+
+    def _gradients(self) -> list[torch.Tensor | None]:
+        self.accumulate()
+        return self._sums
 
     def grad_norm(self) -> float:
-        total = sum(float(p.grad.float().pow(2).sum()) for p in self.params if p.grad is not None)
+        total = sum(float(g.pow(2).sum()) for g in self._gradients() if g is not None)
         return total**0.5
 
     @torch.no_grad()
@@ -35,8 +51,9 @@ class MasterWeightAdamW:
         """Copy grads to FP32, clip, step, write back; returns the pre-clip grad norm."""
         norm = self.grad_norm()
         scale = 1.0 if not max_grad_norm or norm <= max_grad_norm else max_grad_norm / (norm + 1e-6)
-        for p, m in zip(self.params, self.master):
-            m.grad = None if p.grad is None else p.grad.to(torch.float32) * scale
+        for g, m in zip(self._gradients(), self.master):
+            m.grad = None if g is None else g * scale
+        self._sums = [None] * len(self.params)
         self.inner.step()
         for p, m in zip(self.params, self.master):
             p.copy_(self._rounded(m, p))

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 
 from quantroll.errors import QuantrollError
 from quantroll.model.loader import load_model
@@ -59,16 +60,42 @@ def pad_batch(prompts: list[list[int]], responses: list[list[int]], device) -> t
     return ids.to(device), targets.to(device), mask.to(device)
 
 
+# Response positions whose logits one pass materializes: [rows, vocab] float32 (2048 x 151936
+# x 4 bytes = 1.2 GiB for Qwen3). Never the logits of whole sequences: a 16K-token response
+# batch would need ~100 GiB.
+LOGPROB_CHUNK_ROWS = 2048
+
+
+def _token_logprobs(model: Qwen3ForCausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
+    logits = model.logits(hidden).float()
+    return torch.log_softmax(logits / t, dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
 def response_logprobs(model: Qwen3ForCausalLM, prompts: list[list[int]], responses: list[list[int]],
-                      temperature: float, routing: Routing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp [B, R] float32 of each response token, mask [B, R]); differentiable."""
+                      temperature: float, routing: Routing | None = None,
+                      chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp [B, R] float32 of each response token, mask [B, R]); differentiable.
+
+    The vocabulary projection runs only at the positions that predict a response token,
+    ``chunk_rows`` of them at a time; under autograd each chunk is recomputed in the
+    backward pass (activation checkpointing), so no chunk's logits outlive it."""
     device = next(model.parameters()).device
     ids, targets, mask = pad_batch(prompts, responses, device)
-    logits = model(ids, routing=routing).float()
+    hidden = model.hidden(ids, routing=routing)
     t = temperature if temperature > 0 else 1.0
-    rows = []
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        span = logits[i, len(p) - 1: len(p) - 1 + len(r)]
-        lp = torch.log_softmax(span / t, dim=-1).gather(-1, targets[i, : len(r), None])[:, 0]
-        rows.append(torch.nn.functional.pad(lp, (0, targets.shape[1] - len(r))))
-    return torch.stack(rows), mask
+    rows = [i for i, r in enumerate(responses) for _ in r]  # one entry per response token
+    steps = [j for r in responses for j in range(len(r))]
+    cols = [len(prompts[i]) - 1 + j for i, j in zip(rows, steps)]  # the position that predicts it
+    rows, steps, cols = (torch.tensor(x, dtype=torch.long, device=device) for x in (rows, steps, cols))
+    picked, wanted = hidden[rows, cols], targets[rows, steps]
+    parts = []
+    for start in range(0, len(rows), chunk_rows):
+        h, y = picked[start: start + chunk_rows], wanted[start: start + chunk_rows]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(torch.utils.checkpoint.checkpoint(_token_logprobs, model, h, y, t, use_reentrant=False))
+        else:
+            parts.append(_token_logprobs(model, h, y, t))
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+    if parts:
+        out = out.index_put((rows, steps), torch.cat(parts))
+    return out, mask

@@ -1,0 +1,63 @@
+"""Decode attention over the paged KV cache (kernels/paged_attention.py), timed under CUDA
+graph replay: BF16 vs FP8 caches, per batch and context, against the bytes it must read
+(each sequence's keys and values once, FP8 scales included) at the copy bandwidth.
+
+    python bench/paged_attention.py [--shape qwen3-1.7b] [--cases 1x4096,16x2048,64x2048,256x1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from quantroll.bench.graph_time import graph_time_us
+from quantroll.bench.rollout import copy_bandwidth
+from quantroll.bench.shapes import shape_config
+from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache, kv_bytes_per_token
+from quantroll.kernels import paged_attention
+
+
+def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4):
+    per_seq = -(-ctx // block_size)
+    blocks = batch * per_seq + 1
+    caches, batches = [], []
+    for _ in range(copies):  # distinct pools so that no replay finds its keys in L2
+        cache = PagedKVCache(cfg, blocks, block_size, torch.bfloat16, kv_dtype, "cuda", gpu_kernels=True)
+        for t in cache.k + cache.v:
+            t.view(torch.uint8).random_(0, 120)  # finite codes / bf16 values of either kind
+        if cache.quantized:
+            for t in cache.k_scale + cache.v_scale:
+                t.uniform_(1e-3, 1e-2)
+        perm = torch.randperm(blocks - 1, device="cuda")[: batch * per_seq] + 1
+        tables = perm.view(batch, per_seq).to(torch.int32)
+        ctx_t = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        caches.append(cache)
+        batches.append(AttentionBatch(torch.zeros(batch, dtype=torch.long, device="cuda"), tables, ctx_t, None))
+    q = torch.randn(batch, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    us = graph_time_us(lambda j: paged_attention.decode_attention(q, caches[j], 0, batches[j]), copies)
+    nbytes = batch * ctx * kv_bytes_per_token(cfg, kv_dtype, torch.bfloat16) / cfg.num_hidden_layers
+    return us, nbytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-1.7b")
+    ap.add_argument("--cases", default="1x4096,4x4096,16x2048,64x2048,256x1024")
+    args = ap.parse_args()
+    cfg = dataclasses.replace(shape_config(args.shape), num_hidden_layers=1)
+    bw = copy_bandwidth("cuda")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {args.shape} heads {cfg.num_attention_heads}/{cfg.num_key_value_heads}")
+    print(f"{'batch':>5s} {'ctx':>6s} {'kv':9s} {'splits':>6s} {'us':>8s} {'floor us':>8s} {'x floor':>7s}")
+    for spec in args.cases.split(","):
+        b, c = (int(x) for x in spec.split("x"))
+        for kv in ("bf16", "fp8_e4m3"):
+            us, nbytes = case(cfg, kv, b, c)
+            floor = nbytes / bw * 1e6
+            splits = paged_attention.decode_splits(b, cfg.num_key_value_heads, torch.device("cuda"))
+            print(f"{b:5d} {c:6d} {kv:9s} {splits:6d} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

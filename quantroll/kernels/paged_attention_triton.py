@@ -21,10 +21,13 @@ for that one indirection per tile.
   ops), quantizing keys and values for an FP8 cache.
 
 FP8 cache (FP8=True): codes E4M3 with one float32 scale per (slot, head). Codes widen
-to BF16 exactly; a key's scale multiplies its column of q.k after the dot, a value's
-scale its column of the probabilities before the PV dot, so no dequantized tile is
-materialized. Softmax runs in float32 (online), P is rounded to the value dtype for
-the PV dot.
+to float16 exactly and q is rounded to float16 for the dot; a key's scale multiplies its column of q.k after the dot, a value's scale,
+divided by the tile's largest, its column of the probabilities before the PV dot (so P
+stays in [0, 1], where float16 is finer than BF16), the largest the dot's result. No
+dequantized tile is materialized. Softmax runs in float32 (online); with a BF16 cache P
+is rounded to BF16 for the PV dot. Measured (bench/paged_attention.py, H200, 2026-12-02):
+the BF16 cache reads at the copy rate from batch 64 up; the FP8 one takes 2.5-3.3x its
+bytes there (widening to BF16 instead of float16 made no difference): not yet found.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=g_ok[:, None] & d_ok[None, :],
                 other=0.0)
-    COMPUTE = q.dtype
+    COMPUTE = tl.float16 if FP8 else q.dtype  # E4M3 widens to float16 in one instruction, to BF16 in several
+    q = q.to(COMPUTE)
     m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((G_PAD,), dtype=tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
@@ -97,12 +101,16 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        if FP8:
-            p = p * _load_scales(vs_ptr, slots, ok, kvh, HKV)[None, :]
+        if FP8:  # the values' scales, relative to the tile's largest, join P (in [0, 1], float16)
+            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
+            top = tl.max(v_scale, axis=0)
+            p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
         if IEEE:
             pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
         else:
             pv = tl.dot(p.to(COMPUTE), v)
+        if FP8:
+            pv = pv * top
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out_ok = g_ok[:, None] & d_ok[None, :]
@@ -161,7 +169,8 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
     tok = (q0 + rows).to(tl.int64)
     q = tl.load(q_ptr + tok[:, None] * s_qt + h * s_qh + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
                 other=0.0)
-    COMPUTE = q.dtype
+    COMPUTE = tl.float16 if FP8 else q.dtype
+    q = q.to(COMPUTE)
     hi = tl.minimum(ctx, pos0 + (mt + 1) * BLOCK_M)  # the tile's last query sees positions < hi
     hi = tl.where(mt * BLOCK_M < q_len, hi, 0)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -187,12 +196,16 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        if FP8:
-            p = p * _load_scales(vs_ptr, slots, ok, kvh, HKV)[None, :]
+        if FP8:  # the values' scales, relative to the tile's largest, join P (in [0, 1], float16)
+            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
+            top = tl.max(v_scale, axis=0)
+            p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
         if IEEE:
             pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
         else:
             pv = tl.dot(p.to(COMPUTE), v)
+        if FP8:
+            pv = pv * top
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     safe_l = tl.where(l_i > 0, l_i, 1.0)

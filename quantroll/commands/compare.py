@@ -102,8 +102,8 @@ def _check_runs(setup, specs) -> None:
         argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
         try:
             parsed = parser.parse_args(argv)
-        except SystemExit:
-            raise QuantrollError(f"run {spec.run_id}: `quantroll train` refuses its command line (see above); fix "
+        except QuantrollError as err:  # argparse's refusal, one line (cli.UsageError)
+            raise QuantrollError(f"run {spec.run_id}: `quantroll train` refuses its command line ({err}); fix "
                                  "--train-args or the sweep flags") from None
         try:
             config_from_args(parsed)

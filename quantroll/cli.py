@@ -83,8 +83,11 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     name = "quantroll"
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
         name = f"quantroll {args.command}"
+        if extra:  # said by the subcommand's name, not the top-level parser's
+            raise UsageError(name, f"unrecognized arguments: {' '.join(extra)} (see {name} --help)")
         use_device(getattr(args, "device", None))
         result = args.func(args)
     except KeyboardInterrupt:

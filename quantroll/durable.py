@@ -198,6 +198,16 @@ def make_dirs(path: Path) -> list[Path]:
     return created
 
 
+def remove_empty_dirs(root: Path) -> None:
+    """Remove the empty directories under ``root`` (not ``root``), deepest first."""
+    for dirpath, _, _ in sorted(os.walk(root), key=lambda entry: -len(Path(entry[0]).parts)):
+        if Path(dirpath) != Path(root):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
+
+
 def remove_empty(dirs: list[Path]) -> None:
     """Remove the directories ``make_dirs`` created, innermost first, while empty."""
     for d in reversed(dirs):
@@ -208,4 +218,4 @@ def remove_empty(dirs: list[Path]) -> None:
 
 
 __all__ = ["advice", "describe", "writing", "write_atomic", "make_temp_dir", "stale_temps", "pid_alive", "dir_mode",
-           "fsync_dir", "make_dirs", "remove_empty", "remove", "temp_name"]
+           "fsync_dir", "make_dirs", "remove_empty", "remove_empty_dirs", "remove", "temp_name"]

@@ -21,6 +21,7 @@ import torch
 
 from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
 from quantroll.compute import COMPUTE_DTYPES
+from quantroll.durable import remove_empty_dirs, writing
 from quantroll.errors import QuantrollError
 from quantroll.locks import OutputLock
 from quantroll.outputs import check_output_dir
@@ -132,8 +133,15 @@ def run(args: argparse.Namespace) -> int:
                          {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16})
     _check_runs(setup, specs)
+    fresh = not out.exists()
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
-        return _run_matrix(setup, specs, label, args)
+        try:
+            with writing(f"--output-dir {out}"):  # a full disk or a read-only filesystem: one line
+                return _run_matrix(setup, specs, label, args)
+        except BaseException:
+            if fresh:
+                remove_empty_dirs(out)  # the run directories of a compare that failed before writing them
+            raise
 
 
 def _run_matrix(setup, specs, label, args) -> int:

@@ -24,9 +24,11 @@ class JsonlSink:
         self.path = Path(path) if path else None
         self.append = append
         self._f = None
+        self._created = False
 
     def _open(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._created = not self.path.exists()
         self._f = open(self.path, "a" if self.append else "w")
         return self._f
 
@@ -53,7 +55,10 @@ class JsonlSink:
         self._f = None
         self.append = True
         try:
-            os.truncate(self.path, size)
+            if size == 0 and self._created:
+                self.path.unlink()  # it held nothing before this run: leave no empty file
+            else:
+                os.truncate(self.path, size)
         except OSError:
             pass
 

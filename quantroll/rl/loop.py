@@ -196,6 +196,10 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         if cfg.save_hf:
             with writing(f"--save-hf {cfg.save_hf}"):
                 save_hf_checkpoint(policy, trainer_dir, cfg.save_hf)
+    except BaseException:
+        if bar is not None:
+            bar.leave = False  # a failure's one line is the error, not a half-full bar above it
+        raise
     finally:
         sink.close()
         board.close()
@@ -209,7 +213,7 @@ def _progress(total: int, enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="rl steps", unit="step")
+    return tqdm(total=total, desc="rl steps", unit="step", disable=None)  # None: only on a terminal
 
 
 __all__ = ["run_training"]

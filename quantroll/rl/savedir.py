@@ -61,7 +61,7 @@ def latest(directory: str | Path) -> SavedState | None:
                                  "which quantroll no longer reads (unpickling a file can run code); start the run "
                                  "again with --force")
         return None
-    record = read_json(pointer, f"{directory}'s", fix="resume from another save, or start over with --force")
+    record = read_json(pointer, "save pointer", fix="resume from another save, or start over with --force")
     name, step = record.get("state"), record.get("step")
     if record.get("format") != FORMAT or not isinstance(name, str) or not _VERSION.match(name) \
             or not isinstance(step, int) or isinstance(step, bool) or step < 0:

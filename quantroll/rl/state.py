@@ -130,14 +130,18 @@ def _read_record(version: Path, step: int) -> dict:
     _check(isinstance(record.get("tensors_sha256"), str), where, "no checksum of the tensors")
     opt = record.get("optimizer")
     _check(isinstance(opt, dict) and isinstance(opt.get("param_groups"), list)
-           and isinstance(opt.get("state"), dict), where, "the optimizer record is missing")
+           and isinstance(opt.get("state"), dict), where, "the optimizer record is missing or malformed")
     return record
 
 
 def _read_tensors(version: Path, record: dict) -> dict[str, torch.Tensor]:
     path = version / TENSORS_FILE
     _check(path.is_file(), path, "missing")
-    read_header(path)  # a truncated, random or malformed file: one line naming it
+    try:
+        read_header(path)  # a truncated, random or malformed file
+    except QuantrollError as err:
+        raise _Damaged(f"--load: {path} is damaged ({err}); resume from another save, or start over with --force") \
+            from None
     _check(_sha256(path) == record["tensors_sha256"], path, "its bytes changed since the save: checksum mismatch")
     from safetensors.torch import load_file
 

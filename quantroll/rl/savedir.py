@@ -133,6 +133,7 @@ def write_version(directory: str | Path, step: int, write: Callable[[Path], None
     the previous one is deleted after. A failure (full disk, Ctrl-C) deletes the partial
     version and leaves ``LATEST`` as it was."""
     directory = Path(directory)
+    durable.make_dirs(directory)
     previous = latest(directory) if (directory / POINTER).is_file() else None
     tmp = directory / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
     final = directory / f"step-{step:08d}-{secrets.token_hex(4)}"

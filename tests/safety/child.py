@@ -20,11 +20,14 @@ def forkserver():
     return ctx
 
 
-def run(argv: list[str], log: str) -> None:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+def run(argv: list[str], log: str, err_log: str | None = None) -> None:
+    """``quantroll ARGV`` with stdout (and stderr, unless ``err_log``) into ``log``."""
+    for target, streams in ((log, (1,) if err_log else (1, 2)), (err_log, (2,))):
+        if target:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for stream in streams:
+                os.dup2(fd, stream)
+            os.close(fd)
     import torch
 
     torch.set_num_threads(1)  # two cores shared with the test runner: no thread contention

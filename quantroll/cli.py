@@ -18,6 +18,8 @@ import sys
 from quantroll import __version__
 from quantroll.errors import QuantrollError
 
+SEED_LIMIT = 2**64
+
 
 class UsageError(QuantrollError):
     """A command line argparse refuses; ``prog`` is the (sub)command it belongs to."""
@@ -88,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"quantroll {args.command}"
         if extra:  # said by the subcommand's name, not the top-level parser's
             raise UsageError(name, f"unrecognized arguments: {' '.join(extra)} (see {name} --help)")
+        seed = getattr(args, "seed", None)
+        if isinstance(seed, int) and seed >= SEED_LIMIT:  # torch's generators take 64-bit seeds, every command's
+            raise UsageError(name, f"--seed must be below 2^64, got {seed}")
         use_device(getattr(args, "device", None))
         result = args.func(args)
     except KeyboardInterrupt:

@@ -38,7 +38,8 @@ def _locks(cfg: TrainConfig, log) -> list[OutputLock]:
         locks.append(OutputLock(cfg.save, f"--save {cfg.save}", log=log))
     if cfg.load and not (cfg.save and Path(cfg.load).absolute() == Path(cfg.save).absolute()):
         if not Path(cfg.load).is_dir():
-            raise QuantrollError(f"--load {cfg.load}: no such directory; point it at a directory written by --save")
+            what = "not a directory" if Path(cfg.load).exists() else "no such directory"
+            raise QuantrollError(f"--load {cfg.load}: {what}; point it at a directory written by --save")
         locks.append(OutputLock(cfg.load, f"--load {cfg.load}", log=log))
     return locks
 
@@ -52,6 +53,9 @@ def _decide(cfg: TrainConfig, log) -> Claim:
         saved = savedir.latest(cfg.load)
         if saved is None:
             raise QuantrollError(f"--load {cfg.load}: no saved state there; point it at a directory written by --save")
+        if cfg.save and Path(cfg.save).absolute() != Path(cfg.load).absolute() and savedir.holds_run(cfg.save):
+            raise QuantrollError(f"--save {cfg.save} holds another run; save the resumed run into --load's directory "
+                                 f"({cfg.load}) or an empty one")
         if saved.step + 1 >= cfg.num_rollout:
             raise QuantrollError(f"--load {cfg.load}: the saved run already finished step {saved.step} "
                                  f"({saved.step + 1} steps) and --num-rollout {cfg.num_rollout} asks for no more; "

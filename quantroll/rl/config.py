@@ -141,3 +141,5 @@ class TrainConfig:
             raise QuantrollError("--force starts the run over and --load resumes it; pick one")
         if self.save and not self.save_interval:
             raise QuantrollError("--save needs --save-interval N (the state is written every N steps and at the end)")
+        if self.save_interval and not self.save:
+            raise QuantrollError("--save-interval is set but --save is not; add --save DIR or drop it")

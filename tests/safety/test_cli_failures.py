@@ -242,6 +242,11 @@ CASES = [
          "already finished step 1 (2 steps) and --num-rollout 2 asks for no more"),
     Case("load-a-finished-run-fewer", lambda t, w: [*_resume(t, w), "--num-rollout", "1"], "asks for no more"),
     Case("load-and-force", lambda t, w: [*_resume(t, w), "--force"], "--force starts the run over and --load"),
+    Case("load-a-file", lambda t, w: train_args(w["model"], "--load", str(_a_file(t)), *RESUME),
+         "afile: not a directory"),
+    Case("load-saving-over-another-run", lambda t, w: (shutil.copytree(w["run"] / "s", t / "other"), _resume(t, w)[:-2]
+                                                       + ["--save", str(t / "other"), *RESUME])[1],
+         "other holds another run; save the resumed run into --load's directory"),
     # -- the metrics file --------------------------------------------------------------------
     Case("metrics-damaged-middle-line", _damaged_state(lambda t, v: (t / "m.jsonl").write_bytes(
         b'{"step": 0, "x": \n' + (t / "m.jsonl").read_bytes().split(b"\n", 1)[1])), "m.jsonl:1 is not a metrics record"),
@@ -277,6 +282,11 @@ CASES = [
          "--tis-level sequence is set but --use-tis is not"),
     Case("seed-beyond-64-bits", lambda t, w: train_args(w["model"], "--seed", str(2**64)), "--seed must be below 2^64"),
     Case("seed-far-beyond", lambda t, w: train_args(w["model"], "--seed", str(10**40)), "--seed must be below 2^64"),
+    Case("seed-beyond-64-bits-sft", lambda t, w: ["sft", "--save", str(t / "o"), "--seed", str(2**64)],
+         "--seed must be below 2^64"),
+    Case("seed-beyond-64-bits-demo", lambda t, w: ["demo", "--seed", str(2**65)], "--seed must be below 2^64"),
+    Case("save-interval-without-save", lambda t, w: train_args(w["model"], "--save-interval", "2"),
+         "--save-interval is set but --save is not"),
     Case("seed-not-a-number", lambda t, w: train_args(w["model"], "--seed", "1e3"), "invalid int value"),
     Case("temperature-zero", lambda t, w: train_args(w["model"], "--rollout-temperature", "0"),
          "zero reward variance"),

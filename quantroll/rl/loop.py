@@ -17,11 +17,8 @@ from pathlib import Path
 
 import torch
 
-from quantroll.builtin import builtin_checkpoint
 from quantroll.compute import resolve_compute_dtype
-from quantroll.durable import writing
 from quantroll.engine import Engine, SamplingParams
-from quantroll.engine.sampling import SEED_LIMIT
 from quantroll.errors import QuantrollError
 from quantroll.metrics.sink import JsonlSink
 from quantroll.metrics.tensorboard import TensorBoardSink
@@ -30,6 +27,9 @@ from quantroll.rl.config import TrainConfig
 from quantroll.rl.memory import engine_memory, peak_memory_gb
 from quantroll.rl.rollout import build_task, rollout
 from quantroll.rl.evaluate import evaluate
+from quantroll.builtin import builtin_checkpoint
+from quantroll.durable import writing
+from quantroll.engine.sampling import SEED_LIMIT
 from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
 from quantroll.rl.state import load_state, save_state

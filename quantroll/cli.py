@@ -85,6 +85,10 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     name = "quantroll"
     try:
+        # numpy first, from Python: torch imports it from C, where a Ctrl-C arriving during that
+        # import is cleared (torch then runs on, without numpy) instead of raised
+        import numpy  # noqa: F401
+
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         name = f"quantroll {args.command}"

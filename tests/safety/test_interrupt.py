@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _check_interrupted(code: int, err: str) -> None:
-    assert code == 130, (code, err[-2000:])
+    # 130 from quantroll, or death by SIGINT (-2): CPython re-raises SIGINT at exit when the
+    # interrupt went through some of its import paths; a shell reports 130 for both
+    assert code in (130, -signal.SIGINT), (code, err[-2000:])
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines() in (["quantroll train: interrupted"], ["quantroll: interrupted"]), err[-2000:]
 

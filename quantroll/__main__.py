@@ -1,5 +1,8 @@
-import sys
+"""``python -m quantroll``: the command line (quantroll/cli.py), Ctrl-C quiet from the start."""
 
-from quantroll.cli import main
+try:
+    from quantroll.cli import entry
+except KeyboardInterrupt:  # during the first imports
+    raise SystemExit(130) from None
 
-sys.exit(main())
+entry()

@@ -1,25 +1,47 @@
 """``quantroll`` command line: one subcommand per verb, each in quantroll/commands/.
 
 Every subcommand module defines ``register(subparsers)``, which adds its parser and
-sets ``func`` to the function that runs it. User errors (QuantrollError) end in one
-line on stderr and exit status 2; anything else is a bug and keeps its traceback.
+sets ``func`` to the function that runs it. User errors end in one line on stderr and
+exit status 2: a QuantrollError, a flag argparse refuses, and an OSError that escaped
+its writer (a full disk, a read-only filesystem: the file and what to do). Ctrl-C, at
+any moment from the first import on, exits 130 with one line. Anything else is a bug
+in quantroll and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from quantroll import __version__
 from quantroll.errors import QuantrollError
+
+SEED_LIMIT = 2**64
+
+
+class UsageError(QuantrollError):
+    """A command line argparse refuses; ``prog`` is the (sub)command it belongs to."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is one line (with where to read more),
+    raised instead of printed with the whole usage text."""
+
+    def error(self, message: str):
+        raise UsageError(self.prog, f"{message} (see {self.prog} --help)")
 
 # Subcommand modules, in the order `quantroll --help` lists them.
 COMMANDS = ("compare", "train", "demo", "sft", "convert", "inspect", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="quantroll",
         description="RL post-training with low-precision rollout (block FP8, MXFP8, NVFP4) and BF16 training.",
     )
@@ -56,19 +78,67 @@ def use_device(device: str | None) -> None:
     torch.cuda.set_device(dev.index)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    name = "quantroll"
     try:
+        # numpy first, from Python: torch imports it from C, where a Ctrl-C arriving during that
+        # import is cleared (torch then runs on, without numpy) instead of raised
+        import numpy  # noqa: F401
+
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        name = f"quantroll {args.command}"
+        if extra:  # said by the subcommand's name, not the top-level parser's
+            raise UsageError(name, f"unrecognized arguments: {' '.join(extra)} (see {name} --help)")
+        seed = getattr(args, "seed", None)
+        if isinstance(seed, int) and seed >= SEED_LIMIT:  # torch's generators take 64-bit seeds, every command's
+            raise UsageError(name, f"--seed must be below 2^64, got {seed}")
         use_device(getattr(args, "device", None))
         result = args.func(args)
-    except QuantrollError as err:
-        print(f"quantroll {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"quantroll {args.command}: interrupted", file=sys.stderr)
+        _interrupted(name)
         return 130
+    except UsageError as err:
+        print(f"{err.prog}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except QuantrollError as err:
+        print(f"{name}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a write that failed outside any writer that names its output
+        from quantroll.durable import describe
+
+        print(f"{name}: error: {_one_line(describe(err))}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 
+def _interrupted(name: str) -> None:
+    """The one line for Ctrl-C, printed with Ctrl-C held off (a second one must not turn
+    it into a traceback)."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are not ours to set
+        previous = None
+    print(f"{name}: interrupted", file=sys.stderr)
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
+def entry() -> None:
+    """``python -m quantroll``: Ctrl-C before ``main`` runs its own handler (during the
+    imports) is quiet too, and so is one after it returned (during interpreter exit)."""
+    try:
+        code = main()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:
+        _interrupted("quantroll")
+        code = 130
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -5,20 +5,26 @@ directory that looks like a checkpoint: an engine would load it and fail later, 
 worse, load a mix. So output goes to a hidden temporary directory beside the
 destination (same filesystem, so ``rename`` is atomic) and is renamed into place
 only after everything is written. Replacing an existing destination (``force``)
-renames the old one aside first, renames the new one in, then deletes the old: at
-every instant the destination path is either the complete old or the complete new
-directory, except for the moment between the two renames, when it is absent.
+swaps the two directories in one ``renameat2(RENAME_EXCHANGE)`` where Linux offers
+it, so the destination path is at every instant the complete old or the complete new
+directory; elsewhere the old one is renamed aside first (absent for the moment
+between the two renames). Temporary names carry the writer's pid
+(``.NAME.partial-PID-XXXXXXXX``): those of a writer that was killed are removed the
+next time the same destination is written. New directories get the umask's
+permissions (``tempfile.mkdtemp`` alone would make them 0700).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from quantroll import durable
 from quantroll.errors import QuantrollError
 
 
@@ -33,15 +39,11 @@ def check_destination(dst: Path, force: bool) -> None:
 
 def _make_parents(parent: Path) -> list[Path]:
     """mkdir -p, returning the directories it created (deepest last)."""
-    created = []
-    for p in reversed([parent, *parent.parents]):
-        if not p.exists():
-            try:
-                p.mkdir()
-            except OSError as err:
-                raise QuantrollError(f"cannot create directory {p}: {err.strerror}") from None
-            created.append(p)
-    return created
+    try:
+        return durable.make_dirs(parent)
+    except OSError as err:
+        raise QuantrollError(f"cannot create directory {err.filename or parent}: "
+                             f"{durable.advice(err)}") from None
 
 
 @contextmanager
@@ -49,31 +51,55 @@ def atomic_directory(dst: str | Path, force: bool = False) -> Iterator[Path]:
     """Yield an empty temporary directory that becomes ``dst`` when the block succeeds.
 
     On any exception (including KeyboardInterrupt) the temporary directory and any
-    parent directories created for it are removed, and ``dst`` is left as it was.
+    parent directories created for it are removed, and ``dst`` is left as it was; an
+    OSError (a full disk, a read-only filesystem) becomes one QuantrollError naming ``dst``.
     """
     dst = Path(dst).absolute()
     check_destination(dst, force)
     created = _make_parents(dst.parent)
+    for stale in durable.stale_temps(dst.parent, dst.name):  # left by a killed writer of dst
+        durable.remove(stale)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+        tmp = durable.make_temp_dir(dst)
     except OSError as err:
         _remove_empty(created)
-        raise QuantrollError(f"cannot write in {dst.parent}: {err.strerror}") from None
+        raise QuantrollError(f"cannot write in {dst.parent}: {durable.advice(err)}") from None
     try:
-        yield tmp
-        _move_into_place(tmp, dst, force)
+        with durable.writing(str(dst)):
+            yield tmp
+            _move_into_place(tmp, dst, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(created)
         raise
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory entries atomically (Linux renameat2 RENAME_EXCHANGE); False
+    where the system or filesystem cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
 def _move_into_place(tmp: Path, dst: Path, force: bool) -> None:
     check_destination(dst, force)  # it may have appeared while we were writing
+    if dst.exists() and _exchange(tmp, dst):  # tmp now holds the old directory
+        durable.fsync_dir(dst.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     old = None
     if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-        os.rmdir(old)
+        old = durable.temp_name(dst, "old")
         os.rename(dst, old)
     try:
         os.rename(tmp, dst)
@@ -81,6 +107,7 @@ def _move_into_place(tmp: Path, dst: Path, force: bool) -> None:
         if old is not None:
             os.rename(old, dst)
         raise QuantrollError(f"cannot move the finished output into {dst}: {err.strerror}") from None
+    durable.fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -95,7 +122,4 @@ def _remove_empty(dirs: list[Path]) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a small text file so that a reader sees the old or the new content, never half."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    durable.write_atomic(path, text)

@@ -9,13 +9,13 @@ than its largest tensor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from quantroll import inputs
 from quantroll.checkpoint.safetensors_header import TensorInfo, read_header
 from quantroll.errors import QuantrollError
 
@@ -25,16 +25,9 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def read_json(path: Path, what: str) -> dict:
-    """A JSON object from ``path``; QuantrollError naming the file if it is not one."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise QuantrollError(f"cannot read {what} {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise QuantrollError(f"{what} {path} is not valid JSON ({err.msg}, line {err.lineno}); fix or re-download it") from None
-    if not isinstance(data, dict):
-        raise QuantrollError(f"{what} {path} is not a JSON object; fix or re-download it")
-    return data
+    """A JSON object from ``path``; QuantrollError naming the file if it is not one
+    (quantroll/inputs.py: missing, unreadable, not UTF-8, not JSON, not an object)."""
+    return inputs.read_json(path, what, dict, fix="fix or re-download it")
 
 
 class CheckpointReader:

@@ -98,6 +98,8 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise QuantrollError(f"{path} has a corrupt safetensors header (not JSON); re-download or re-export it") from None
+    if not isinstance(header, dict):
+        raise QuantrollError(f"{path} has a corrupt safetensors header (not a JSON object); re-download or re-export it")
     metadata = header.pop("__metadata__", None) or {}
     infos = []
     for name, rec in header.items():
@@ -106,8 +108,14 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             raise QuantrollError(
                 f"tensor '{name}' in {path.name} has unsupported dtype {dtype!r}; quantroll reads {', '.join(DTYPES)}"
             )
-        shape = tuple(int(d) for d in rec["shape"])
-        begin, end = (int(x) for x in rec["data_offsets"])
+        try:
+            shape = tuple(int(d) for d in rec["shape"])
+            begin, end = (int(x) for x in rec["data_offsets"])
+            if min(shape, default=0) < 0 or begin < 0:
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise QuantrollError(f"tensor '{name}' in {path.name} has a malformed header record (shape, data_offsets); "
+                                 "re-download or re-export it") from None
         info = TensorInfo(name, dtype, shape, path, begin)
         if end - begin != info.nbytes or 8 + length + end > size:
             raise QuantrollError(

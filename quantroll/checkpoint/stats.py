@@ -24,6 +24,7 @@ from quantroll.checkpoint.convert import num_hidden_layers
 from quantroll.checkpoint.loader import QuantizedCheckpoint
 from quantroll.checkpoint.plan import KEEP, plan
 from quantroll.checkpoint.reader import CheckpointReader
+from quantroll.checkpoint.safetensors_header import QUANTIZED_DTYPES
 from quantroll.errors import QuantrollError
 
 UNEXPLAINED = "producer-choice"  # kept by whoever made the checkpoint, for a reason plan() does not give
@@ -55,6 +56,7 @@ class InspectReport:
     against: str | None = None
     sqnr_db: dict[str, float] = field(default_factory=dict)
     kept_mismatch: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # unusable tensors (checkpoint/integrity.py)
 
     @property
     def total_bytes(self) -> int:
@@ -123,6 +125,8 @@ def _kept_reasons(ckpt: QuantizedCheckpoint) -> dict[str, str]:
     decisions = plan(shapes, ckpt.format, ckpt.spec.rules, num_hidden_layers(ckpt.config)).decisions
     kept = {}
     for name in ckpt.plain_tensors():
+        if name.endswith(".weight") and ckpt.reader.tensors[name].dtype in QUANTIZED_DTYPES:
+            continue  # quantized codes whose scale is missing: not kept, damaged (checkpoint/integrity.py)
         if name.endswith(".weight"):
             d = decisions[name]
             kept[d.module] = d.reason if d.action == KEEP else UNEXPLAINED

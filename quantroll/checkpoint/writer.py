@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import sys
 from collections.abc import Sequence
@@ -61,9 +62,12 @@ class StreamingSafetensorsWriter:
     bug in the caller, so it raises ValueError rather than writing a corrupt file.
     """
 
-    def __init__(self, path: str | Path, planned: Sequence[PlannedTensor], metadata: dict[str, str] | None = None):
+    def __init__(self, path: str | Path, planned: Sequence[PlannedTensor], metadata: dict[str, str] | None = None,
+                 sync: bool = False):
+        """``sync``: flush the file to disk on close (for state that must survive a crash)."""
         self.path = Path(path)
         self.planned = list(planned)
+        self.sync = sync
         self._next = 0
         self._file = open(self.path, "wb")
         self._file.write(build_header(self.planned, metadata))
@@ -84,6 +88,9 @@ class StreamingSafetensorsWriter:
         """Finish the file; raises if any planned tensor never arrived."""
         if self._file.closed:
             return
+        if self.sync and self._next == len(self.planned):
+            self._file.flush()
+            os.fsync(self._file.fileno())
         self._file.close()
         if self._next != len(self.planned):
             missing = self.planned[self._next].name

@@ -12,7 +12,6 @@ Rerunning the same command continues an interrupted compare; failed runs are lis
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -22,7 +21,10 @@ import torch
 
 from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
 from quantroll.compute import COMPUTE_DTYPES
+from quantroll.durable import remove_empty_dirs, writing
 from quantroll.errors import QuantrollError
+from quantroll.locks import OutputLock
+from quantroll.outputs import check_output_dir
 from quantroll.trainer.policy import refuse_quantized
 
 DEFAULT_NUM_ROLLOUT = 30
@@ -70,7 +72,9 @@ def _source(args) -> tuple[Path, str, bool]:
     else:
         source = builtin_checkpoint(args.builtin_model)
         label = f"built-in tiny Qwen3 ({args.builtin_model}, warm-started)"
-    config = json.loads((source / "config.json").read_text())
+    from quantroll.inputs import read_json
+
+    config = read_json(source / "config.json", "config", fix="fix or re-download it")
     return source, label, config.get("model_type") == "qwen3_moe"
 
 
@@ -102,8 +106,8 @@ def _check_runs(setup, specs) -> None:
         argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
         try:
             parsed = parser.parse_args(argv)
-        except SystemExit:
-            raise QuantrollError(f"run {spec.run_id}: `quantroll train` refuses its command line (see above); fix "
+        except QuantrollError as err:  # argparse's refusal, one line (cli.UsageError)
+            raise QuantrollError(f"run {spec.run_id}: `quantroll train` refuses its command line ({err}); fix "
                                  "--train-args or the sweep flags") from None
         try:
             config_from_args(parsed)
@@ -113,9 +117,7 @@ def _check_runs(setup, specs) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from quantroll.compare.matrix import build_matrix
-    from quantroll.compare.report import terminal_tables, write_report
-    from quantroll.compare.runner import CompareSetup, prepare_checkpoints, run_one
-    from quantroll.compare.summary import load_runs, summarize
+    from quantroll.compare.runner import CompareSetup
 
     if args.num_rollout < 1 or args.sweep_num_rollout < 1:
         raise QuantrollError("--num-rollout and --sweep-num-rollout must be >= 1")
@@ -123,8 +125,7 @@ def run(args: argparse.Namespace) -> int:
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
                          moe, args.sweep_response_len)
     out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise QuantrollError(f"--output-dir {out} is a file; give a directory path")
+    check_output_dir("--output-dir", args.output_dir)
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
     sweep = ("--rollout-batch-size", str(args.sweep_rollout_batch_size),
              "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
@@ -132,7 +133,24 @@ def run(args: argparse.Namespace) -> int:
                          {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16})
     _check_runs(setup, specs)
-    out.mkdir(parents=True, exist_ok=True)
+    fresh = not out.exists()
+    with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
+        try:
+            with writing(f"--output-dir {out}"):  # a full disk or a read-only filesystem: one line
+                return _run_matrix(setup, specs, label, args)
+        except BaseException:
+            if fresh:
+                remove_empty_dirs(out)  # the run directories of a compare that failed before writing them
+            raise
+
+
+def _run_matrix(setup, specs, label, args) -> int:
+    from quantroll.compare.current import note_stale, split_current
+    from quantroll.compare.report import terminal_tables, write_report
+    from quantroll.compare.runner import prepare_checkpoints, run_one
+    from quantroll.compare.summary import load_runs, summarize
+
+    out = setup.out_dir
     print(f"compare: {len(specs)} runs on {label} ({args.device}), {args.num_rollout} steps each -> {out}")
     checkpoints = prepare_checkpoints(setup, specs)
     start = time.perf_counter()
@@ -143,10 +161,11 @@ def run(args: argparse.Namespace) -> int:
             if record["status"] == "failed":
                 print(f"  failed: {record['error']}")
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished runs are kept in {out}; run the same command again to continue",
+        print(f"interrupted: finished runs are kept in {out}; run the same command again to continue",
               file=sys.stderr)
         return 130
-    summary = summarize(load_runs(out))
+    current, stale = split_current(load_runs(out), specs)
+    summary = note_stale(summarize(current), stale)
     paths = write_report(out, summary)
     print()
     print(terminal_tables(summary))

@@ -11,9 +11,11 @@ import argparse
 import json
 import math
 import statistics
-from pathlib import Path
+import sys
 
+from quantroll.checkpoint.integrity import stored_problems
 from quantroll.checkpoint.plan import REASONS
+from quantroll.durable import write_atomic, writing
 from quantroll.checkpoint.stats import InspectReport, inspect_checkpoint, kept_by_reason
 from quantroll.outputs import check_output_path
 
@@ -64,10 +66,15 @@ def format_report(r: InspectReport, top: int) -> str:
         lines.append(f"worst {min(top, len(r.sqnr_db))}:")
         for module, v in r.worst(top):
             lines.append(f"  {_db(v)}  {module}")
+        unmeasured = len(r.sqnr_db) - len(finite)
+        if unmeasured:
+            lines.append(f"  {unmeasured} weight(s) without a number (NaN: all-zero, or non-finite values), listed last")
         if r.kept_mismatch:
             lines.append(f"WARNING: {len(r.kept_mismatch)} kept tensor(s) differ from --against: {', '.join(r.kept_mismatch[:_SHOW])}")
         else:
             lines.append("kept tensors: identical to --against")
+    for problem in getattr(r, "problems", []):
+        lines.append(f"ERROR: {problem}")
     return "\n".join(lines)
 
 
@@ -75,7 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_output_path("--json", args.json, is_file=True)
     report = inspect_checkpoint(args.dir, args.against)
+    problems = stored_problems(args.dir)
+    report.problems = problems
     print(format_report(report, args.top))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(args.top), indent=2) + "\n")
+        with writing(f"--json {args.json}"):
+            write_atomic(args.json, json.dumps(report.to_json(args.top), indent=2) + "\n")
+    if problems:  # the checkpoint is damaged: the summary above is printed, the exit status says so
+        more = f" (and {len(problems) - 1} more: see above)" if len(problems) > 1 else ""
+        print(f"quantroll inspect: error: {args.dir}: {problems[0]}{more}; the checkpoint is damaged: convert it again "
+              "from its BF16 source", file=sys.stderr)
+        return 1
     return 0

@@ -121,6 +121,8 @@ def register(subparsers) -> None:
     out.add_argument("--save-hf", default=None, help="at the end, export the trained policy as an HF BF16 checkpoint "
                      "(loads in transformers and `quantroll convert`)")
     out.add_argument("--load", default=None, help="resume from a --save directory; the metrics file continues")
+    out.add_argument("--force", action="store_true", help="start over: replace the run that --save and "
+                     "--metrics-file hold (without it, a fresh run refuses them: resume with --load)")
     p.set_defaults(func=run)
 
 
@@ -149,7 +151,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         use_rollout_routing_replay=args.use_rollout_routing_replay, use_routing_replay=args.use_routing_replay,
         train_recipe=recipe, check_weight_update_equal=args.check_weight_update_equal,
         check_weight_update_allow_quant_error=args.check_weight_update_allow_quant_error,
-        metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir, save=args.save, save_interval=args.save_interval, load=args.load, save_hf=args.save_hf)
+        metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir, save=args.save, save_interval=args.save_interval, load=args.load, save_hf=args.save_hf,
+        force=args.force)
 
 
 def run(args: argparse.Namespace) -> int:

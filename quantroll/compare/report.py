@@ -7,16 +7,15 @@ Each file is written to a temporary name and renamed, so a reader (or a second
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from quantroll.durable import write_atomic
 
 from quantroll.compare.tables import Table, build_tables
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)  # a full disk or Ctrl-C leaves the old file and no temporary one
     return path
 
 

@@ -1,4 +1,9 @@
-"""One JSON line per step, flushed and fsynced at once: a crash loses nothing."""
+"""One JSON line per step, flushed and fsynced at once: a crash loses nothing.
+
+The file is opened at the first line, not before: a run that fails before its first
+step leaves no empty metrics file behind. A line that cannot be written whole (a full
+disk) is cut off again, so the file never ends in half a record.
+"""
 
 from __future__ import annotations
 
@@ -17,18 +22,50 @@ def _clean(value):
 class JsonlSink:
     def __init__(self, path: str | Path | None, append: bool = False):
         self.path = Path(path) if path else None
+        self.append = append
         self._f = None
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "a" if append else "w")
+        self._created = False
+
+    def _open(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._created = not self.path.exists()
+        self._f = open(self.path, "a" if self.append else "w")
+        return self._f
 
     def write(self, record: dict) -> None:
-        if self._f is None:
+        if self.path is None:
             return
-        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        f = self._f or self._open()
+        line = json.dumps({k: _clean(v) for k, v in record.items()}) + "\n"
+        start = f.tell()
+        try:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:
+            self._cut(start)
+            raise
+
+    def _cut(self, size: int) -> None:
+        """Drop what a failed write left after ``size`` bytes (best effort)."""
+        try:
+            self._f.close()
+        except OSError:
+            pass
+        self._f = None
+        self.append = True
+        try:
+            if size == 0 and self._created:
+                self.path.unlink()  # it held nothing before this run: leave no empty file
+            else:
+                os.truncate(self.path, size)
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:
+                pass
+            self._f = None

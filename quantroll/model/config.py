@@ -8,7 +8,6 @@ MoE layers. Both spellings transformers has written are accepted (``rope_theta``
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,8 +203,6 @@ def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
         raise QuantrollError(f"{path} not found; point at an HF checkpoint directory")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise QuantrollError(f"{path} is not valid JSON ({err})") from None
-    return config_from_dict(raw, str(path))
+    from quantroll.inputs import read_json
+
+    return config_from_dict(read_json(path, "config", fix="fix or re-download it"), str(path))

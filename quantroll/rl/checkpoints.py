@@ -12,7 +12,6 @@ Three ways in, one answer (engine_dir, trainer_dir):
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -20,6 +19,7 @@ from typing import Iterator
 from quantroll.builtin import builtin_checkpoint
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.errors import QuantrollError
+from quantroll.inputs import read_json
 from quantroll.rl.config import TrainConfig
 
 
@@ -28,7 +28,10 @@ def _quantization(checkpoint: Path) -> dict | None:
     if not path.is_file():
         raise QuantrollError(f"--hf-checkpoint {checkpoint}: config.json not found; point it at an HF checkpoint "
                              "directory (or leave it out for the built-in model)")
-    qc = json.loads(path.read_text()).get("quantization_config")
+    qc = read_json(path, f"--hf-checkpoint's config", fix="fix or re-download it").get("quantization_config")
+    generation = checkpoint / "generation_config.json"
+    if generation.is_file():  # the engine reads it too: refused here in one line, before any work
+        read_json(generation, "generation config", fix="fix or delete it")
     return qc if isinstance(qc, dict) else None
 
 

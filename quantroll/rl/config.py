@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from quantroll.errors import QuantrollError
 
+SEED_LIMIT = 2**64
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -73,7 +75,29 @@ class TrainConfig:
     save_interval: int = 0
     load: str | None = None
     save_hf: str | None = None
+    force: bool = False  # start over: replace the run held by --save and --metrics-file
     max_bad_steps: int = 3
+
+    def _check_tis_bounds(self) -> None:
+        """The bounds the correction will use, defaults included, must satisfy c < C: a
+        bound checked only when both are given let `--tis-clip-low 3` (against the
+        default C = 2) through to a correction that clips everything."""
+        if not self.use_tis:
+            for flag, value, default in (("tis-mode", self.tis_mode, "truncate"), ("tis-level", self.tis_level, "token")):
+                if value != default:
+                    raise QuantrollError(f"--{flag} {value} is set but --use-tis is not; add --use-tis or drop it")
+            return
+        from quantroll.trainer.corrections import DEFAULT_BOUNDS
+
+        if self.tis_mode not in DEFAULT_BOUNDS:
+            raise QuantrollError(f"--tis-mode {self.tis_mode!r}: choose one of {', '.join(DEFAULT_BOUNDS)}")
+        low_default, high_default = DEFAULT_BOUNDS[self.tis_mode]
+        low = low_default if self.tis_clip_low is None else self.tis_clip_low
+        high = high_default if self.tis_clip is None else self.tis_clip
+        if not low < high:
+            name_low = f"--tis-clip-low {low}" if self.tis_clip_low is not None else f"the {self.tis_mode} default low bound {low}"
+            name_high = f"--tis-clip {high}" if self.tis_clip is not None else f"the {self.tis_mode} default --tis-clip {high}"
+            raise QuantrollError(f"{name_low} must be below {name_high}; give both bounds with c < C")
 
     def __post_init__(self):
         """Every numeric setting checked before any work, one line naming the flag."""
@@ -114,7 +138,16 @@ class TrainConfig:
             raise QuantrollError("--use-kl-loss needs a positive --kl-loss-coef")
         if (self.tis_clip is not None or self.tis_clip_low is not None) and not self.use_tis:
             raise QuantrollError("--tis-clip/--tis-clip-low are set but --use-tis is not; add --use-tis or drop them")
-        if self.tis_clip is not None and self.tis_clip_low is not None and not self.tis_clip_low < self.tis_clip:
-            raise QuantrollError(f"--tis-clip-low {self.tis_clip_low} must be below --tis-clip {self.tis_clip}")
+        self._check_tis_bounds()
+        if self.seed >= SEED_LIMIT:
+            raise bad("seed", "below 2^64 (torch's generators take 64-bit seeds)", self.seed)
+        if self.rollout_temperature == 0:
+            raise QuantrollError("--rollout-temperature 0 samples greedily: the n samples of a prompt come out the same, "
+                                 "so every GRPO group has zero reward variance and nothing is learned (loss 0); use a "
+                                 "temperature > 0, e.g. 1.0 (evaluation is greedy on its own)")
+        if self.force and self.load:
+            raise QuantrollError("--force starts the run over and --load resumes it; pick one")
         if self.save and not self.save_interval:
             raise QuantrollError("--save needs --save-interval N (the state is written every N steps and at the end)")
+        if self.save_interval and not self.save:
+            raise QuantrollError("--save-interval is set but --save is not; add --save DIR or drop it")

@@ -27,7 +27,12 @@ from quantroll.rl.config import TrainConfig
 from quantroll.rl.memory import engine_memory, peak_memory_gb
 from quantroll.rl.rollout import build_task, rollout
 from quantroll.rl.evaluate import evaluate
-from quantroll.rl.state import load_state, save_state, truncate_metrics
+from quantroll.builtin import builtin_checkpoint
+from quantroll.durable import writing
+from quantroll.engine.sampling import SEED_LIMIT
+from quantroll.rl.claim import start_over
+from quantroll.rl.metricsfile import continue_after
+from quantroll.rl.state import load_state, save_state
 from quantroll.rl.step import train_on_batch
 from quantroll.sync import WeightSync, check_weight_update
 from quantroll.trainer.export import save_hf_checkpoint
@@ -53,20 +58,49 @@ def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
             module.train_real_fp8 = real
 
 
-def _tokenizer(checkpoint: str):
+def _tokenizer(checkpoint: str | Path):
     from quantroll.commands.generate import load_tokenizer
 
-    return load_tokenizer(Path(checkpoint))
+    try:
+        return load_tokenizer(Path(checkpoint))
+    except QuantrollError:
+        raise
+    except Exception as err:  # the tokenizers library's own errors: a damaged tokenizer.json
+        raise QuantrollError(f"{Path(checkpoint) / 'tokenizer.json'} cannot be read as a tokenizer ({err}); "
+                             "restore it from the checkpoint's source") from None
 
 
-def run_training(cfg: TrainConfig, progress: bool = True) -> list[dict]:
+def run_training(cfg: TrainConfig, progress: bool = True, log=print) -> list[dict]:
     """Run ``cfg.num_rollout`` RL steps; returns the metrics records (also written to
-    ``cfg.metrics_file``)."""
+    ``cfg.metrics_file``). Everything that can be checked is checked before anything is
+    written: flags, output paths, the prompt data (rows, types, lengths in tokens), the
+    locks and the state of the outputs (quantroll/rl/claim.py)."""
+    from quantroll.rl.claim import claim_outputs
     from quantroll.rl.preflight import check_outputs
 
     check_outputs(cfg)
-    with resolve_checkpoints(cfg) as (engine_dir, trainer_dir):
-        return _train(cfg, engine_dir, trainer_dir, progress)
+    task, eval_problems = build_task(cfg)
+    _check_prompt_lengths(cfg, task, eval_problems)
+    with claim_outputs(cfg, log) as claim:
+        with resolve_checkpoints(cfg) as (engine_dir, trainer_dir):
+            return _train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, log)
+
+
+def _check_prompt_lengths(cfg: TrainConfig, task, eval_problems) -> None:
+    """Every prompt of the user's data fits the model's context with its response: the
+    file and line of the first one that does not, before any model is loaded."""
+    from quantroll.model.config import load_model_config
+    from quantroll.tasks.data import check_prompt_lengths
+
+    if not cfg.prompt_data and not cfg.eval_data:
+        return
+    source = Path(cfg.hf_checkpoint) if cfg.hf_checkpoint else builtin_checkpoint(cfg.builtin_model)
+    tokenizer = _tokenizer(source)
+    context = load_model_config(source).max_position_embeddings
+    if cfg.prompt_data:
+        check_prompt_lengths(task.problems, tokenizer, context, cfg.rollout_max_response_len, "--prompt-data")
+    if cfg.eval_data and eval_problems:
+        check_prompt_lengths(eval_problems, tokenizer, context, cfg.rollout_max_response_len, "--eval-data")
 
 
 ARCHITECTURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -85,7 +119,8 @@ def _check_same_architecture(cfg: TrainConfig, engine_cfg, policy_cfg) -> None:
         raise QuantrollError("--use-rollout-routing-replay/--use-routing-replay need a MoE model; this one is dense")
 
 
-def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool) -> list[dict]:
+def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool, task, eval_problems, claim,
+           log) -> list[dict]:
     torch.manual_seed(cfg.seed)
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
     if torch.device(cfg.device).type == "cuda":
@@ -100,14 +135,15 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     sync = WeightSync(engine)
     memory = engine_memory(engine)
     tokenizer = _tokenizer(engine_dir)
-    task, eval_problems = build_task(cfg)
     rng = random.Random(cfg.seed)
     first_step = 0
     if cfg.load:
         source = ("--ref-load" if cfg.ref_load else "--hf-checkpoint" if cfg.hf_checkpoint
                   else f"the built-in {cfg.builtin_model} model")
         first_step = load_state(cfg.load, policy, optimizer, rng, source) + 1
-        truncate_metrics(cfg.metrics_file, first_step - 1)
+        continue_after(cfg.metrics_file, first_step - 1, log)
+    elif claim.replaces_run:
+        start_over(cfg, log)
     sink = JsonlSink(cfg.metrics_file, append=bool(cfg.load))
     board = TensorBoardSink(cfg.tensorboard_dir)
 
@@ -123,7 +159,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     try:
         for step in range(first_step, cfg.num_rollout):
             params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
-                                    seed=cfg.seed * 1_000_003 + step * 100_003,
+                                    seed=(cfg.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
                                     stop_token_ids=() if cfg.rollout_ignore_eos else None)
             batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
             if engine.device.type == "cuda" and not cfg.keep_kv_cache:
@@ -151,17 +187,24 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 "weight_quantize_time": timing.quantize_s, "weight_load_time": timing.load_s,
                 "weight_version": timing.version, "peak_memory_gb": peak_memory_gb(engine.device), **memory,
             }
-            sink.write(record)
+            with writing(f"--metrics-file {cfg.metrics_file}"):
+                sink.write(record)
             board.write(record)
             history.append(record)
             if cfg.save and cfg.save_interval and ((step + 1) % cfg.save_interval == 0 or step + 1 == cfg.num_rollout):
-                save_state(cfg.save, policy, optimizer, step, rng)
+                with writing(f"--save {cfg.save}"):
+                    save_state(cfg.save, policy, optimizer, step, rng, cfg)
             if bar is not None:
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
                 bar.update(1)
         if cfg.save_hf:
-            save_hf_checkpoint(policy, trainer_dir, cfg.save_hf)
+            with writing(f"--save-hf {cfg.save_hf}"):
+                save_hf_checkpoint(policy, trainer_dir, cfg.save_hf)
+    except BaseException:
+        if bar is not None:
+            bar.leave = False  # a failure's one line is the error, not a half-full bar above it
+        raise
     finally:
         sink.close()
         board.close()
@@ -175,7 +218,7 @@ def _progress(total: int, enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="rl steps", unit="step")
+    return tqdm(total=total, desc="rl steps", unit="step", disable=None)  # None: only on a terminal
 
 
 __all__ = ["run_training"]

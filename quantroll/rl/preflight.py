@@ -4,13 +4,13 @@ be one it wrote itself (or empty), never the user's data."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from quantroll.errors import QuantrollError
+from quantroll.inputs import read_json
 from quantroll.outputs import check_output_path
+from quantroll.rl import savedir
 from quantroll.rl.config import TrainConfig
-from quantroll.rl.state import STATE_FILE
 
 
 def _non_empty_dir(path: Path) -> bool:
@@ -19,10 +19,10 @@ def _non_empty_dir(path: Path) -> bool:
 
 def _is_quantroll_conversion(path: Path) -> bool:
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
+        config = read_json(path / "config.json", "config")
+    except QuantrollError:
         return False
-    return isinstance(config, dict) and "quantroll" in (config.get("quantization_config") or {})
+    return "quantroll" in (config.get("quantization_config") or {})
 
 
 def check_outputs(cfg: TrainConfig) -> None:
@@ -35,9 +35,13 @@ def check_outputs(cfg: TrainConfig) -> None:
     if cfg.save_hf and _non_empty_dir(Path(cfg.save_hf)):
         raise QuantrollError(f"--save-hf {cfg.save_hf} exists and is not empty; the export would replace it: remove it "
                              "or choose another directory")
-    if cfg.save and _non_empty_dir(Path(cfg.save)) and not (Path(cfg.save) / STATE_FILE).is_file():
-        raise QuantrollError(f"--save {cfg.save} exists, is not empty and holds no {STATE_FILE} (not a state directory "
-                             "of a previous run); remove it or choose another directory")
+    if cfg.save and (foreign := savedir.foreign_entries(cfg.save)):
+        raise QuantrollError(f"--save {cfg.save} holds {foreign[0]!r}, which no save wrote (not a state directory of a "
+                             "previous run); remove it or choose another directory")
     if cfg.convert_dir and _non_empty_dir(Path(cfg.convert_dir)) and not _is_quantroll_conversion(Path(cfg.convert_dir)):
         raise QuantrollError(f"--convert-dir {cfg.convert_dir} exists and is not a quantroll conversion; the run would "
                              "replace it: remove it or choose another directory")
+    for flag, value in (("--save-hf", cfg.save_hf), ("--convert-dir", cfg.convert_dir), ("--metrics-file", cfg.metrics_file),
+                        ("--tensorboard-dir", cfg.tensorboard_dir)):
+        if cfg.save and value and Path(value).absolute() == Path(cfg.save).absolute():
+            raise QuantrollError(f"{flag} and --save are both {value}; give each its own path")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ def make_task(name: str, digits: int = 2, span: int = 16, prompt_data: str | Non
 
     if prompt_data:
         return DataTask(read_problems(prompt_data, input_key, label_key),
-                        load_reward(custom_rm_path) if custom_rm_path else None)
+                        load_reward(custom_rm_path) if custom_rm_path else None,
+                        reward_name=f"--custom-rm-path {custom_rm_path}" if custom_rm_path else "exact match")
     if name == "arithmetic":
         return ArithmeticTask(digits=digits)
     if name == "count":
@@ -95,12 +97,18 @@ def rollout(engine: Engine, tokenizer, task, rng: random.Random, prompts_per_ste
     results = engine.generate(prompts, params)
     seconds = time.perf_counter() - start
     rewards = []
+    name = getattr(task, "reward_name", f"the {getattr(task, 'name', 'task')} reward")
     for i, (res, label) in enumerate(zip(results, labels)):
         text = tokenizer.decode(res.tokens, skip_special_tokens=False)
         try:
-            rewards.append(float(task.reward(text, label)))
+            value = float(task.reward(text, label))
         except Exception as err:  # a user's reward function: stop with the sample that broke it
-            raise QuantrollError(f"the reward function raised on sample {i} ({text!r}): {type(err).__name__}: {err}") from err
+            raise QuantrollError(f"the reward function ({name}) raised on sample {i} ({text!r}): "
+                                 f"{type(err).__name__}: {err}") from None
+        if not math.isfinite(value):  # it would poison the whole group's advantages
+            raise QuantrollError(f"the reward function ({name}) returned {value} for sample {i} ({text!r}); rewards "
+                                 "must be finite numbers: fix the function")
+        rewards.append(value)
     stats = engine.last_stats
     counters = {f"rollout_{k}": float(stats[k]) for k in ("preemptions", "prefill_tokens", "prefill_tokens_saved",
                                                           "peak_blocks_used") if k in stats}

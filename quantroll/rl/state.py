@@ -1,52 +1,225 @@
 """Resumable training state: ``--save DIR --save-interval N`` and ``--load DIR``.
 
-A save holds the policy's BF16 weights, the optimizer (FP32 master weights and AdamW
-moments), the RNG states and the last finished step, written atomically (a crash
-mid-save leaves the previous save intact). Resuming continues the metrics file: lines
-of steps after the saved one (written before a crash) are dropped, so the file ends up
-with every step exactly once.
+A state is data only, never code: the tensors (the policy's BF16 weights, the FP32
+master weights, the AdamW moments) in one safetensors file, everything else (the last
+finished step, the Python and torch RNG states as integers, the optimizer's settings,
+the run's config) in JSON. Nothing is unpickled: a ``trainer_state.pt`` planted or
+left by an older quantroll is refused unread, because ``torch.load`` of a pickle runs
+whatever the file's author put in it.
+
+Loading checks everything before it changes anything: the JSON's fields and types,
+the tensor file's header (a truncated or random file), its checksum (bytes changed
+since the save), every tensor's name, dtype and shape against the model and optimizer
+being resumed. Each problem is one line naming the file. The directory around a state
+(versions, the pointer, atomic replacement) is quantroll/rl/savedir.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from quantroll.checkpoint.atomic import atomic_directory
+from quantroll.checkpoint.safetensors_header import read_header
+from quantroll.checkpoint.writer import PlannedTensor, StreamingSafetensorsWriter
 from quantroll.errors import QuantrollError
+from quantroll.inputs import read_json
+from quantroll.rl import savedir
 
-STATE_FILE = "trainer_state.pt"
+TENSORS_FILE = "state.safetensors"
+RECORD_FILE = "state.json"
+FORMAT_VERSION = 1
 
 
-def save_state(directory: str | Path, policy, optimizer, step: int, rng: random.Random) -> None:
-    with atomic_directory(directory, force=True) as tmp:
-        torch.save({
-            "step": step,
-            "model": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "python_rng": rng.getstate(),
-            "torch_rng": torch.get_rng_state(),
-        }, tmp / STATE_FILE)
-        (tmp / "step.json").write_text(json.dumps({"step": step}) + "\n")
+# -- saving -------------------------------------------------------------------------------
+def _tensors(policy, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """(name -> tensor, the optimizer's non-tensor state) for one save."""
+    tensors = {f"model.{k}": v for k, v in policy.state_dict().items()}
+    tensors.update({f"master.{i}": m.detach() for i, m in enumerate(optimizer.master)})
+    inner = optimizer.inner.state_dict()
+    layout: dict[str, dict] = {}
+    for index, entry in inner["state"].items():
+        keys, scalars = [], {}
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"adam.{index}.{key}"] = value.detach()
+                keys.append(key)
+            else:
+                scalars[key] = value
+        layout[str(index)] = {"tensors": keys, "scalars": scalars}
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in inner["param_groups"]]
+    return tensors, {"param_groups": groups, "state": layout}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write(tmp: Path, policy, optimizer, step: int, rng: random.Random, config) -> None:
+    tensors, optimizer_record = _tensors(policy, optimizer)
+    planned = [PlannedTensor(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
+    with StreamingSafetensorsWriter(tmp / TENSORS_FILE, planned, sync=True) as writer:
+        for name, t in tensors.items():
+            writer.write(name, t)
+    version, internal, gauss = rng.getstate()
+    record = {
+        "format": savedir.FORMAT, "format_version": FORMAT_VERSION, "step": step,
+        "tensors_sha256": _sha256(tmp / TENSORS_FILE),
+        "python_rng": [version, list(internal), gauss],
+        "torch_rng": torch.get_rng_state().tolist(),
+        "optimizer": optimizer_record,
+        "config": asdict(config) if config is not None else None,
+    }
+    with open(tmp / RECORD_FILE, "x") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_state(directory: str | Path, policy, optimizer, step: int, rng: random.Random, config=None) -> Path:
+    """Write the state after ``step`` as the directory's new current version."""
+    return savedir.write_version(directory, step, lambda tmp: _write(tmp, policy, optimizer, step, rng, config))
+
+
+# -- loading ------------------------------------------------------------------------------
+class _Damaged(QuantrollError):
+    pass
+
+
+def _check(ok: bool, where: Path, what: str) -> None:
+    if not ok:
+        raise _Damaged(f"--load: {where} is damaged ({what}); resume from another save, or start over with --force")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _python_rng(value, where: Path) -> tuple:
+    _check(isinstance(value, list) and len(value) == 3, where, "python_rng is not [version, state, gauss]")
+    version, internal, gauss = value
+    _check(_is_int(version) and isinstance(internal, list) and len(internal) == 625
+           and all(_is_int(x) and 0 <= x < 2**32 for x in internal), where, "python_rng's state is not 625 integers")
+    _check(gauss is None or isinstance(gauss, float), where, "python_rng's gauss is not a number")
+    return version, tuple(internal), gauss
+
+
+def _torch_rng(value, where: Path) -> torch.Tensor:
+    size = torch.get_rng_state().numel()
+    _check(isinstance(value, list) and len(value) == size and all(_is_int(x) and 0 <= x < 256 for x in value),
+           where, f"torch_rng is not {size} bytes")
+    return torch.tensor(value, dtype=torch.uint8)
+
+
+def _read_record(version: Path, step: int) -> dict:
+    where = version / RECORD_FILE
+    record = read_json(where, "trainer state", fix="resume from another save, or start over with --force")
+    _check(record.get("format") == savedir.FORMAT and record.get("format_version") == FORMAT_VERSION, where,
+           f"not a {savedir.FORMAT} record of version {FORMAT_VERSION}")
+    _check(record.get("step") == step and _is_int(record.get("step")), where,
+           f"its step is {record.get('step')!r}, the pointer says {step}")
+    _check(isinstance(record.get("tensors_sha256"), str), where, "no checksum of the tensors")
+    opt = record.get("optimizer")
+    _check(isinstance(opt, dict) and isinstance(opt.get("param_groups"), list)
+           and isinstance(opt.get("state"), dict), where, "the optimizer record is missing or malformed")
+    return record
+
+
+def _read_tensors(version: Path, record: dict) -> dict[str, torch.Tensor]:
+    path = version / TENSORS_FILE
+    _check(path.is_file(), path, "missing")
+    try:
+        read_header(path)  # a truncated, random or malformed file
+    except QuantrollError as err:
+        raise _Damaged(f"--load: {path} is damaged ({err}); resume from another save, or start over with --force") \
+            from None
+    _check(_sha256(path) == record["tensors_sha256"], path, "its bytes changed since the save: checksum mismatch")
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # the Rust library's own error types
+        raise _Damaged(f"--load: {path} is damaged ({err}); resume from another save, or start over with --force") \
+            from None
+
+
+def _optimizer_state(record: dict, tensors: dict, optimizer, where: Path) -> dict:
+    """The AdamW state_dict the record and tensors describe, checked against ``optimizer``."""
+    params = optimizer.params
+    groups = record["optimizer"]["param_groups"]
+    current = optimizer.inner.param_groups
+    _check(len(groups) == len(current) and all(isinstance(g, dict) for g in groups), where,
+           "its optimizer has another number of parameter groups")
+    fixed = []
+    for saved, now in zip(groups, current):
+        _check(isinstance(saved.get("params"), list) and len(saved["params"]) == len(now["params"]), where,
+               "its optimizer holds another number of parameters")
+        _check(all(isinstance(v, (int, float, bool, str, list, type(None))) for v in saved.values()), where,
+               "an optimizer setting is not a number")
+        g = dict(saved)
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+        fixed.append(g)
+    state = {}
+    for index, entry in record["optimizer"]["state"].items():
+        _check(index.isdigit() and int(index) < len(params) and isinstance(entry, dict)
+               and isinstance(entry.get("tensors"), list) and isinstance(entry.get("scalars"), dict), where,
+               f"optimizer state {index!r} is malformed")
+        shape = tuple(params[int(index)].shape)
+        values = dict(entry["scalars"])
+        for key in entry["tensors"]:
+            name = f"adam.{index}.{key}"
+            _check(name in tensors, where, f"tensor {name} is missing")
+            t = tensors[name]
+            _check(t.is_floating_point() and (t.dim() == 0 if key == "step" else tuple(t.shape) == shape), where,
+                   f"tensor {name} is {t.dtype} {list(t.shape)}, not the moments of a {list(shape)} parameter")
+            values[key] = t
+        state[int(index)] = values
+    return {"state": state, "param_groups": fixed}
 
 
 def load_state(directory: str | Path, policy, optimizer, rng: random.Random, source: str = "the trainer's checkpoint"
                ) -> int:
     """Restore in place; returns the last finished step. ``source`` names where the
     trainer's model came from (the flag), for the error when the save does not fit it."""
-    path = Path(directory) / STATE_FILE
-    if not path.is_file():
-        raise QuantrollError(f"--load {directory}: {STATE_FILE} not found; point it at a directory written by --save")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    check_saved_model_fits(directory, state["model"], policy.state_dict(), source)
-    policy.load_state_dict(state["model"], strict=False)
-    optimizer.load_state_dict(state["optimizer"])
-    rng.setstate(state["python_rng"])
-    torch.set_rng_state(state["torch_rng"])
-    return int(state["step"])
+    saved = savedir.latest(directory)
+    if saved is None:
+        raise QuantrollError(f"--load {directory}: no saved state there; point it at a directory written by --save")
+    record = _read_record(saved.path, saved.step)
+    where = saved.path / TENSORS_FILE
+    python_rng = _python_rng(record.get("python_rng"), saved.path / RECORD_FILE)
+    torch_rng = _torch_rng(record.get("torch_rng"), saved.path / RECORD_FILE)
+    tensors = _read_tensors(saved.path, record)
+    model = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    check_saved_model_fits(directory, model, policy.state_dict(), source)
+    for name, t in model.items():
+        _check(t.is_floating_point(), where, f"tensor model.{name} is {t.dtype}, not floating point")
+    masters = []
+    for i, p in enumerate(optimizer.params):
+        t = tensors.get(f"master.{i}")
+        _check(t is not None, where, f"tensor master.{i} is missing")
+        _check(t.dtype == torch.float32 and tuple(t.shape) == tuple(p.shape), where,
+               f"tensor master.{i} is {t.dtype} {list(t.shape)}, not float32 {list(p.shape)}")
+        masters.append(t)
+    inner = _optimizer_state(record, tensors, optimizer, saved.path / RECORD_FILE)
+    policy.load_state_dict(model, strict=False)
+    try:
+        optimizer.load_state_dict({"master": masters, "inner": inner})
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise _Damaged(f"--load: {saved.path} does not fit this optimizer ({err}); resume from another save, or "
+                       "start over with --force") from None
+    rng.setstate(python_rng)
+    torch.set_rng_state(torch_rng)
+    return saved.step
 
 
 def check_saved_model_fits(directory, saved: dict, current: dict, source: str) -> None:
@@ -63,12 +236,3 @@ def check_saved_model_fits(directory, saved: dict, current: dict, source: str) -
     missing = sorted(n for n in current if n not in saved and "rotary" not in n)
     if missing:
         raise QuantrollError(f"--load {directory}: the save lacks {missing[0]} of {source}'s model; {hint}")
-
-
-def truncate_metrics(path: str | Path | None, last_step: int) -> None:
-    """Keep only the lines of steps <= last_step (a crash may have written later ones)."""
-    if not path or not Path(path).is_file():
-        return
-    lines = Path(path).read_text().splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", -1) <= last_step]
-    Path(path).write_text("".join(line + "\n" for line in kept))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -11,6 +11,7 @@ from typing import Protocol
 class Problem:
     prompt: str
     label: str
+    where: str | None = field(default=None, compare=False)  # "file:line" of a problem read from the user's data
 
 
 class Task(Protocol):

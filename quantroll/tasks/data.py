@@ -8,13 +8,13 @@ without one, the reward is exact match of the stripped answer with the label.
 from __future__ import annotations
 
 import importlib
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantroll.errors import QuantrollError
+from quantroll.inputs import iter_jsonl, json_field, kind_of
 from quantroll.tasks.base import Problem, answer_text
 
 
@@ -32,24 +32,38 @@ def load_reward(path: str) -> Callable[[str, str], float]:
 
 
 def read_problems(path: str | Path, input_key: str, label_key: str, flag: str = "--prompt-data") -> list[Problem]:
-    """The rows of a JSONL file given by ``flag`` (named in every error)."""
+    """The rows of a JSONL file given by ``flag`` (named in every error). Each row is an
+    object whose prompt and label are strings: a null, a number or a list would be
+    trained on as its Python text ("None") and rewarded against that, so it is refused
+    with its line."""
     p = Path(path)
-    if not p.is_file():
-        raise QuantrollError(f"{flag} {p} not found")
     problems = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise QuantrollError(f"{p}:{i} is not valid JSON ({err.msg})") from None
-        if input_key not in row or label_key not in row:
-            raise QuantrollError(f"{p}:{i} lacks '{input_key}' or '{label_key}' (set --input-key / --label-key)")
-        problems.append(Problem(str(row[input_key]), str(row[label_key])))
+    for i, row in iter_jsonl(p, flag):
+        where = f"{p}:{i}"
+        if not isinstance(row, dict):
+            raise QuantrollError(f"{where} is {kind_of(row)}, not an object like "
+                                 f'{{"{input_key}": "...", "{label_key}": "..."}}')
+        prompt = json_field(row, input_key, where, str, "--input-key")
+        label = json_field(row, label_key, where, str, "--label-key")
+        if not prompt.strip():
+            raise QuantrollError(f"{where}: {input_key!r} is empty; every prompt needs some text")
+        problems.append(Problem(prompt, label, where))
     if not problems:
         raise QuantrollError(f"{flag} {p} holds no rows")
     return problems
+
+
+def check_prompt_lengths(problems: list[Problem], tokenizer, context: int, max_new: int, flag: str) -> None:
+    """Every prompt, tokenized as the rollout will, leaves room for ``max_new`` tokens in
+    the model's ``context``; otherwise one line naming the file and line."""
+    for problem in problems:
+        n = len(tokenizer.encode(problem.prompt, add_special_tokens=False).ids)
+        if n == 0:
+            raise QuantrollError(f"{problem.where or flag}: the prompt has no tokens; give it some text")
+        if n + max_new > context:
+            raise QuantrollError(f"{problem.where or flag}: the prompt is {n} tokens; with --rollout-max-response-len "
+                                 f"{max_new} it needs {n + max_new} positions but the model's context is {context}; "
+                                 "shorten it or lower --rollout-max-response-len")
 
 
 @dataclass
@@ -59,6 +73,7 @@ class DataTask:
     problems: list[Problem]
     reward_fn: Callable[[str, str], float] | None = None
     name: str = field(default="data")
+    reward_name: str = "exact match"  # how errors name the reward function (its --custom-rm-path)
 
     def sample(self, rng: random.Random) -> Problem:
         return rng.choice(self.problems)

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from quantroll.checkpoint.atomic import atomic_directory
 from quantroll.errors import QuantrollError
+from quantroll.inputs import read_json
 
 WEIGHTS_FILE = "model.safetensors"
 # Suffixes of tensors that exist only inside a running model, never in a checkpoint.
@@ -76,7 +77,7 @@ def save_hf_checkpoint(model: torch.nn.Module, src_dir: str | Path, out_dir: str
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise QuantrollError(f"{src}: config.json not found; the export takes config and tokenizer from there")
-    config = export_config(json.loads(cfg_path.read_text()), model, dtype)
+    config = export_config(read_json(cfg_path, "config", fix="fix or re-download it"), model, dtype)
     state = export_state_dict(model, dtype)
     with atomic_directory(out_dir, force=force) as tmp:
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})

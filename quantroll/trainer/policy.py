@@ -9,13 +9,13 @@ Logprobs are computed exactly as the engine reports them: full-vocabulary
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
 
 from quantroll.errors import QuantrollError
+from quantroll.inputs import read_json
 from quantroll.model.loader import load_model
 from quantroll.model.moe import Routing
 from quantroll.model.qwen3 import Qwen3ForCausalLM
@@ -25,7 +25,7 @@ def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> No
     cfg_path = Path(checkpoint_dir) / "config.json"
     if not cfg_path.is_file():
         raise QuantrollError(f"{flag} {checkpoint_dir}: config.json not found; point it at a BF16 HF checkpoint")
-    qc = json.loads(cfg_path.read_text()).get("quantization_config")
+    qc = read_json(cfg_path, f"{flag}'s config", fix="fix or re-download it").get("quantization_config")
     if isinstance(qc, dict):
         method = qc.get("quant_algo") or qc.get("quant_method")
         raise QuantrollError(

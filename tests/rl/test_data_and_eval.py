@@ -31,7 +31,7 @@ def test_read_problems_and_errors(setup, tmp_path):
         read_problems(data, "prompt", "a")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"q": 1}\nnot json\n')
-    with pytest.raises(QuantrollError, match="bad.jsonl:1 lacks|bad.jsonl:2 is not valid JSON"):
+    with pytest.raises(QuantrollError, match="bad.jsonl:1: 'q' is a number, not a string"):
         read_problems(bad, "q", "a")
     with pytest.raises(QuantrollError, match="module:function|cannot import"):
         load_reward("nonexistent_module_xyz:f")
@@ -69,7 +69,8 @@ def test_a_reward_function_that_raises_stops_the_run_with_the_sample(setup, caps
                "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "2",
                "--device", "cpu"])
     err = capsys.readouterr().err
-    assert rc == 2 and "reward function raised on sample 0" in err and "reward server down" in err
+    assert rc == 2 and "reward function (--custom-rm-path tests.rl.rewards_for_tests:broken_reward) raised on " \
+        "sample 0" in err and "reward server down" in err
 
 
 def test_tensorboard_gets_the_same_scalars(setup, tmp_path):

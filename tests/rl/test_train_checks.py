@@ -49,9 +49,9 @@ def test_output_paths_are_checked_before_any_work(tmp_path):
     a_file.write_text("x")
     cases = [
         (TrainConfig(save_hf=str(precious)), "--save-hf .* exists and is not empty"),
-        (TrainConfig(save=str(precious), save_interval=1), "holds no trainer_state.pt"),
+        (TrainConfig(save=str(precious), save_interval=1), "holds 'precious.txt', which no save wrote"),
         (TrainConfig(convert_dir=str(precious), rollout_precision="fp8"), "is not a quantroll conversion"),
-        (TrainConfig(save_hf=str(a_file / "hf")), "is not a directory; create it first"),
+        (TrainConfig(save_hf=str(a_file / "hf")), "afile is a file, not a directory"),
         (TrainConfig(metrics_file=str(tmp_path)), "is a directory; give a file path"),
         (TrainConfig(tensorboard_dir=str(a_file)), "is a file; give a directory path"),
     ]

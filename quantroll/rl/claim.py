@@ -1,0 +1,98 @@
+"""Claim a training run's outputs before its work: one process per output, and no run
+lost or mixed with another.
+
+Under the locks (quantroll/locks.py) of ``--metrics-file``, ``--save`` and ``--load``:
+the leftovers of a killed save are removed; a fresh run refuses a ``--save`` directory
+or a metrics file that holds a run unless ``--force`` (which says so, and deletes that
+run only when the new one is about to write its first step); a resume refuses a save
+that has nothing left to do. Everything is decided here, before a model is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantroll import durable
+from quantroll.errors import QuantrollError
+from quantroll.locks import OutputLock
+from quantroll.rl import metricsfile, savedir
+from quantroll.rl.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the run may do with its outputs."""
+
+    resume_step: int | None  # the saved step --load continues after (None: a fresh run)
+    replaces_run: bool  # --force over a run: start_over() deletes it at step 0
+
+
+def _locks(cfg: TrainConfig, log) -> list[OutputLock]:
+    locks = []
+    if cfg.metrics_file:
+        locks.append(OutputLock(cfg.metrics_file, f"--metrics-file {cfg.metrics_file}", is_dir=False, log=log))
+    if cfg.save:
+        locks.append(OutputLock(cfg.save, f"--save {cfg.save}", log=log))
+    if cfg.load and not (cfg.save and Path(cfg.load).absolute() == Path(cfg.save).absolute()):
+        if not Path(cfg.load).is_dir():
+            what = "not a directory" if Path(cfg.load).exists() else "no such directory"
+            raise QuantrollError(f"--load {cfg.load}: {what}; point it at a directory written by --save")
+        locks.append(OutputLock(cfg.load, f"--load {cfg.load}", log=log))
+    return locks
+
+
+def _decide(cfg: TrainConfig, log) -> Claim:
+    if cfg.save:
+        removed = savedir.clean(cfg.save)
+        if removed:
+            log(f"--save {cfg.save}: removed {len(removed)} leftover(s) of an interrupted save")
+    if cfg.load:
+        saved = savedir.latest(cfg.load)
+        if saved is None:
+            raise QuantrollError(f"--load {cfg.load}: no saved state there; point it at a directory written by --save")
+        if cfg.save and Path(cfg.save).absolute() != Path(cfg.load).absolute() and savedir.holds_run(cfg.save):
+            raise QuantrollError(f"--save {cfg.save} holds another run; save the resumed run into --load's directory "
+                                 f"({cfg.load}) or an empty one")
+        if saved.step + 1 >= cfg.num_rollout:
+            raise QuantrollError(f"--load {cfg.load}: the saved run already finished step {saved.step} "
+                                 f"({saved.step + 1} steps) and --num-rollout {cfg.num_rollout} asks for no more; "
+                                 f"raise --num-rollout above {saved.step + 1} to continue it")
+        return Claim(saved.step, False)
+    held = cfg.save and savedir.holds_run(cfg.save)
+    if held and not cfg.force:
+        try:
+            saved = savedir.latest(cfg.save)
+            what = f"a run saved at step {saved.step}" if saved else "a run"
+        except QuantrollError:
+            what = "a run (in a format this quantroll does not read)"
+        raise QuantrollError(f"--save {cfg.save} holds {what}; resume it with --load {cfg.save}, or pass --force to "
+                             "start over (its state and metrics are deleted)")
+    metricsfile.check_fresh(cfg.metrics_file, cfg.force)
+    return Claim(None, bool(cfg.force and (held or _has_lines(cfg.metrics_file))))
+
+
+def _has_lines(path: str | None) -> bool:
+    return bool(path) and Path(path).is_file() and Path(path).stat().st_size > 0
+
+
+def start_over(cfg: TrainConfig, log) -> None:
+    """--force, just before step 0: delete the run the outputs held, and say so."""
+    if cfg.save and savedir.holds_run(cfg.save):
+        savedir.wipe(cfg.save)
+        log(f"--force: deleted the run saved in --save {cfg.save}")
+    if _has_lines(cfg.metrics_file):
+        with durable.writing(f"--metrics-file {cfg.metrics_file}"):
+            durable.write_atomic(cfg.metrics_file, b"")
+        log(f"--force: overwriting --metrics-file {cfg.metrics_file}")
+
+
+@contextlib.contextmanager
+def claim_outputs(cfg: TrainConfig, log=print) -> Iterator[Claim]:
+    """Hold the run's locks for the block; yields what it may do."""
+    with contextlib.ExitStack() as stack:
+        for lock in _locks(cfg, log):
+            stack.enter_context(lock)
+        yield _decide(cfg, log)

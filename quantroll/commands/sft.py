@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from quantroll.builtin import TINY_QWEN3_MOE
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 from quantroll.trainer.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
@@ -50,6 +51,7 @@ def register(subparsers) -> None:
                    help=f"held-out problems for the accuracy before/after (default: {DEFAULT_EVAL_SIZE})")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device to train on (default: cuda if available, else cpu)")
+    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.set_defaults(func=run)
 
 
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"sft: {task} for up to {args.steps} steps of {args.batch_size}, lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
+                       compute_dtype=args.compute_dtype,
                        shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"

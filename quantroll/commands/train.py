@@ -10,7 +10,7 @@ import argparse
 import torch
 
 from quantroll.builtin import BUILTIN_MODELS
-from quantroll.compute import COMPUTE_DTYPES
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.formats import FORMAT_NAMES
 from quantroll.rl.config import TrainConfig
@@ -39,12 +39,10 @@ def register(subparsers) -> None:
                    "N layers in BF16 on both sides")
     m.add_argument("--ref-load", default=None, help="the trainer's BF16 weights (required when --hf-checkpoint is "
                    "quantized: mode 1)")
-    m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="bound on the engine's KV cache: larger "
-                   "rollouts run in sub-batches that fit (default: no bound)")
+    m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="bound on the engine's KV cache, in GiB: "
+                   "larger rollouts run in sub-batches that fit (default: no bound)")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for both sides")
-    m.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help="what the BF16 sides compute in: "
-                   "auto = bfloat16 on GPU, float32 on CPU (weights keep BF16 values either way; CPUs without BF16 "
-                   "matrix units are 10-100x slower in bfloat16)")
+    m.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     r = p.add_argument_group("rollout")
     r.add_argument("--task", default="arithmetic", choices=["arithmetic", "count"], help="built-in verifiable task")
     r.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
@@ -69,7 +67,8 @@ def register(subparsers) -> None:
                    "float' (default: exact match with the label)")
     r.add_argument("--eval-data", default=None, help="JSONL held-out prompts: greedy accuracy of the engine's and the "
                    "trainer's BF16 policy")
-    r.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
+    r.add_argument("--eval-interval", type=int, default=0, help="held-out greedy accuracy at step 0, every N steps "
+                   "and at the last step, each before that step's rollout (0: never)")
     o = p.add_argument_group("optimization")
     o.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: the "
                    "whole rollout, one step per rollout)")

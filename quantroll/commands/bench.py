@@ -6,13 +6,19 @@ import argparse
 import json
 from dataclasses import asdict
 
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.errors import QuantrollError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="GPU benchmarks (rollout speed)", description=__doc__)
+    p = subparsers.add_parser("bench", help="GPU benchmarks (rollout speed)", description=__doc__,
+                              formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    r = sub.add_parser("rollout", help="prefill/decode speed of BF16 and FP8 engines on real model shapes")
+    r = sub.add_parser("rollout", help="prefill/decode speed of BF16 and FP8 engines on real model shapes",
+                       description="Time prefill and decode of the rollout engine at each precision and batch size "
+                       "on a real model shape (random weights, so nothing is downloaded), next to the GPU's measured "
+                       "copy bandwidth, and print a table (--json for the numbers). Needs a CUDA GPU; results are "
+                       "recorded in docs/PERFORMANCE.md.", formatter_class=HelpFormatter)
     r.add_argument("--shape", default="qwen3-8b", choices=["qwen3-8b", "qwen3-30b-a3b", "qwen3-1.7b"],
                    help="model shape, random weights (default: qwen3-8b)")
     r.add_argument("--layers", type=int, default=None, help="use only N decoder layers (default: all)")

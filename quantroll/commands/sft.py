@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from quantroll.builtin import TINY_QWEN3_MOE
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
         description="Write a random tiny Qwen3 (character tokenizer), train it with supervised fine-tuning on "
         "prompt + answer + EOS (loss on the answer and EOS only), measure greedy exact-match accuracy on held-out "
         f"problems before and after, and save it as an HF BF16 checkpoint (recipe and accuracies in {STATS_FILE}).",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
     p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "

@@ -10,6 +10,7 @@ import argparse
 import torch
 
 from quantroll.builtin import BUILTIN_MODELS
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.formats import FORMAT_NAMES
@@ -21,7 +22,7 @@ D = TrainConfig()  # the defaults, in one place
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="RL training: low-precision rollout, BF16 trainer, corrections, metrics",
-                              description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     m = p.add_argument_group("models")
     m.add_argument("--hf-checkpoint", default=None, help="checkpoint the rollout engine loads; its quantization_config "
                    "decides the rollout precision (default: the built-in warm-started tiny Qwen3, see --builtin-model)")

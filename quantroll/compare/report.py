@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from quantroll.compare.tables import Table, build_tables
+from quantroll.compare.tables import Table, answer, build_tables
 
 
 def _write(path: Path, text: str) -> Path:
@@ -48,7 +48,9 @@ def table_text(t: Table) -> str:
 
 
 def terminal_tables(summary: dict) -> str:
-    """The main tables for the terminal: gap at step 0, time/speedup/break-even, recommendation."""
+    """The answer (one line per mode), then the main tables: gap at step 0, time/speedup/break-even,
+    recommendation."""
     keep = ("gap_step0", "time", "recommendation", "failed")
     tables = {t.key: t for t in build_tables(summary, compact=True)}
-    return "\n\n".join(table_text(tables[k]) for k in keep if k in tables) + "\n"
+    head = "Answer\n======\n" + "\n".join(f"- {line}" for line in answer(summary))
+    return "\n\n".join([head] + [table_text(tables[k]) for k in keep if k in tables]) + "\n"

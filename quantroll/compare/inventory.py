@@ -36,6 +36,7 @@ def write_inventory(out_dir: str | Path, checkpoints: dict[str, Path]) -> Path:
     """OUT/checkpoints.json: the inventory of every checkpoint of the study (precision -> path)."""
     rows = [checkpoint_inventory(p, path) for p, path in checkpoints.items()]
     path = Path(out_dir) / INVENTORY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(rows, indent=1) + "\n")
     return path
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from quantroll.compare.perrun import MAIN_GAP
 
 
-def _figure(width: float = 7.0, height: float = 4.2):
+def _figure(width: float = 10.0, height: float = 4.5):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=110)
@@ -34,8 +34,13 @@ def _maybe_log(ax, values: list[float]) -> None:
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", bbox_inches="tight")  # keeps a legend placed outside the axes
     return path
+
+
+def _shift(i: int, n: int) -> float:
+    """A small sideways offset per line, so that error bars at one step do not hide each other."""
+    return (i - (n - 1) / 2) * 0.06
 
 
 def _errorbar(ax, x, points, **kw):
@@ -51,7 +56,7 @@ def _finish(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside, not on, the data
 
 
 def curve_plot(summary: dict, key: str, ylabel: str, title: str, path: Path) -> Path | None:
@@ -61,9 +66,9 @@ def curve_plot(summary: dict, key: str, ylabel: str, title: str, path: Path) -> 
         return None
     fig, ax = _figure()
     seen = []
-    for g in groups:
+    for i, g in enumerate(groups):
         pts = [p for p in g["curves"][key] if p["mean"] is not None]
-        _errorbar(ax, [p["step"] for p in pts], pts, marker="o", label=_name(g))
+        _errorbar(ax, [p["step"] + _shift(i, len(groups)) for p in pts], pts, marker="o", label=_name(g))
         seen += [p["mean"] for p in pts]
     if key == MAIN_GAP:
         _maybe_log(ax, seen)
@@ -83,8 +88,8 @@ def eval_plot(summary: dict, path: Path) -> Path | None:
         for key, side, style, marker in keys:
             pts = [p for p in g["curves"].get(key, []) if p["mean"] is not None]
             if pts:
-                _errorbar(ax, [p["step"] for p in pts], pts, color=color, linestyle=style, marker=marker,
-                          label=f"{_name(g)}, {side}")
+                _errorbar(ax, [p["step"] + _shift(i, len(groups)) for p in pts], pts, color=color, linestyle=style,
+                          marker=marker, label=f"{_name(g)}, {side}")
     _finish(ax, "RL step (evaluated before the step's rollout)", "held-out greedy accuracy",
             "Held-out accuracy per step (mean ± std over seeds)")
     return _save(fig, path)
@@ -94,23 +99,26 @@ def length_plot(summary: dict, path: Path) -> Path | None:
     """Gap vs response length, per group: by response-length bucket over all steps (solid),
     and the sweep runs' step-0 gap at each forced length (dashed); error bars = std over seeds."""
     fig, ax = _figure()
-    seen, lengths, drawn = [], set(), 0
-    for i, g in enumerate(summary["groups"]):
+    seen, lengths, colors = [], set(), {}
+
+    def color(name: str) -> str:  # a group and its sweep share a colour
+        return colors.setdefault(name, f"C{len(colors) % 10}")
+
+    for g in summary["groups"]:
         pts = [(int(b), v[MAIN_GAP]) for b, v in g.get("gap_by_len", {}).items() if v[MAIN_GAP]["mean"] is not None]
         if pts:
-            _errorbar(ax, [b for b, _ in pts], [s for _, s in pts], color=f"C{i % 10}", marker="o",
+            _errorbar(ax, [b for b, _ in pts], [s for _, s in pts], color=color(_name(g)), marker="o",
                       label=f"{_name(g)} (by length, all steps)")
             seen += [s["mean"] for _, s in pts]
             lengths.update(b for b, _ in pts)
-            drawn += 1
     sweeps: dict[str, list[dict]] = {}
     for s in summary["sweep"]:
         if s["gap_step0"][MAIN_GAP]["mean"] is not None and s["response_len"] is not None:
             sweeps.setdefault(_name(s), []).append(s)
-    for j, (name, rows) in enumerate(sweeps.items()):
+    for name, rows in sweeps.items():
         rows = sorted(rows, key=lambda r: r["response_len"])
         st = [r["gap_step0"][MAIN_GAP] for r in rows]
-        _errorbar(ax, [r["response_len"] for r in rows], st, color=f"C{(drawn + j) % 10}", linestyle="--",
+        _errorbar(ax, [r["response_len"] for r in rows], st, color=color(name), linestyle="--",
                   marker="s", label=f"{name} (sweep, step 0)")
         seen += [x["mean"] for x in st]
         lengths.update(r["response_len"] for r in rows)
@@ -150,7 +158,7 @@ def time_plot(summary: dict, path: Path) -> Path | None:
     ax.set_title("Time per step", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return _save(fig, path)
 
 

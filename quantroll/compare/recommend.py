@@ -111,7 +111,7 @@ def _why(chosen: dict, corrections: list[str]) -> str:
         if chosen["one_seed"]:
             return ("1 seed: spread unknown, so no difference between corrections can be shown significant; "
                     "the cheapest")
-        return "no significant difference between corrections (final reward, held-out accuracy, gap), so the cheapest"
+        return "no significant difference between corrections in final reward, held-out accuracy or gap, so the cheapest"
     parts = []
     for s, d in dropped:
         base = f", BF16 {s['baseline']:.3g}" if s["baseline"] is not None else ""
@@ -186,7 +186,7 @@ def _mode_entry(mode: str, groups: list[dict], base: dict | None) -> dict:
     label = groups[0]["label"] if all(g["label"] == groups[0]["label"] for g in groups) else mode
     why = _why(chosen, sorted(cands, key=_cost))
     proof = evidence(cands)
-    text = f"{label}: {accept['text']}; correction: {chosen['choice']} ({why})"
+    text = f"{label}: {accept['text']}. Correction: {chosen['choice']}: {why}"
     if proof:
         text += ". " + "; ".join(proof)
     candidates = [{"correction": c, "group": g["id"], **{name: criterion_stats(g, name) for name in CRITERIA},

@@ -18,7 +18,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom:
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 div.scroll { overflow-x: auto; } th { background: #f2f2f2; } tr:nth-child(even) td { background: #fafafa; }
-ul.legend { font-size: 0.8em; color: #555; } ul.notes { font-size: 0.9em; }
+ul.legend { font-size: 0.8em; color: #555; } ul.notes { font-size: 0.9em; } ul.answer { font-size: 1.05em; }
 code { background: #f4f4f4; padding: 0 3px; } img { max-width: 100%; margin: 0.5em 0; }
 """
 

@@ -93,6 +93,8 @@ def aggregate(key: tuple, runs: list[RunData]) -> dict:
         "curves": {k: curve([r.steps for r in runs], k) for k in CURVES},
         "reward": {"mean": stats(v["means"].get("reward_mean") for v in vals),
                    "step0": stats(v["step0"].get("reward_mean") for v in vals),
+                   "first_steps": stats(v["reward_first"] for v in vals),
+                   "last_steps": stats(v["reward_last"] for v in vals),
                    "final": stats(v["final"].get("reward_mean") for v in vals)},
         "accuracy": {"mean": stats(v["means"].get("accuracy") for v in vals),
                      "final": stats(v["final"].get("accuracy") for v in vals)},

@@ -3,14 +3,17 @@
 The built-in task trains on a fixed pool of problems, so a rising reward can mean the
 policy learned the task or that it memorised its pool. Held-out accuracy (problems
 outside the pool, greedy, measured at step 0 and at the eval interval) tells the two
-apart; this module says when they disagree: the reward rose beyond the seed spread
-between step 0 and the last step while held-out accuracy, over the same span, did not.
+apart; this module says when they disagree: the training reward rose beyond the seed
+spread from the first steps to the last (means over a few steps at each end, see
+perrun.reward_window: one step's reward is too noisy) while held-out accuracy, from its
+first eval (step 0) to its last, did not.
 """
 
 from __future__ import annotations
 
 import math
 
+from quantroll.compare.perrun import reward_window
 from quantroll.compare.recommend import FLOOR
 
 
@@ -33,14 +36,16 @@ def memorisation_warnings(groups: list[dict]) -> list[str]:
         ev = g.get("eval")
         if not ev or ev["first_steps"] == ev["steps"]:
             continue  # one eval point: nothing to compare
-        reward = rise(g["reward"]["step0"], g["reward"]["final"])
+        reward = rise(g["reward"]["first_steps"], g["reward"]["last_steps"])
         held = rise(ev["first_trainer"], ev["trainer"])
         if not reward or not held or not reward["rose"] or held["rose"]:
             continue
         basis = f"1 seed: point estimates against {FLOOR:g}" if reward["one_seed"] or held["one_seed"] else \
             "beyond max(seed spread, 0.02)"
+        w = reward_window(g["num_steps"])
         out.append(f"{g['label']} / {g['correction']}: the training reward rose {reward['first']:.3g} -> "
-                   f"{reward['last']:.3g} ({reward['diff']:+.3g}; {basis}) but held-out accuracy did not "
+                   f"{reward['last']:.3g} (means of the first and last {w} steps, {reward['diff']:+.3g}; {basis}) "
+                   "but held-out accuracy did not "
                    f"({held['first']:.3g} -> {held['last']:.3g}, trainer's policy, steps {ev['first_steps'][0]} -> "
                    f"{ev['steps'][-1]}): the policy may be fitting its pool of training problems, not the task")
     return out

@@ -18,6 +18,7 @@ from quantroll.checkpoint.plan import REASONS
 from quantroll.checkpoint.stats import inspect_checkpoint, kept_by_reason
 
 INVENTORY_FILE = "checkpoints.json"
+NOT_LINEAR = frozenset({"embedding", "norm", "not-2d", "not-a-weight"})  # kept reasons of non-linear tensors
 
 
 def checkpoint_inventory(precision: str, path: str | Path) -> dict:
@@ -26,6 +27,7 @@ def checkpoint_inventory(precision: str, path: str | Path) -> dict:
     return {
         "precision": precision, "path": str(path), "format": report.format, "scale_rule": report.scale_rule,
         "quantized": len(report.quantized),
+        "linears_kept": sum(1 for reason in report.kept.values() if reason not in NOT_LINEAR),
         "kept": [{"reason": reason, "rule": REASONS.get(reason, "kept by the checkpoint producer"),
                   "count": len(names), "names": sorted(names)} for reason, names in kept_by_reason(report.kept).items()],
         "total_bytes": report.total_bytes, "bytes_by_dtype": report.bytes_by_dtype,

@@ -55,6 +55,12 @@ def _tokens(step: dict) -> float | None:
     return t * tps
 
 
+def reward_window(num_steps: int) -> int:
+    """Steps averaged at each end of a run to say whether its reward rose: one step's reward
+    is too noisy to compare (5 steps, or a quarter of a short run)."""
+    return max(1, min(5, num_steps // 4))
+
+
 def run_values(steps: list[dict]) -> dict:
     """One value per quantity for a run with at least one step."""
     step0 = next((s for s in steps if s.get("step") == 0), {})
@@ -67,6 +73,8 @@ def run_values(steps: list[dict]) -> dict:
     layers = routing_layers(steps)
     return {
         "num_steps": len(steps),
+        "reward_first": mean(s.get("reward_mean") for s in steps[: reward_window(len(steps))]),
+        "reward_last": mean(s.get("reward_mean") for s in steps[-reward_window(len(steps)):]),
         "means": {k: mean(s.get(k) for s in steps) for k in keys},
         "step0": {k: as_float(step0.get(k)) for k in keys},
         "final": {k: as_float(last.get(k)) for k in keys},

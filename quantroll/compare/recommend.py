@@ -154,6 +154,11 @@ def acceptance(group: dict, base: dict | None) -> dict:
     return {"acceptable": ok, "checks": checks, "one_seed": one_seed, "text": f"{head} ({detail})"}
 
 
+def _percent(share: float) -> str:
+    """A share as a percentage that never rounds a non-zero share to 0.0%."""
+    return "0.0%" if share == 0 else f"{100 * share:.2g}%" if share < 0.001 else f"{share:.1%}"
+
+
 def evidence(cands: dict[str, dict]) -> list[str]:
     """What each correction did, from its runs' own metrics."""
     out = []
@@ -164,11 +169,11 @@ def evidence(cands: dict[str, dict]) -> list[str]:
         if corr == "tis" and _mean(means.get("tis_clipfrac")) is not None:
             clip = means["tis_clipfrac"]["mean"]
             if span and clip == 0:
-                out.append(f"TIS clipped {clip:.1%} of tokens: the ratios never left {span}")
+                out.append(f"TIS clipped 0.0% of tokens: the ratios never left {span}")
             else:
-                out.append(f"TIS clipped {clip:.1%} of tokens" + (f"; the ratios ranged over {span}" if span else ""))
+                out.append(f"TIS clipped {_percent(clip)} of tokens" + (f"; the ratios ranged over {span}" if span else ""))
         if corr == "mask" and _mean(means.get("masked_fraction")) is not None:
-            out.append(f"mask dropped {means['masked_fraction']['mean']:.1%} of tokens"
+            out.append(f"mask dropped {_percent(means['masked_fraction']['mean'])} of tokens"
                        + (f"; the ratios ranged over {span}" if span else ""))
     plain = cands.get("none")
     if "r3" in cands and plain is not None and plain.get("routing"):

@@ -174,8 +174,9 @@ def checkpoints_table(summary: dict) -> Table | None:
         kept = "; ".join(f"{k['count']} {k['reason']}: {', '.join(k['names'][:4])}"
                          + (f", ... and {k['count'] - 4} more" if k["count"] > 4 else "") for k in c["kept"])
         rows.append([c["precision"], c["format"] + (f" ({c['scale_rule']})" if c.get("scale_rule") else ""),
-                     "all (source)" if c["format"] == "bf16" else str(c["quantized"]),
-                     kept or ("nothing quantized" if c["format"] == "bf16" else "nothing"),
+                     "none (the BF16 source)" if c["format"] == "bf16" else
+                     f"{c['quantized']} of {c['quantized'] + c.get('linears_kept', 0)} linear weights",
+                     kept or ("everything" if c["format"] == "bf16" else "nothing"),
                      f"{c['total_bytes'] / 2**30:.4g}"])
     if not rows:
         return None

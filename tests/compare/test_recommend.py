@@ -138,3 +138,11 @@ def test_memorisation_warning_when_reward_rises_but_held_out_does_not(tmp_path):
     run(tmp_path / "b", "bf16", 0, [0.2, 0.4, 0.6], {0: 0.45, 2: 0.60})
     run(tmp_path / "b", "bf16", 1, [0.25, 0.45, 0.65], {0: 0.47, 2: 0.62})
     assert not any("training reward rose" in w for w in summarize(load_runs(tmp_path / "b"))["warnings"])
+
+
+def test_a_small_clip_share_is_never_printed_as_zero(tmp_path):
+    clipping = {"tis_clipfrac": 0.00012, "tis_ratio_min": 0.3, "tis_ratio_max": 2.27}
+    mode, _ = mode_of(tmp_path, {"bf16": [(0.001, 0.5)], "none": [(0.3, 0.5)], "tis": [(0.3, 0.5)]},
+                      {"tis": clipping})
+    assert "TIS clipped 0.012% of tokens; the ratios ranged over [0.3, 2.27]" in mode["text"]
+    assert "never left" not in mode["text"]

@@ -112,6 +112,9 @@ def test_reward_curve_final_and_mean(matrix):
     for gid, members in groups_raw(raw).items():
         g = groups[gid]
         check(g["reward"]["final"], [steps[-1]["reward_mean"] for _, steps in members])
+        w = max(1, min(5, len(members[0][1]) // 4))  # the ends a reward rise is judged on
+        check(g["reward"]["first_steps"], [np.mean([s["reward_mean"] for s in steps[:w]]) for _, steps in members])
+        check(g["reward"]["last_steps"], [np.mean([s["reward_mean"] for s in steps[-w:]]) for _, steps in members])
         check(g["reward"]["mean"], [np.mean([s["reward_mean"] for s in steps]) for _, steps in members])
         check(g["accuracy"]["mean"], [np.mean([s["accuracy"] for s in steps]) for _, steps in members])
         n_steps = max(len(steps) for _, steps in members)

@@ -48,9 +48,10 @@ def table_text(t: Table) -> str:
 
 
 def terminal_tables(summary: dict) -> str:
-    """The answer (one line per mode), then the main tables: gap at step 0, time/speedup/break-even,
-    recommendation."""
+    """The answer (one line per mode, the rule, the warnings), then the main tables: gap at step 0,
+    time/speedup/break-even, recommendation."""
     keep = ("gap_step0", "time", "recommendation", "failed")
     tables = {t.key: t for t in build_tables(summary, compact=True)}
     head = "Answer\n======\n" + "\n".join(f"- {line}" for line in answer(summary))
+    head += "".join(f"\n- Warning: {w}" for w in summary["warnings"])
     return "\n\n".join([head] + [table_text(tables[k]) for k in keep if k in tables]) + "\n"

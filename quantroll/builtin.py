@@ -2,10 +2,14 @@
 
 No weights can be downloaded where quantroll is tested, so the default model is made
 here from a seed: an HF-format directory (config.json + model.safetensors, BF16) that
-transformers' Qwen3ForCausalLM loads with no missing or unexpected keys. Its
-dimensions mix multiples of 128 (quantized by default) and a non-multiple (the
-k/v projections, kept in BF16 by default), so every path of ``convert`` runs on it.
-Its tokenizer is quantroll's character-level one (quantroll/tasks/tokenizer.py).
+transformers' Qwen3ForCausalLM loads with no missing or unexpected keys. Every
+dimension of every decoder linear is a multiple of 128 (head_dim 128, one k/v head of
+128 rows), so ``convert`` quantizes all of them in fp8, mxfp8 and nvfp4 and a study
+of "FP8" measures FP8 everywhere a real checkpoint has it; head_dim is a power of two,
+as the GPU's fused decode attention needs. Only the embedding, lm_head, norms and (MoE)
+router gates stay BF16, by convert's rules. Shapes with partial blocks are tested on
+the fixtures of tests/conftest.py. Its tokenizer is quantroll's character-level one
+(quantroll/tasks/tokenizer.py).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class TinyQwen3:
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 1
-    head_dim: int = 96  # k/v: 96 x 256, not a multiple of 128
+    head_dim: int = 128  # q 512 x 256, k/v 128 x 256, o 256 x 512: whole 128 x 128 blocks
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0

@@ -8,6 +8,10 @@ There the default is float32 arithmetic on weights whose values stay BF16 (loade
 BF16, and the optimizer rounds every update to BF16), so the weights, the weight sync
 and the quantized formats are exactly what they are on a GPU, while the BF16 sides'
 activations are not rounded to BF16. Reports label such runs "float32 compute".
+
+Every command that runs a model (generate, demo, sft, train, compare) takes
+``--compute-dtype`` with this one default, so that on one machine they all compute the
+same numbers: greedy answers agree between ``generate``, the engine and the trainer.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import torch
 from quantroll.errors import QuantrollError
 
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
+COMPUTE_DTYPE_HELP = ("what BF16 weights compute in: auto = bfloat16 on GPU, float32 on CPU (the weights keep "
+                      "their BF16 values either way; CPUs without BF16 matrix units are 10-100x slower in bfloat16)")
 
 
 def resolve_compute_dtype(device: str | torch.device, name: str = "auto") -> torch.dtype:

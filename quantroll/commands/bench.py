@@ -6,17 +6,20 @@ import argparse
 import json
 from dataclasses import asdict
 
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.errors import QuantrollError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="GPU benchmarks (rollout speed)", description=__doc__)
+    p = subparsers.add_parser("bench", help="GPU benchmarks (rollout speed)", description=__doc__,
+                              formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     r = sub.add_parser("rollout", help="prefill/decode speed of BF16 and FP8 engines on real model shapes",
                        description="Rollout speed on real model shapes with random weights. --workload fixed: every "
                        "sequence of a batch generates --new-tokens tokens, per batch size. --workload rl: --prompts x "
                        "--samples sequences with long-tail response lengths (lognormal, sigma 1, mean --mean-len, "
-                       "capped at --new-tokens), per weight precision x KV cache dtype, against the serial roofline.")
+                       "capped at --new-tokens), per weight precision x KV cache dtype, against the serial roofline. Needs a "
+                       "CUDA GPU; results are recorded in docs/PERFORMANCE.md.", formatter_class=HelpFormatter)
     r.add_argument("--workload", default="fixed", choices=["fixed", "rl"], help="fixed batches, or the RL workload "
                    "(default: fixed)")
     r.add_argument("--shape", default="qwen3-8b", choices=["qwen3-8b", "qwen3-30b-a3b", "qwen3-1.7b"],

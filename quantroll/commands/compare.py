@@ -2,11 +2,14 @@
 
 Runs, on the same prompts, BF16 rollout and each low-precision rollout (mode 1, and the
 unified modes 2-4 with --modes), each with each correction, over several seeds: every
-run an ordinary ``quantroll train`` process with its own metrics file. Then it reports
-the train/rollout gap at step 0 and over the steps, rewards and held-out accuracy of
-both policies, time per step, the rollout speedup against BF16 and whether it pays for
-the re-quantization of every update (break-even), and recommends a correction per mode.
-Rerunning the same command continues an interrupted compare; failed runs are listed.
+run an ordinary ``quantroll train`` process with its own metrics file. The report opens
+with the answer, one line per mode: whether the mode is acceptable against BF16 and
+which correction to use, by a rule it states. Then the train/rollout gap at step 0, over
+the steps and by response length, rewards and held-out accuracy of both policies (step 0
+and every --eval-interval steps), what each checkpoint kept in BF16, time per step, the
+rollout speedup against BF16 and whether it pays for the re-quantization of every update
+(break-even). Rerunning the same command continues an interrupted compare; failed runs
+are listed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 import torch
 
 from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
-from quantroll.compute import COMPUTE_DTYPES
+from quantroll.commands.helpformat import HelpFormatter
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.durable import remove_empty_dirs, writing
 from quantroll.errors import QuantrollError
 from quantroll.locks import OutputLock
@@ -28,12 +32,13 @@ from quantroll.outputs import check_output_dir
 from quantroll.trainer.policy import refuse_quantized
 
 DEFAULT_NUM_ROLLOUT = 30
+DEFAULT_EVAL_INTERVAL = 10
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="study: gap, reward, speed and break-even per precision mode and "
                               "correction; report.md/html with plots", description=__doc__,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=HelpFormatter)
     p.add_argument("--output-dir", default="quantroll-compare", help="where runs, summary.json, report.md, "
                    "report.html and plots/ go; rerunning continues what is there")
     p.add_argument("--hf-checkpoint", default=None, help="BF16 HF checkpoint to study (converted once per "
@@ -49,6 +54,9 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", default="1,2", help="seeds; with several, differences are judged against the spread")
     p.add_argument("--num-rollout", type=int, default=DEFAULT_NUM_ROLLOUT, help="RL steps per run")
     p.add_argument("--rollout-max-response-len", type=int, default=8, help="response length of the main runs")
+    p.add_argument("--eval-interval", type=int, default=DEFAULT_EVAL_INTERVAL, help="held-out greedy accuracy of "
+                   "the engine's and the trainer's policy (problems outside the training pool) at step 0, every N "
+                   "steps and at the last step of each main run (0: never)")
     p.add_argument("--sweep-response-len", default=None, help="also measure the gap at these response lengths "
                    "(comma-separated, e.g. 1024,4096,8192,16384): responses sampled to full length, ignoring EOS")
     p.add_argument("--sweep-num-rollout", type=int, default=1, help="RL steps per sweep run (1: the gap at step 0)")
@@ -58,7 +66,7 @@ def register(subparsers) -> None:
                    "(both sides)")
     p.add_argument("--num-layers-at-end-in-bf16", type=int, default=0, help="keep the last N layers BF16 (both sides)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of every run")
-    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help="as for quantroll train")
+    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.add_argument("--train-args", default="", help="more `quantroll train` flags for every run, as one string "
                    "(e.g. \"--lr 1e-4 --rollout-batch-size 32 --task count\")")
     p.set_defaults(func=run)
@@ -85,7 +93,8 @@ def _train_args(text: str) -> tuple[str, ...]:
         raise QuantrollError(f"--train-args {text!r}: {err}") from None
     owned = {"--hf-checkpoint", "--ref-load", "--seed", "--metrics-file", "--num-rollout", "--device",
              "--rollout-max-response-len", "--use-tis", "--tis-mode", "--fp8-recipe", "--fp4-recipe",
-             "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save"}
+             "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save", "--eval-interval",
+             "--compute-dtype"}
     clash = sorted(owned & {a.split("=")[0] for a in extra})
     if clash:
         raise QuantrollError(f"--train-args may not set {', '.join(clash)}: compare sets them per run "
@@ -116,11 +125,14 @@ def _check_runs(setup, specs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from quantroll.compare.inventory import load_inventory, write_inventory
     from quantroll.compare.matrix import build_matrix
     from quantroll.compare.runner import CompareSetup
 
     if args.num_rollout < 1 or args.sweep_num_rollout < 1:
         raise QuantrollError("--num-rollout and --sweep-num-rollout must be >= 1")
+    if args.eval_interval < 0:
+        raise QuantrollError(f"--eval-interval must be >= 0, got {args.eval_interval}")
     source, label, moe = _source(args)
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
                          moe, args.sweep_response_len)
@@ -131,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
              "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
     setup = CompareSetup(out, source, label, moe, args.device, args.num_rollout, args.sweep_num_rollout, common, sweep,
                          {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
-                          "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16})
+                          "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16}, args.eval_interval)
     _check_runs(setup, specs)
     fresh = not out.exists()
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
@@ -153,6 +165,7 @@ def _run_matrix(setup, specs, label, args) -> int:
     out = setup.out_dir
     print(f"compare: {len(specs)} runs on {label} ({args.device}), {args.num_rollout} steps each -> {out}")
     checkpoints = prepare_checkpoints(setup, specs)
+    write_inventory(out, checkpoints)
     start = time.perf_counter()
     try:
         for i, spec in enumerate(specs, 1):
@@ -165,7 +178,7 @@ def _run_matrix(setup, specs, label, args) -> int:
               file=sys.stderr)
         return 130
     current, stale = split_current(load_runs(out), specs)
-    summary = note_stale(summarize(current), stale)
+    summary = note_stale(summarize(current, load_inventory(out)), stale)
     paths = write_report(out, summary)
     print()
     print(terminal_tables(summary))

@@ -12,6 +12,7 @@ import sys
 
 from quantroll.checkpoint import ConvertConfig, convert_checkpoint
 from quantroll.checkpoint.plan import REASONS
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.formats import FORMAT_NAMES, SCALE_RULES
 
 
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
             "format's block stay in BF16 and are listed in the config; fused siblings (q/k/v, gate/up, one "
             "layer's experts) always share one precision. The output appears only when complete."
         ),
+        formatter_class=HelpFormatter,
     )
     io = p.add_argument_group("input and output")
     io.add_argument("--model-dir", required=True, metavar="SRC", help="BF16 Hugging Face checkpoint directory to read (required)")

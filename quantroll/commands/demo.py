@@ -17,7 +17,9 @@ import torch
 from quantroll.builtin import write_tiny_qwen3
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.checkpoint.stats import inspect_checkpoint
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.commands.inspect import format_report
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES, resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
 from quantroll.formats import FORMAT_NAMES
 
@@ -28,11 +30,13 @@ def register(subparsers) -> None:
         help="run the built-in default: tiny Qwen3 -> every format -> inspect -> rollout gap",
         description="Write the built-in tiny Qwen3 checkpoint, convert it to fp8, mxfp8 and nvfp4, inspect each "
         "against the BF16 source, and measure each engine's logprob gap to the BF16 model on its own rollouts.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--workdir", default="quantroll-demo", help="where the checkpoints go (default: ./quantroll-demo)")
     p.add_argument("--prompts", type=int, default=8, help="number of rollout prompts (default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="response length of each rollout (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.set_defaults(func=run)
 
 
@@ -62,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n== quantroll inspect {out} --against {bf16}")
         print(format_report(inspect_checkpoint(out, bf16), top=3))
 
-    reference = Engine(bf16)
+    dtype = resolve_compute_dtype("cpu", args.compute_dtype)
+    reference = Engine(bf16, dtype=dtype)
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(3, reference.config.vocab_size, (int(n),), generator=g).tolist()
                for n in torch.randint(4, 16, (args.prompts,), generator=g)]
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
           "engine logprobs vs the BF16 model on the same tokens")
     print(f"{'engine':18s} {'mean |diff|':>12s} {'k3 KL':>12s}")
     for name, path in dirs.items():
-        engine = reference if name == "bf16" else Engine(path)
+        engine = reference if name == "bf16" else Engine(path, dtype=dtype)
         diff, kl = logprob_gap(reference, engine.generate(prompts, params))
         print(f"{engine.precision:18s} {diff:12.3e} {kl:12.3e}")
     return 0

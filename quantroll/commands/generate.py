@@ -2,7 +2,9 @@
 
 Tokenizes the prompt with the checkpoint's own ``tokenizer.json``, generates, and
 prints the text with the mean logprob and the finish reason of each sample. The
-prompt is used as raw text (no chat template is applied).
+prompt is used as raw text (no chat template is applied). BF16 weights compute by the
+rule every command shares (--compute-dtype, quantroll/compute.py), so greedy output here
+is what the RL loop's engine and trainer produce on the same machine.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from pathlib import Path
 
 import torch
 
+from quantroll.commands.helpformat import HelpFormatter
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES, resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text from a checkpoint (BF16 or quantized) with the engine",
-                              description="Generate from --hf-checkpoint with quantroll's engine and print each sample.")
+                              description="Generate from --hf-checkpoint with quantroll's engine and print each sample.",
+                              formatter_class=HelpFormatter)
     p.add_argument("--hf-checkpoint", required=True, metavar="DIR",
                    help="checkpoint the engine loads (BF16 or `quantroll convert` output); required")
     p.add_argument("--prompt", required=True, help="prompt text, tokenized with DIR/tokenizer.json; required")
@@ -30,6 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed; sample i uses seed + i (default: 0)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device to run on (default: cuda if available, else cpu)")
+    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.set_defaults(func=run)
 
 
@@ -50,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--n must be >= 1, got {args.n}")
     tokenizer = load_tokenizer(checkpoint)
     ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
-    engine = Engine(checkpoint, device=args.device)
+    engine = Engine(checkpoint, device=args.device, dtype=resolve_compute_dtype(args.device, args.compute_dtype))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(f"engine: {engine.precision} on {engine.device}; prompt: {len(ids)} tokens")

@@ -17,6 +17,7 @@ from quantroll.checkpoint.integrity import stored_problems
 from quantroll.checkpoint.plan import REASONS
 from quantroll.durable import write_atomic, writing
 from quantroll.checkpoint.stats import InspectReport, inspect_checkpoint, kept_by_reason
+from quantroll.commands.helpformat import HelpFormatter
 from quantroll.outputs import check_output_path
 
 _SHOW = 6  # names listed per kept reason before "... and N more"
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
         help="summarize a checkpoint: format, kept vs quantized, bytes, SQNR against BF16",
         description="Summarize a checkpoint (quantized or not). With --against, measure the SQNR of every "
         "quantized weight against the BF16 checkpoint it was made from, and check kept tensors are unchanged.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("dir", metavar="DIR", help="checkpoint directory to inspect (required)")
     p.add_argument(

@@ -13,6 +13,8 @@ import argparse
 import torch
 
 from quantroll.builtin import TINY_QWEN3_MOE
+from quantroll.commands.helpformat import HelpFormatter
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 from quantroll.trainer.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
@@ -27,6 +29,7 @@ def register(subparsers) -> None:
         description="Write a random tiny Qwen3 (character tokenizer), train it with supervised fine-tuning on "
         "prompt + answer + EOS (loss on the answer and EOS only), measure greedy exact-match accuracy on held-out "
         f"problems before and after, and save it as an HF BF16 checkpoint (recipe and accuracies in {STATS_FILE}).",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
     p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "
@@ -50,6 +53,7 @@ def register(subparsers) -> None:
                    help=f"held-out problems for the accuracy before/after (default: {DEFAULT_EVAL_SIZE})")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device to train on (default: cuda if available, else cpu)")
+    p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.set_defaults(func=run)
 
 
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"sft: {task} for up to {args.steps} steps of {args.batch_size}, lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
+                       compute_dtype=args.compute_dtype,
                        shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"

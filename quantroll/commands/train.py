@@ -10,7 +10,8 @@ import argparse
 import torch
 
 from quantroll.builtin import BUILTIN_MODELS
-from quantroll.compute import COMPUTE_DTYPES
+from quantroll.commands.helpformat import HelpFormatter
+from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.formats import FORMAT_NAMES
 from quantroll.rl.config import TrainConfig
@@ -21,7 +22,7 @@ D = TrainConfig()  # the defaults, in one place
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="RL training: low-precision rollout, BF16 trainer, corrections, metrics",
-                              description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     m = p.add_argument_group("models")
     m.add_argument("--hf-checkpoint", default=None, help="checkpoint the rollout engine loads; its quantization_config "
                    "decides the rollout precision (default: the built-in warm-started tiny Qwen3, see --builtin-model)")
@@ -49,9 +50,7 @@ def register(subparsers) -> None:
                    "while the trainer steps (default: release them, as colocated trainers do, so the trainer's peak "
                    "fits; the next rollout allocates and captures them again)")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for both sides")
-    m.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help="what the BF16 sides compute in: "
-                   "auto = bfloat16 on GPU, float32 on CPU (weights keep BF16 values either way; CPUs without BF16 "
-                   "matrix units are 10-100x slower in bfloat16)")
+    m.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     r = p.add_argument_group("rollout")
     r.add_argument("--task", default="arithmetic", choices=["arithmetic", "count"], help="built-in verifiable task")
     r.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
@@ -76,7 +75,8 @@ def register(subparsers) -> None:
                    "float' (default: exact match with the label)")
     r.add_argument("--eval-data", default=None, help="JSONL held-out prompts: greedy accuracy of the engine's and the "
                    "trainer's BF16 policy")
-    r.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
+    r.add_argument("--eval-interval", type=int, default=0, help="held-out greedy accuracy at step 0, every N steps "
+                   "and at the last step, each before that step's rollout (0: never)")
     o = p.add_argument_group("optimization")
     o.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step (default: the "
                    "whole rollout, one step per rollout)")

@@ -3,18 +3,21 @@
 A group's every number is a statistic over its runs (one value per run, see perrun),
 so the spread it carries is the seed-to-seed spread the recommendation needs. Curves
 (reward and gap per step) are per-step statistics over the runs that reached the step.
-Sweep runs are grouped apart, by response length too, and keep only their step-0 gap:
-they exist to show how the gap grows with the length of what is generated.
+Sweep runs are grouped apart, by response length too, and keep only their step-0 gap
+(and its split by response-length bucket): they exist to show how the gap grows with
+the length of what is generated. Every group also carries its gap per response-length
+bucket over all steps (metrics/by_length.py), which the gap-vs-length plot draws.
 """
 
 from __future__ import annotations
 
 from quantroll.compare.labels import display, group_id, mode_label, sort_key
-from quantroll.compare.perrun import GAP_METRICS, MAIN_GAP, MEMORY_KEYS, TIME_KEYS, run_values
+from quantroll.compare.perrun import EVAL_KEYS, EXTREMES, GAP_METRICS, MAIN_GAP, MEMORY_KEYS, TIME_KEYS, run_values
 from quantroll.compare.rundata import RunData
 from quantroll.compare.stats import as_float, stats
+from quantroll.metrics.by_length import BUCKET_METRICS
 
-CURVES = ("reward_mean", MAIN_GAP)
+CURVES = ("reward_mean", MAIN_GAP, *EVAL_KEYS.values())
 
 
 def spec_key(spec: dict) -> tuple[str, str, bool, str]:
@@ -44,7 +47,17 @@ def curve(step_lists: list[list[dict]], key: str) -> list[dict]:
     for steps in step_lists:
         for s in steps:
             by_step.setdefault(s["step"], []).append(s.get(key))
-    return [{"step": step, **stats(vals)} for step, vals in sorted(by_step.items())]
+    points = [{"step": step, **stats(vals)} for step, vals in sorted(by_step.items())]
+    return [p for p in points if p["n"]] if key in EVAL_KEYS.values() else points  # eval: only where measured
+
+
+def by_length(per_run: list[dict]) -> dict[str, dict]:
+    """Per response-length bucket: tokens and sequences summed over the runs, each metric
+    as stats over the runs that have the bucket (one token-weighted value per run)."""
+    keys = sorted({k for b in per_run for k in b}, key=int)
+    return {k: {"tokens": sum(b[k]["tokens"] for b in per_run if k in b),
+                "seqs": sum(b[k]["seqs"] for b in per_run if k in b),
+                **{m: stats(b[k].get(m) for b in per_run if k in b) for m in BUCKET_METRICS}} for k in keys}
 
 
 def _identity(key: tuple, runs: list[RunData]) -> dict:
@@ -79,11 +92,20 @@ def aggregate(key: tuple, runs: list[RunData]) -> dict:
         "metrics_mean": {k: stats(v["means"].get(k) for v in vals) for k in metric_names},
         "curves": {k: curve([r.steps for r in runs], k) for k in CURVES},
         "reward": {"mean": stats(v["means"].get("reward_mean") for v in vals),
+                   "step0": stats(v["step0"].get("reward_mean") for v in vals),
+                   "first_steps": stats(v["reward_first"] for v in vals),
+                   "last_steps": stats(v["reward_last"] for v in vals),
                    "final": stats(v["final"].get("reward_mean") for v in vals)},
         "accuracy": {"mean": stats(v["means"].get("accuracy") for v in vals),
                      "final": stats(v["final"].get("accuracy") for v in vals)},
         "eval": ({"engine": stats(e["engine"] for e in evals), "trainer": stats(e["trainer"] for e in evals),
-                  "steps": sorted(_distinct(e["step"] for e in evals))} if evals else None),
+                  "steps": sorted(_distinct(e["step"] for e in evals)),
+                  "first_engine": stats(e["first_engine"] for e in evals),
+                  "first_trainer": stats(e["first_trainer"] for e in evals),
+                  "first_steps": sorted(_distinct(e["first_step"] for e in evals))} if evals else None),
+        "extremes": {k: pick((v["extremes"][k] for v in vals if v["extremes"][k] is not None), default=None)
+                     for k, pick in EXTREMES.items()},
+        "gap_by_len": by_length([v["by_len"] for v in vals]),
         "routing": ({"layers": layers,
                      "step0": {str(n): stats(v["routing_step0"].get(n) for v in vals) for n in layers},
                      "mean": {str(n): stats(v["routing_mean"].get(n) for v in vals) for n in layers}}
@@ -125,5 +147,6 @@ def build_sweep(runs: list[RunData]) -> list[dict]:
             **_identity(k[:4], members),
             "response_len": k[4],
             "gap_step0": {m: stats(s.get(m) for s in step0) for m in GAP_METRICS},
+            "gap_by_len": by_length([run_values(r.steps)["by_len"] for r in members]),
         })
     return rows

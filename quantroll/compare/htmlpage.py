@@ -10,7 +10,7 @@ import base64
 import html
 from pathlib import Path
 
-from quantroll.compare.tables import PLOTS_AFTER, Table, build_tables, preamble
+from quantroll.compare.tables import Table, answer, build_tables, plots_after, preamble
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -18,7 +18,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom:
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 div.scroll { overflow-x: auto; } th { background: #f2f2f2; } tr:nth-child(even) td { background: #fafafa; }
-ul.legend { font-size: 0.8em; color: #555; } ul.notes { font-size: 0.9em; }
+ul.legend { font-size: 0.8em; color: #555; } ul.notes { font-size: 0.9em; } ul.answer { font-size: 1.05em; }
 code { background: #f4f4f4; padding: 0 3px; } img { max-width: 100%; margin: 0.5em 0; }
 """
 
@@ -50,10 +50,13 @@ def img_html(name: str, path: Path) -> str:
 
 def render_html(summary: dict, plots: dict) -> str:
     body = ["<h1>quantroll compare: low-precision rollout study</h1>",
+            '<ul class="answer">' + "".join(f"<li><strong>{_e(line)}</strong></li>" for line in answer(summary)) + "</ul>",
             "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in preamble(summary)) + "</ul>"]
-    for t in build_tables(summary):
+    tables = build_tables(summary)
+    after = plots_after(tables)
+    for t in tables:
         body.append(table_html(t))
-        body += [img_html(n, plots[n]) for n in PLOTS_AFTER.get(t.key, ()) if n in plots]
+        body += [img_html(n, plots[n]) for n in after.get(t.key, ()) if n in plots]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>quantroll compare</title><style>{CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantroll.compare.tables import PLOTS_AFTER, Table, build_tables, preamble
+from quantroll.compare.tables import Table, answer, build_tables, plots_after, preamble
 
 
 def md_text(text) -> str:
@@ -19,7 +19,7 @@ def table_md(t: Table) -> list[str]:
     else:
         out.append("_no data_")
     if t.legend:
-        out += ["", *[f"- `{k}`: {v}" for k, v in t.legend]]
+        out += ["", *[f"- `{k}`: {md_text(v)}" for k, v in t.legend]]
     if t.notes:
         out += ["", *[f"- {md_text(n)}" for n in t.notes]]
     return out + [""]
@@ -28,10 +28,13 @@ def table_md(t: Table) -> list[str]:
 def render_markdown(summary: dict, plots: dict) -> str:
     """The whole report; ``plots`` maps plot file names (under plots/) to paths that exist."""
     out = ["# quantroll compare: low-precision rollout study", ""]
+    out += [f"- {md_text(line)}" for line in answer(summary)] + [""]
     out += [f"- {md_text(line)}" for line in preamble(summary)] + [""]
-    for t in build_tables(summary):
+    tables = build_tables(summary)
+    after = plots_after(tables)
+    for t in tables:
         out += table_md(t)
-        for name in PLOTS_AFTER.get(t.key, ()):
+        for name in after.get(t.key, ()):
             if name in plots:
                 out += [f"![{name[:-4].replace('_', ' ')}](plots/{name})", ""]
     return "\n".join(out)

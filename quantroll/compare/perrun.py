@@ -12,13 +12,19 @@ from __future__ import annotations
 import re
 
 from quantroll.compare.stats import as_float, finite, mean
+from quantroll.metrics.by_length import combine_buckets
 from quantroll.metrics.mismatch import METRIC_NAMES
 
 GAP_METRICS = METRIC_NAMES  # DESIGN "Mismatch metrics": the train/rollout gap of a step
 MAIN_GAP = "train_rollout_logprob_abs_diff"
 NON_METRICS = frozenset({"step", "rollout_precision", "weight_version", "mismatch_tokens", "mismatch_seqs"})
 TIME_KEYS = ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time")
-MEMORY_KEYS = ("peak_memory_gb", "kv_cache_capacity_tokens", "engine_weight_gb")
+# GiB (2**30 bytes); weights counted at the dtype they are stored in (rl/memory.py)
+MEMORY_KEYS = ("peak_memory_gib", "engine_weight_gib", "trainer_weight_gib", "trainer_optimizer_gib",
+               "kv_cache_capacity_tokens")
+EVAL_KEYS = {"engine": "eval_engine_accuracy", "trainer": "eval_trainer_accuracy"}
+# per-step extremes that stay extremes over a run (the range of the TIS ratios)
+EXTREMES = {"tis_ratio_min": min, "tis_ratio_max": max}
 ROUTING = re.compile(r"^routing_agreement_layer(\d+)$")
 
 
@@ -49,6 +55,12 @@ def _tokens(step: dict) -> float | None:
     return t * tps
 
 
+def reward_window(num_steps: int) -> int:
+    """Steps averaged at each end of a run to say whether its reward rose: one step's reward
+    is too noisy to compare (5 steps, or a quarter of a short run)."""
+    return max(1, min(5, num_steps // 4))
+
+
 def run_values(steps: list[dict]) -> dict:
     """One value per quantity for a run with at least one step."""
     step0 = next((s for s in steps if s.get("step") == 0), {})
@@ -57,10 +69,12 @@ def run_values(steps: list[dict]) -> dict:
     keys = metric_keys(steps)
     pairs = [(as_float(s.get("rollout_time")), _tokens(s)) for s in timed]
     pairs = [(t, n) for t, n in pairs if len(finite([t, n])) == 2 and n > 0]
-    evals = [s for s in steps if finite([s.get("eval_engine_accuracy")])]
+    evals = [s for s in steps if finite([s.get(EVAL_KEYS["engine"])]) or finite([s.get(EVAL_KEYS["trainer"])])]
     layers = routing_layers(steps)
     return {
         "num_steps": len(steps),
+        "reward_first": mean(s.get("reward_mean") for s in steps[: reward_window(len(steps))]),
+        "reward_last": mean(s.get("reward_mean") for s in steps[-reward_window(len(steps)):]),
         "means": {k: mean(s.get(k) for s in steps) for k in keys},
         "step0": {k: as_float(step0.get(k)) for k in keys},
         "final": {k: as_float(last.get(k)) for k in keys},
@@ -70,14 +84,17 @@ def run_values(steps: list[dict]) -> dict:
         "rollout_tokens_per_s": mean(s.get("rollout_tokens_per_s") for s in timed),
         "tokens_per_step": mean(n for _, n in pairs),
         "s_per_token": sum(t for t, _ in pairs) / sum(n for _, n in pairs) if pairs else None,
-        "eval": ({"step": evals[-1]["step"], "engine": as_float(evals[-1].get("eval_engine_accuracy")),
-                  "trainer": as_float(evals[-1].get("eval_trainer_accuracy"))} if evals else None),
+        "eval": ({"step": evals[-1]["step"], "engine": as_float(evals[-1].get(EVAL_KEYS["engine"])),
+                  "trainer": as_float(evals[-1].get(EVAL_KEYS["trainer"])),
+                  "first_step": evals[0]["step"], "first_engine": as_float(evals[0].get(EVAL_KEYS["engine"])),
+                  "first_trainer": as_float(evals[0].get(EVAL_KEYS["trainer"]))} if evals else None),
+        "extremes": {k: pick(finite(s.get(k) for s in steps), default=None) for k, pick in EXTREMES.items()},
+        "by_len": combine_buckets([s["by_response_len"] for s in steps if isinstance(s.get("by_response_len"), dict)]),
         "routing_step0": {n: as_float(step0.get(f"routing_agreement_layer{n}")) for n in layers},
         "routing_mean": {n: mean(s.get(f"routing_agreement_layer{n}") for s in steps) for n in layers},
         "memory": {
-            "peak_memory_gb": max(finite(s.get("peak_memory_gb") for s in steps), default=None),
-            "kv_cache_capacity_tokens": mean(s.get("kv_cache_capacity_tokens") for s in steps),
-            "engine_weight_gb": mean(s.get("engine_weight_gb") for s in steps),
+            "peak_memory_gib": max(finite(s.get("peak_memory_gib") for s in steps), default=None),
+            **{k: mean(s.get(k) for s in steps) for k in MEMORY_KEYS if k != "peak_memory_gib"},
         },
         "loss_agg": last.get("loss_agg"),
         "rollout_precision": last.get("rollout_precision"),

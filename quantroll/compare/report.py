@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantroll.compare.tables import Table, answer, build_tables
 from quantroll.durable import write_atomic
-
-from quantroll.compare.tables import Table, build_tables
 
 
 def _write(path: Path, text: str) -> Path:
@@ -47,7 +46,10 @@ def table_text(t: Table) -> str:
 
 
 def terminal_tables(summary: dict) -> str:
-    """The main tables for the terminal: gap at step 0, time/speedup/break-even, recommendation."""
+    """The answer (one line per mode, the rule, the warnings), then the main tables: gap at step 0,
+    time/speedup/break-even, recommendation."""
     keep = ("gap_step0", "time", "recommendation", "failed")
     tables = {t.key: t for t in build_tables(summary, compact=True)}
-    return "\n\n".join(table_text(tables[k]) for k in keep if k in tables) + "\n"
+    head = "Answer\n======\n" + "\n".join(f"- {line}" for line in answer(summary))
+    head += "".join(f"\n- Warning: {w}" for w in summary["warnings"])
+    return "\n\n".join([head] + [table_text(tables[k]) for k in keep if k in tables]) + "\n"

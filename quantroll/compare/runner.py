@@ -35,6 +35,7 @@ class CompareSetup:
     common_args: tuple[str, ...]  # flags every run gets (task, batch sizes, lr, ...)
     sweep_args: tuple[str, ...]  # flags sweep runs get on top (smaller batches)
     convert_args: dict  # ConvertConfig fields (layers kept in BF16)
+    eval_interval: int = 0  # held-out evaluation of the main runs (step 0, every N, last); sweep runs never
 
 
 def prepare_checkpoints(setup: CompareSetup, specs: list[RunSpec], log=print) -> dict[str, Path]:
@@ -61,8 +62,8 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
     args += ["--device", setup.device, "--num-rollout", str(steps), *setup.common_args]
     if spec.sweep:
         args += list(setup.sweep_args)
-    elif "--eval-interval" not in setup.common_args:
-        args += ["--eval-interval", str(steps)]
+    elif setup.eval_interval:
+        args += ["--eval-interval", str(setup.eval_interval)]
     return args + spec.train_args() + ["--metrics-file", str(run_dir / "metrics.jsonl")]
 
 

@@ -8,8 +8,11 @@ error, appears in ``runs``. Layout of the result:
   groups[]: identity, gap_step0/gap_mean{metric: stats}, metrics_mean, curves, reward,
             accuracy, eval, routing, time, memory, speed (vs baseline), reward_vs_bf16
   sweep[]: identity + response_len + gap_step0{metric: stats}
-  runs[]: one row per run; failed[]: the failed ones; recommendation{modes, verdicts};
-  warnings[]: what the reader should know about the data (dropped lines, missing baseline).
+  runs[]: one row per run; failed[]: the failed ones; recommendation{rule, modes, verdicts}
+  (each mode: its choice, whether it is acceptable vs BF16, the evidence, one answer line);
+  checkpoints[]: what each checkpoint of the study kept in high precision (inventory.py);
+  warnings[]: what the reader should know about the data (dropped lines, missing baseline,
+  a training reward that rose while held-out accuracy did not).
 
 A "stats" is {"mean", "std" (over seeds, ddof=1, None with one seed), "n"}.
 """
@@ -17,6 +20,7 @@ A "stats" is {"mean", "std" (over seeds, ddof=1, None with one seed), "n"}.
 from __future__ import annotations
 
 from quantroll.compare.groups import build_groups, build_sweep, is_emulated, spec_key
+from quantroll.compare.heldout import memorisation_warnings
 from quantroll.compare.labels import display
 from quantroll.compare.perrun import GAP_METRICS, MAIN_GAP, run_values
 from quantroll.compare.recommend import recommend
@@ -26,7 +30,7 @@ from quantroll.compare.stats import difference
 
 __all__ = ["RunData", "load_runs", "summarize", "run_row"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SIGNIFICANCE = ("a difference between two groups counts only if |mean_a - mean_b| > sqrt(std_a^2 + std_b^2), "
                 "std over seeds (ddof=1); with one seed the spread is unknown")
 
@@ -44,14 +48,14 @@ def run_row(run: RunData) -> dict:
         "device": s.get("device"), "model": s.get("model"), "wall_time_s": s.get("wall_time_s"),
         "num_steps": len(run.steps), "truncated_last_line": run.truncated_last_line, "bad_lines": list(run.bad_lines),
         "gap_step0": None, "gap_mean": None, "reward_mean": None, "reward_final": None,
-        "rollout_time": None, "train_time": None, "peak_memory_gb": None,
+        "rollout_time": None, "train_time": None, "peak_memory_gib": None,
     }
     if run.steps:
         v = run_values(run.steps)
         row.update(gap_step0=v["gap_step0"][MAIN_GAP], gap_mean=v["gap_mean"][MAIN_GAP],
                    reward_mean=v["means"].get("reward_mean"), reward_final=v["final"].get("reward_mean"),
                    rollout_time=v["times"]["rollout_time"], train_time=v["times"]["train_time"],
-                   peak_memory_gb=v["memory"]["peak_memory_gb"])
+                   peak_memory_gib=v["memory"]["peak_memory_gib"])
     return row
 
 
@@ -75,11 +79,12 @@ def _warnings(runs: list[RunData], groups: list[dict], base: dict | None) -> lis
             out.append(f"{g['id']}: runs differ in response length {g['response_lens']}: no break-even length")
     if groups and base is None:
         out.append("no bf16 baseline group: speedups, break-even and reward differences are not computed")
-    return out
+    return out + memorisation_warnings(groups)
 
 
-def summarize(runs: list[RunData]) -> dict:
-    """The summary.json content for these runs (pure; JSON-serializable, no NaN)."""
+def summarize(runs: list[RunData], checkpoints: list[dict] | None = None) -> dict:
+    """The summary.json content for these runs (pure; JSON-serializable, no NaN);
+    ``checkpoints``: the inventory of the study's checkpoints (inventory.load_inventory)."""
     done = [r for r in runs if r.spec.get("status") == "done" and r.steps]
     groups = build_groups([r for r in done if not r.spec.get("sweep")])
     base = _baseline(groups)
@@ -99,5 +104,6 @@ def summarize(runs: list[RunData]) -> dict:
         "failed": [{k: row[k] for k in ("run_id", "label", "correction", "seed", "error")}
                    for row in rows if row["status"] == "failed"],
         "recommendation": recommend(groups, base),
+        "checkpoints": list(checkpoints or []),
         "warnings": _warnings(runs, groups, base),
     }

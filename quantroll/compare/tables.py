@@ -25,8 +25,9 @@ LEGEND = {
     "final reward": "reward at the last step",
     "reward - bf16": "mean reward over steps minus the bf16 baseline's, with its significance",
     "accuracy": "share of rollout samples with reward >= 1, mean over steps",
-    "eval engine / trainer": ("held-out greedy accuracy of the engine's (rollout precision) and the trainer's "
-                              "policy at the last eval step"),
+    "eval engine / trainer": ("held-out greedy accuracy (problems outside the training pool) of the engine's "
+                              "(rollout precision) and the trainer's policy, at step 0 and at the last eval step"),
+    "reward step 0": "reward at step 0 (initial weights)",
     "rollout / train / quantize / load": "seconds per step of generation, training, weight re-quantization and weight loading",
     "tokens/s": "tokens generated per second of rollout",
     "speedup": "bf16 rollout time / this rollout time (tokens/s ratio: this / bf16)",
@@ -34,9 +35,15 @@ LEGEND = {
     "break-even len": "response-length limit at which saved = extra sync (linear extrapolation, see the assumption)",
     "routing agreement": "share of tokens whose top-k expert set is the same in trainer and engine (1 = identical), "
                          "from the trainer's own router: what R3 replays away",
-    "peak memory": "peak memory in GB, max over steps: GPU memory allocated on CUDA, the process's resident set on CPU",
+    "peak memory": "peak memory in GiB, max over steps: GPU memory allocated on CUDA, the process's resident set on CPU",
     "KV capacity": "tokens the engine's KV cache can hold",
-    "engine weights": "GB of the engine's weights",
+    "engine weights": ("GiB of every weight the engine holds (codes, scales, BF16 parts), at the dtype its checkpoint "
+                       "stores them in, not the float32 copy a CPU computes with"),
+    "trainer weights": "GiB of the trainer's weights as stored (BF16)",
+    "trainer optimizer": "GiB the optimizer holds: FP32 master weights and AdamW's two moments",
+    "response len": "bucket b-(2b-1) of response lengths in tokens (b a power of two), over all steps of every run",
+    "tokens": "response tokens in the bucket, summed over the group's runs",
+    "held-out acc": "held-out greedy accuracy of the trainer's policy at the last eval step",
 }
 SHORT = {
     "train_rollout_logprob_abs_diff": "|logp diff|", "train_rollout_kl": "KL (k3)", "log_ppl_diff": "log ppl diff",
@@ -97,17 +104,25 @@ def groups_table(summary: dict) -> Table:
                                       "device", "model"], rows)
 
 
+def _eval_cell(ev: dict, first: bool) -> str:
+    if not ev:
+        return "n/a"
+    engine, trainer = (ev["first_engine"], ev["first_trainer"]) if first else (ev["engine"], ev["trainer"])
+    steps = ev["first_steps"] if first else ev["steps"]
+    return f"{cell(engine)} / {cell(trainer)} (step {', '.join(map(str, steps))})"
+
+
 def reward_table(summary: dict) -> Table:
     rows = []
     for g in summary["groups"]:
         ev = g["eval"] or {}
-        rows.append([g["label"], g["correction"], str(g["reward"]["mean"]["n"]), cell(g["reward"]["mean"]),
-                     cell(g["reward"]["final"]), _diff(g["reward_vs_bf16"]), cell(g["accuracy"]["mean"]),
-                     f"{cell(ev.get('engine'))} / {cell(ev.get('trainer'))}" if ev else "n/a"])
-    return Table("reward", "Reward and accuracy",
-                 ["group", "correction", "n", "reward", "final reward", "reward - bf16", "accuracy",
-                  "eval engine / trainer"], rows,
-                 _legend("reward", "final reward", "reward - bf16", "accuracy", "eval engine / trainer"))
+        rows.append([g["label"], g["correction"], str(g["reward"]["mean"]["n"]), cell(g["reward"]["step0"]),
+                     cell(g["reward"]["mean"]), cell(g["reward"]["final"]), _diff(g["reward_vs_bf16"]),
+                     cell(g["accuracy"]["mean"]), _eval_cell(ev, True), _eval_cell(ev, False)])
+    return Table("reward", "Reward and held-out accuracy",
+                 ["group", "correction", "n", "reward step 0", "reward", "final reward", "reward - bf16", "accuracy",
+                  "eval engine / trainer, first", "eval engine / trainer, last"], rows,
+                 _legend("reward step 0", "reward", "final reward", "reward - bf16", "accuracy", "eval engine / trainer"))
 
 
 def time_table(summary: dict) -> Table:
@@ -138,13 +153,51 @@ def routing_table(summary: dict) -> Table | None:
                  rows, _legend("routing agreement"))
 
 
+MEMORY_COLUMNS = (("engine_weight_gib", "engine weights GiB"), ("trainer_weight_gib", "trainer weights GiB"),
+                  ("trainer_optimizer_gib", "trainer optimizer GiB"), ("peak_memory_gib", "peak memory GiB"),
+                  ("kv_cache_capacity_tokens", "KV capacity tokens"))
+
+
 def memory_table(summary: dict) -> Table | None:
-    keys = ("peak_memory_gb", "kv_cache_capacity_tokens", "engine_weight_gb")
-    if not any(g["memory"][k]["n"] for g in summary["groups"] for k in keys):
+    cols = [(k, h) for k, h in MEMORY_COLUMNS if any(g["memory"].get(k, {}).get("n") for g in summary["groups"])]
+    if not cols:
         return None
-    rows = [[g["label"], g["correction"]] + [cell(g["memory"][k]) for k in keys] for g in summary["groups"]]
-    return Table("memory", "Memory", ["group", "correction", "peak memory GB", "KV capacity tokens", "engine weights GB"],
-                 rows, _legend("peak memory", "KV capacity", "engine weights"))
+    rows = [[g["label"], g["correction"]] + [cell(g["memory"].get(k)) for k, _ in cols] for g in summary["groups"]]
+    return Table("memory", "Memory (GiB, weights as stored)", ["group", "correction"] + [h for _, h in cols], rows,
+                 _legend("engine weights", "trainer weights", "trainer optimizer", "peak memory", "KV capacity"))
+
+
+def checkpoints_table(summary: dict) -> Table | None:
+    """What each checkpoint of the study kept in high precision, and by which rule (inventory.py)."""
+    rows = []
+    for c in summary.get("checkpoints", []):
+        kept = "; ".join(f"{k['count']} {k['reason']}: {', '.join(k['names'][:4])}"
+                         + (f", ... and {k['count'] - 4} more" if k["count"] > 4 else "") for k in c["kept"])
+        rows.append([c["precision"], c["format"] + (f" ({c['scale_rule']})" if c.get("scale_rule") else ""),
+                     "none (the BF16 source)" if c["format"] == "bf16" else
+                     f"{c['quantized']} of {c['quantized'] + c.get('linears_kept', 0)} linear weights",
+                     kept or ("everything" if c["format"] == "bf16" else "nothing"),
+                     f"{c['total_bytes'] / 2**30:.4g}"])
+    if not rows:
+        return None
+    rules = sorted({(k["reason"], k["rule"]) for c in summary.get("checkpoints", []) for k in c["kept"]})
+    return Table("checkpoints", "Checkpoints: what stayed in high precision, and why",
+                 ["checkpoint", "format", "modules quantized", "kept in BF16 (count, rule: names)", "GiB as stored"],
+                 rows, rules, ["from `quantroll inspect` on each checkpoint the runs load"])
+
+
+def length_table(summary: dict) -> Table | None:
+    """The gap per response-length bucket, over all steps of each group's runs."""
+    metrics = (MAIN_GAP, "train_rollout_kl", "chi2_seq")
+    rows = [[g["label"], g["correction"], f"{b}-{2 * int(b) - 1}", str(v["tokens"])] + [cell(v[m]) for m in metrics]
+            for g in summary["groups"] for b, v in g.get("gap_by_len", {}).items()]
+    if not rows:
+        return None
+    return Table("by_len", "Gap by response length (all steps)",
+                 ["group", "correction", "response len", "tokens"] + [SHORT[m] for m in metrics], rows,
+                 _legend("response len", "tokens"),
+                 ["per run, token-level metrics are token-weighted and sequence-level ones sequence-weighted over "
+                  "steps; then mean ± std over seeds", SEE_ABOVE])
 
 
 def sweep_table(summary: dict, compact: bool) -> Table | None:
@@ -158,15 +211,25 @@ def sweep_table(summary: dict, compact: bool) -> Table | None:
                  notes=[SEE_ABOVE])
 
 
+def _acceptable(a: dict) -> str:
+    return {True: "yes", False: "no", None: "not judged"}[a["acceptable"]] + (" (1 seed)" if a["one_seed"] else "")
+
+
 def recommendation_table(summary: dict) -> Table:
     rec = summary["recommendation"]
-    rows = [[m["label"], c["correction"], cell(c["gap"]), _diff(c["gap_vs_bf16"]), cell(c["reward"]),
-             _diff(c["reward_vs_bf16"]), "<- use" if m["choice"] == c["correction"] else ""]
-            for m in rec["modes"] for c in m["candidates"]]
-    notes = [m["text"] for m in rec["modes"]] + [v["text"] for v in rec["verdicts"]] + [summary["notes"]["significance"]]
+    base = next((g for g in summary["groups"] if g["id"] == summary["baseline"]), None)
+    rows = []
+    if base is not None:
+        rows.append(["bf16 (baseline)", "none", cell(base["reward"]["final"]), cell((base["eval"] or {}).get("trainer")),
+                     cell(base["gap_mean"][MAIN_GAP]), "baseline", ""])
+    rows += [[m["label"], c["correction"], cell(c["final reward"]), cell(c["held-out accuracy"]),
+              cell(c["gap over steps"]), _acceptable(c["acceptance"]), "<- use" if m["choice"] == c["correction"] else ""]
+             for m in rec["modes"] for c in m["candidates"]]
+    notes = [m["text"] for m in rec["modes"]] + [v["text"] for v in rec["verdicts"]] + [rec["rule"],
+                                                                                         summary["notes"]["significance"]]
     return Table("recommendation", "Recommendation",
-                 ["mode", "correction", "gap over steps", "gap - bf16", "reward over steps", "reward - bf16", "choice"],
-                 rows, _legend(MAIN_GAP, "reward"), notes)
+                 ["mode", "correction", "final reward", "held-out acc", "gap over steps", "acceptable vs BF16",
+                  "choice"], rows, _legend("final reward", "held-out acc", MAIN_GAP), notes)
 
 
 def runs_table(summary: dict) -> Table:
@@ -190,16 +253,37 @@ def failed_table(summary: dict) -> Table | None:
 
 def build_tables(summary: dict, compact: bool = False) -> list[Table]:
     """All report tables in reading order (tables without data are left out)."""
-    tables = [groups_table(summary),
+    tables = [groups_table(summary), checkpoints_table(summary),
               _gap_table(summary, "gap_step0", "Gap at step 0 (initial weights)", "gap_step0", compact, True),
               _gap_table(summary, "gap_mean", "Gap, mean over steps", "gap_mean", compact, False),
-              sweep_table(summary, compact), reward_table(summary), time_table(summary), routing_table(summary),
-              memory_table(summary), recommendation_table(summary), failed_table(summary), runs_table(summary)]
+              length_table(summary), sweep_table(summary, compact), reward_table(summary), time_table(summary),
+              routing_table(summary), memory_table(summary), recommendation_table(summary), failed_table(summary),
+              runs_table(summary)]
     return [t for t in tables if t is not None]
 
 
-PLOTS_AFTER = {"gap_mean": ("gap_vs_step.png",), "sweep": ("gap_vs_response_len.png",),
-               "reward": ("reward_vs_step.png",), "time": ("time_breakdown.png",)}
+# each plot once, after the first of its tables that the report has
+PLOTS_AFTER = {"gap_mean": ("gap_vs_step.png",), "by_len": ("gap_vs_response_len.png",),
+               "sweep": ("gap_vs_response_len.png",), "reward": ("reward_vs_step.png", "eval_vs_step.png"),
+               "time": ("time_breakdown.png",)}
+
+
+def plots_after(tables: list[Table]) -> dict[str, tuple[str, ...]]:
+    """PLOTS_AFTER restricted so that no plot appears twice."""
+    seen, out = set(), {}
+    for t in tables:
+        names = tuple(n for n in PLOTS_AFTER.get(t.key, ()) if n not in seen)
+        seen.update(names)
+        out[t.key] = names
+    return out
+
+
+def answer(summary: dict) -> list[str]:
+    """The report's first lines: per low-precision mode, acceptable vs BF16 or not, and the correction."""
+    modes = summary["recommendation"]["modes"]
+    if not modes:
+        return ["No low-precision mode finished: nothing to recommend."]
+    return [m["text"] for m in modes] + [summary["recommendation"]["rule"]]
 
 
 def preamble(summary: dict) -> list[str]:

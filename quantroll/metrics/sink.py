@@ -14,8 +14,11 @@ from pathlib import Path
 
 
 def _clean(value):
+    """NaN/Inf as the strings "nan"/"inf" (strict JSON has neither), in nested dicts too."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
     return value
 
 

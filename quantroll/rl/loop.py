@@ -7,12 +7,16 @@
         sink.write(metrics)                           # one JSON line, flushed
 
 Step 0's gap is measured on a rollout of the initial weights, before any update.
+Held-out evaluation (--eval-interval N) runs at the start of a step, on the weights
+that step's rollout samples from: step 0 (the initial weights), every N steps, and the
+last step, so that a reward curve can always be read against held-out accuracy.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -24,7 +28,7 @@ from quantroll.metrics.sink import JsonlSink
 from quantroll.metrics.tensorboard import TensorBoardSink
 from quantroll.rl.checkpoints import resolve_checkpoints
 from quantroll.rl.config import TrainConfig
-from quantroll.rl.memory import engine_memory, peak_memory_gb
+from quantroll.rl.memory import engine_memory, peak_memory_gib, trainer_memory
 from quantroll.rl.rollout import build_task, rollout
 from quantroll.rl.evaluate import evaluate
 from quantroll.builtin import builtin_checkpoint
@@ -158,6 +162,11 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     bar = _progress(cfg.num_rollout - first_step, progress)
     try:
         for step in range(first_step, cfg.num_rollout):
+            held_out = {}
+            if eval_problems and eval_due(step, cfg.eval_interval, cfg.num_rollout):
+                started = time.perf_counter()
+                held_out = evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len)
+                held_out["eval_time"] = time.perf_counter() - started
             params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
                                     seed=(cfg.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
                                     stop_token_ids=() if cfg.rollout_ignore_eos else None)
@@ -173,19 +182,18 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             else:
                 bad = 0
             timing = sync.push(named_weights())
-            if eval_problems and cfg.eval_interval and (step + 1) % cfg.eval_interval == 0:
-                metrics.update(evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len))
             record = {
                 "step": step, "rollout_precision": engine.precision, "kv_cache_dtype": engine.kv_cache_label,
                 "loss_agg": cfg.loss_agg,
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),
                 "response_len_mean": batch.num_tokens / len(batch.results),
-                **metrics,
+                **metrics, **held_out,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,
                 **batch.engine_stats,
                 "weight_quantize_time": timing.quantize_s, "weight_load_time": timing.load_s,
-                "weight_version": timing.version, "peak_memory_gb": peak_memory_gb(engine.device), **memory,
+                "weight_version": timing.version, "peak_memory_gib": peak_memory_gib(engine.device), **memory,
+                **trainer_memory(policy, trainer_dir, optimizer),
             }
             with writing(f"--metrics-file {cfg.metrics_file}"):
                 sink.write(record)
@@ -211,6 +219,12 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         if bar is not None:
             bar.close()
     return history
+
+
+def eval_due(step: int, interval: int, num_rollout: int) -> bool:
+    """Held-out evaluation at the start of ``step``: step 0, every ``interval`` steps, and
+    the last step (interval 0: never)."""
+    return bool(interval) and (step % interval == 0 or step == num_rollout - 1)
 
 
 def _progress(total: int, enabled: bool):

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from quantroll.metrics.by_length import mismatch_by_length
 from quantroll.metrics.mismatch import mismatch_metrics, routing_agreement
 from quantroll.model.moe import RecordRouting, ReplayRouting
 from quantroll.rl.config import TrainConfig
@@ -101,6 +102,7 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
         ref_logp = _logprobs_no_grad(ref_policy, data, cfg.rollout_temperature, micro, replayed)[0]
     rollout_logp = batch.rollout_logprobs()
     metrics.update(mismatch_metrics(old_logp, rollout_logp, mask))
+    metrics["by_response_len"] = mismatch_by_length(old_logp, rollout_logp, mask)
     advantages = _advantages(cfg, batch.rewards, mask)
     # -- updates, one per minibatch, gradients accumulated over its micro-batches ---------
     correction = CorrectionConfig(enabled=cfg.use_tis, mode=cfg.tis_mode, level=cfg.tis_level, clip=cfg.tis_clip,
@@ -151,8 +153,9 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
     })
     if kls:
         metrics["kl"] = _mean(kls)
-    for key in (corr[0] if corr else {}):
-        metrics[key] = _mean([c[key] for c in corr])
+    for key in (corr[0] if corr else {}):  # extremes stay extremes across minibatches, the rest are means
+        values = [c[key] for c in corr]
+        metrics[key] = min(values) if key.endswith("_min") else max(values) if key.endswith("_max") else _mean(values)
     return metrics
 
 

@@ -35,7 +35,9 @@ Decisions (all tested):
   mean ``|ratio - 1|``; ``ess_ratio`` = ``(sum w)^2 / (n sum w^2)`` of the weights
   actually applied (0 for a dropped unit), 0 when every weight is 0;
   ``masked_fraction`` = share of response tokens dropped from the numerator (0 in
-  truncate mode); ``tis_count`` = n units. No units: every metric 0.0, count 0.
+  truncate mode); ``tis_ratio_min`` / ``tis_ratio_max`` = the smallest and largest ratio
+  before the clamp (what says whether the bounds were ever near); ``tis_count`` = n
+  units. No units: every metric 0.0 (the ratio range 1.0), count 0.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def _metrics(
     masked_fraction = float((m & ~keep).sum()) / n_tokens if n_tokens else 0.0
     if n == 0:
         zeros = dict.fromkeys(("tis", "tis_clipfrac", "tis_abs", "ess_ratio"), 0.0)
-        return {**zeros, "masked_fraction": masked_fraction, "tis_count": 0}
+        return {**zeros, "masked_fraction": masked_fraction, "tis_ratio_min": 1.0, "tis_ratio_max": 1.0, "tis_count": 0}
     sum_w2 = float(weight.square().sum())
     return {
         "tis": float(ratio.mean()),
@@ -164,5 +166,7 @@ def _metrics(
         "tis_abs": float((ratio - 1.0).abs().mean()),
         "ess_ratio": float(weight.sum()) ** 2 / (n * sum_w2) if sum_w2 > 0 else 0.0,
         "masked_fraction": masked_fraction,
+        "tis_ratio_min": float(ratio.min()),
+        "tis_ratio_max": float(ratio.max()),
         "tis_count": n,
     }

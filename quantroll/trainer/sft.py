@@ -11,9 +11,11 @@ prompt is given, never predicted). Greedy exact-match accuracy is measured with 
 rollout engine on held-out problems (never trained on), before and after, on the
 exported BF16 checkpoint itself.
 
-Training computes in float32 by default on CPU: BF16 matmuls on a CPU without native
-BF16 instructions (AVX2 only) run 10-100x slower than float32 and would make the
-warm start take an hour. The exported weights are BF16 either way.
+Training and the accuracy checks compute by the one rule every command follows
+(quantroll/compute.py): float32 by default on CPU, since BF16 matmuls on a CPU without
+native BF16 instructions (AVX2 only) run 10-100x slower and would make the warm start
+take an hour, and so that the accuracy recorded here is what ``generate`` and the RL
+loop see on the same machine. The exported weights are BF16 either way.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from quantroll.trainer.policy import load_policy
 
 IGNORE = -100  # label of a position that is not trained on
 
-# The default recipe. On a 2-core AVX2 CPU, 2-digit +/- (seeds 0, 1, 2): the target is
-# reached at step 720 / not by 1000 / not by 1000, 120-160 s of training, greedy accuracy
-# 46% / 37% / 37% on 256 held-out problems (0% before). Accuracy rises steeply once carries
-# are learned (800 cosine steps reach ~90%), hence the stop at a target, not a step count.
+# The default recipe. Measured for the shipped models (head_dim 128; seed 0, 2-digit +/-, on
+# a 2-core AVX2 CPU shared with other jobs): dense reached the target at step 800 (187 s of
+# training), 47.7% greedy accuracy on 256 held-out problems (0% before); MoE did not reach it
+# by step 1000 (2093 s), 40.6%. Accuracy rises steeply once carries are learned, hence the
+# stop at a target, not a step count.
 WARM_START_SHAPE = TinyQwen3()
 DEFAULT_STEPS = 1000
 DEFAULT_BATCH_SIZE = 64
@@ -211,7 +214,7 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
                shape: TinyQwen3 = WARM_START_SHAPE, progress: bool = True, *, eval_size: int = DEFAULT_EVAL_SIZE,
                target_accuracy: float | None = DEFAULT_TARGET_ACCURACY, check_every: int = DEFAULT_CHECK_EVERY,
                val_size: int = DEFAULT_VAL_SIZE, schedule: str = "cosine", device: str = "cpu",
-               train_dtype: torch.dtype | None = None) -> dict:
+               compute_dtype: str = "auto") -> dict:
     """Make the random tiny Qwen3 (``write_tiny_qwen3(shape, seed)``), train it on ``task``,
     export it to ``out_dir`` (HF BF16; replaced if present) and return the stats, which are
     also written to ``out_dir/quantroll_sft.json``.
@@ -221,10 +224,11 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
     ``check_every`` steps) reaches ``target_accuracy`` (None: never): the model should answer often enough
     that RL gets rewards, and seldom enough that RL has something left to learn.
     Accuracy before and after is measured on ``eval_size`` other held-out problems;
-    neither set is ever trained on. ``train_dtype``: float32 by default on CPU (see the
-    module docstring), BF16 elsewhere."""
-    if train_dtype is None:
-        train_dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    neither set is ever trained on. ``compute_dtype``: what training and the engine's
+    accuracy checks compute in (quantroll/compute.py; auto: float32 on CPU, BF16 on GPU)."""
+    from quantroll.compute import resolve_compute_dtype
+
+    train_dtype = resolve_compute_dtype(device, compute_dtype)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     held_out = held_out_problems(task, eval_size + (val_size if target_accuracy is not None else 0), seed)
@@ -234,7 +238,7 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
         init = write_tiny_qwen3(Path(tmp) / "init", shape, seed)
         from quantroll.engine import Engine
 
-        acc_before = greedy_accuracy(Engine(init, device=device), task, evaluation)
+        acc_before = greedy_accuracy(Engine(init, device=device, dtype=train_dtype), task, evaluation)
         model = load_policy(init, device=device, dtype=train_dtype)
 
         def reached_target(step: int) -> bool:
@@ -247,7 +251,7 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
                            stop_when=reached_target if target_accuracy is not None and validation else None)
         train_s = time.perf_counter() - t_train
         trained = save_hf_checkpoint(model, init, Path(tmp) / "trained")
-        acc_after = greedy_accuracy(Engine(trained, device=device), task, evaluation)
+        acc_after = greedy_accuracy(Engine(trained, device=device, dtype=train_dtype), task, evaluation)
         task_fields = {k: v for k, v in asdict(task).items() if k != "name"} if is_dataclass(task) else {}
         stats = {
             "task": {"name": task.name, **task_fields}, "shape": asdict(shape),

@@ -18,8 +18,10 @@ GAP_KEYS = (
 OTHER_KEYS = (
     "reward_mean", "reward_std", "accuracy", "response_len_mean", "loss", "pg_clipfrac", "grad_norm", "train_time",
     "tis", "tis_clipfrac", "tis_abs", "ess_ratio", "masked_fraction", "tis_count", "rollout_time",
-    "rollout_tokens_per_s", "weight_quantize_time", "weight_load_time", "peak_memory_gb",
+    "rollout_tokens_per_s", "weight_quantize_time", "weight_load_time", "peak_memory_gib",
 )
+BUCKET_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "chi2_token", "log_ppl_diff", "ppl_ratio",
+               "chi2_seq")
 # (precision, unified, correction, emulated, gap scale, rollout seconds, quantize seconds)
 GROUPS = (
     ("bf16", False, "none", False, 0.002, 2.0, 0.00),
@@ -64,11 +66,17 @@ def random_steps(rng, n, gap, rollout_s, quant_s, precision, response_len=RESPON
         s["weight_quantize_time"] = float(quant_s * rng.uniform(0.9, 1.1))
         s["weight_load_time"] = float(0.05 * rng.uniform(0.9, 1.1))
         s["kv_cache_capacity_tokens"] = float(rng.integers(1000, 2000))
+        s["tis_ratio_min"] = float(rng.uniform(0.5, 1.0))
+        s["tis_ratio_max"] = float(rng.uniform(1.0, 2.0))
         for layer in MOE_LAYERS:
             s[f"routing_agreement_layer{layer}"] = float(1.0 - gap * rng.uniform(0, 2))
-        if eval_every and (step + 1) % eval_every == 0:
+        if eval_every and (step % eval_every == 0 or step == n - 1):  # as the loop does (rl/loop.eval_due)
             s["eval_engine_accuracy"] = float(rng.uniform(0, 1))
             s["eval_trainer_accuracy"] = float(rng.uniform(0, 1))
+        buckets = [b for b in (1, 2, 4, 8, 16) if b <= response_len and rng.uniform() < 0.8] or [1]
+        s["by_response_len"] = {str(b): {"tokens": int(rng.integers(b, 10 * b)), "seqs": int(rng.integers(1, 6)),
+                                         **{k: float(gap * b * rng.uniform(0.5, 1.5)) for k in BUCKET_KEYS}}
+                                for b in buckets}
         steps.append(s)
     return steps
 
@@ -98,14 +106,19 @@ def build_matrix(out: Path, seed: int = 1234) -> Path:
     return out
 
 
-def write_constant_runs(out: Path, values: dict[str, list[tuple[float, float]]]) -> Path:
-    """values: fp8 mode-1 correction (or 'bf16') -> one (gap, reward) per seed; 3 equal steps per run."""
+def write_constant_runs(out: Path, values: dict[str, list[tuple]], extra: dict[str, dict] | None = None) -> Path:
+    """values: fp8 mode-1 correction (or 'bf16') -> one (gap, reward[, held-out accuracy]) per seed; 3 equal
+    steps per run, evaluated at steps 0 and 2 when an accuracy is given. ``extra``: per correction, more keys
+    for every step (e.g. the TIS metrics)."""
     for corr, per_seed in values.items():
         precision, correction = ("bf16", "none") if corr == "bf16" else ("fp8", corr)
-        for seed, (gap, reward) in enumerate(per_seed):
+        for seed, (gap, reward, *acc) in enumerate(per_seed):
             steps = [{"step": i, "train_rollout_logprob_abs_diff": gap, "reward_mean": reward, "rollout_time": 1.0,
                       "rollout_tokens_per_s": 10.0, "weight_quantize_time": 0.1, "weight_load_time": 0.1,
-                      "train_time": 0.5} for i in range(3)]
+                      "train_time": 0.5, **(extra or {}).get(corr, {})} for i in range(3)]
+            if acc:
+                for i in (0, 2):
+                    steps[i].update(eval_engine_accuracy=acc[0], eval_trainer_accuracy=acc[0])
             write_run(out, spec(f"{corr}-{seed}", precision, False, correction, seed, moe=False), steps)
     return out
 

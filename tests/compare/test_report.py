@@ -15,7 +15,7 @@ from quantroll.compare import load_runs, summarize, terminal_tables, write_repor
 from tests.compare.synth import build_matrix, spec, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOTS = ("gap_vs_step.png", "gap_vs_response_len.png", "reward_vs_step.png", "time_breakdown.png")
+PLOTS = ("gap_vs_step.png", "gap_vs_response_len.png", "reward_vs_step.png", "eval_vs_step.png", "time_breakdown.png")
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def test_no_model_flags_trains_the_builtin_model_bf16_gap_near_zero_fp8_gap_clea
     assert fp8[0]["rollout_precision"] == "fp8 (emulated)"
     assert bf16[0]["train_rollout_logprob_abs_diff"] < 1e-5
     assert fp8[0]["train_rollout_logprob_abs_diff"] > 100 * bf16[0]["train_rollout_logprob_abs_diff"]
-    assert fp8[0]["weight_quantize_time"] > 0 and fp8[0]["engine_weight_gb"] < bf16[0]["engine_weight_gb"]
+    assert fp8[0]["weight_quantize_time"] > 0 and fp8[0]["engine_weight_gib"] < bf16[0]["engine_weight_gib"]
 
 
 def test_moe_builtin_trains_with_r3_and_tis_and_reports_routing_per_layer():

@@ -37,11 +37,78 @@ def test_bf16_and_fp8_rollout_step0_gap_and_metrics_lines(ckpts, tmp_path):
         for key in ("train_rollout_logprob_abs_diff", "train_rollout_kl", "log_ppl_diff", "ppl_ratio", "chi2_token",
                     "chi2_seq", "reward_mean", "reward_std", "accuracy", "response_len_mean", "pg_clipfrac", "grad_norm",
                     "rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "rollout_tokens_per_s",
-                    "peak_memory_gb"):
+                    "peak_memory_gib", "engine_weight_gib", "trainer_weight_gib", "trainer_optimizer_gib"):
             assert key in lines[0], key
         runs[name] = lines[0]["train_rollout_logprob_abs_diff"]
     # BF16 engine vs BF16 trainer differ only by kernel order; FP8 rollout adds its rounding
     assert runs["bf16"] < 5e-3 and runs["fp8"] > 3 * runs["bf16"], runs
+
+
+def _stored_bytes(directory) -> int:
+    """Every tensor of a checkpoint at its stored dtype, read with the safetensors library."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as handle:
+            for name in handle.keys():
+                t = handle.get_tensor(name)
+                total += t.numel() * t.element_size()
+    return total
+
+
+def test_memory_counts_weights_as_stored_not_the_cpu_compute_copy(ckpts):
+    bf16, fp8 = ckpts
+    hist = {name: run_training(TrainConfig(hf_checkpoint=str(d), ref_load=str(bf16), **{**FAST, "num_rollout": 1}),
+                               progress=False)[0] for name, d in (("bf16", bf16), ("fp8", fp8))}
+    assert hist["bf16"]["rollout_precision"] == "bfloat16 (float32 compute)"  # held as float32, counted as BF16
+    for name, d in (("bf16", bf16), ("fp8", fp8)):
+        assert hist[name]["engine_weight_gib"] * 2**30 == pytest.approx(_stored_bytes(d), rel=1e-12), name
+        assert hist[name]["trainer_weight_gib"] * 2**30 == pytest.approx(_stored_bytes(bf16), rel=1e-12), name
+    n_params = sum(p.numel() for p in load_policy_params(bf16))
+    # FP32 master + AdamW's two moments (and torch's per-tensor step counters, a few bytes)
+    assert hist["bf16"]["trainer_optimizer_gib"] * 2**30 == pytest.approx(3 * 4 * n_params, rel=1e-4)
+
+
+def load_policy_params(path):
+    from quantroll.trainer.policy import load_policy
+
+    return list(load_policy(path).parameters())
+
+
+def test_every_step_splits_the_gap_by_response_length(ckpts):
+    bf16, fp8 = ckpts
+    hist = run_training(TrainConfig(hf_checkpoint=str(fp8), ref_load=str(bf16), **{**FAST, "rollout_batch_size": 4,
+                                                                                 "rollout_max_response_len": 12}),
+                        progress=False)
+    for r in hist:
+        buckets = r["by_response_len"]
+        assert all(int(b) & (int(b) - 1) == 0 for b in buckets)  # powers of two
+        assert sum(b["tokens"] for b in buckets.values()) == r["mismatch_tokens"]
+        tokens = sum(b["tokens"] for b in buckets.values())
+        weighted = sum(b["train_rollout_logprob_abs_diff"] * b["tokens"] for b in buckets.values()) / tokens
+        assert weighted == pytest.approx(r["train_rollout_logprob_abs_diff"], rel=1e-9)
+
+
+def test_held_out_eval_at_step_0_every_interval_and_the_last_step(ckpts):
+    from quantroll.commands.generate import load_tokenizer
+    from quantroll.engine import Engine
+    from quantroll.rl.evaluate import evaluate
+    from quantroll.rl.rollout import build_task
+    from quantroll.trainer.policy import load_policy
+
+    bf16, _ = ckpts
+    cfg = TrainConfig(hf_checkpoint=str(bf16), eval_interval=2, eval_size=8, **{**FAST, "num_rollout": 4,
+                                                                               "lr": 1e-2})
+    hist = run_training(cfg, progress=False)
+    assert [r["step"] for r in hist if "eval_engine_accuracy" in r] == [0, 2, 3]
+    assert all("eval_trainer_accuracy" in r for r in hist if "eval_engine_accuracy" in r)
+    # step 0's accuracies are those of the initial weights, before any update
+    task, problems = build_task(cfg)
+    dtype = torch.float32
+    fresh = evaluate(Engine(bf16, dtype=dtype), load_policy(bf16, dtype=dtype), load_tokenizer(bf16), task, problems,
+                     cfg.rollout_max_response_len)
+    assert {k: hist[0][k] for k in fresh} == fresh
 
 
 def test_quantized_engine_without_ref_load_is_refused(ckpts, capsys):

@@ -208,7 +208,7 @@ def test_empty_mask_gives_zero_metrics_and_count():
             assert out.tolist() == [[1.0, 1.0]]
             assert metrics == {
                 "tis": 0.0, "tis_clipfrac": 0.0, "tis_abs": 0.0, "ess_ratio": 0.0,
-                "masked_fraction": 0.0, "tis_count": 0,
+                "masked_fraction": 0.0, "tis_ratio_min": 1.0, "tis_ratio_max": 1.0, "tis_count": 0,
             }
 
 
@@ -254,6 +254,8 @@ def _reference(loss, train, roll, mask, mode, level, c, C):
         "tis_abs": sum(abs(r - 1) for r in ratios) / n,
         "ess_ratio": sum(weights) ** 2 / (n * sw2) if sw2 else 0.0,
         "masked_fraction": dropped / n_tok,
+        "tis_ratio_min": min(ratios),
+        "tis_ratio_max": max(ratios),
         "tis_count": n,
     }
     return torch.tensor(out, dtype=torch.float64), torch.tensor(keep), metrics

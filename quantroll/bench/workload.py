@@ -96,7 +96,6 @@ def measure_peaks(device: str = "cuda", n: int = 8192) -> Peaks:
     sa = torch.ones(n, 1, device=device)
     sb = torch.ones(1, n, device=device)
     fp8 = 2 * n**3 / (_median_ms(lambda: torch._scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)) / 1e3)
-    del a, b, a8, b8
     return Peaks(copy_bandwidth(device), bf16, fp8)
 
 

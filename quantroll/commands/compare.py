@@ -51,6 +51,9 @@ def register(subparsers) -> None:
                    "(r3 is added for MoE models)")
     p.add_argument("--modes", default="1", help="1 = low-precision rollout, BF16 training; 2/3/4 = unified "
                    "fp8/mxfp8/nvfp4 (the trainer's forward quantized too), each for its precision")
+    p.add_argument("--kv-cache-dtypes", default="bf16", help="the engine's KV cache dtypes, of bf16,fp8: each "
+                   "repeats the matrix with that cache, so that the report shows what FP8 weights, an FP8 KV cache "
+                   "and both add to the gap apart")
     p.add_argument("--seeds", default="1,2", help="seeds; with several, differences are judged against the spread")
     p.add_argument("--num-rollout", type=int, default=DEFAULT_NUM_ROLLOUT, help="RL steps per run")
     p.add_argument("--rollout-max-response-len", type=int, default=8, help="response length of the main runs")
@@ -125,7 +128,6 @@ def _check_runs(setup, specs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantroll.compare.inventory import load_inventory, write_inventory
     from quantroll.compare.matrix import build_matrix
     from quantroll.compare.runner import CompareSetup
 
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--eval-interval must be >= 0, got {args.eval_interval}")
     source, label, moe = _source(args)
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
-                         moe, args.sweep_response_len)
+                         moe, args.sweep_response_len, args.kv_cache_dtypes)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
@@ -158,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_matrix(setup, specs, label, args) -> int:
     from quantroll.compare.current import note_stale, split_current
+    from quantroll.compare.inventory import load_inventory, write_inventory
     from quantroll.compare.report import terminal_tables, write_report
     from quantroll.compare.runner import prepare_checkpoints, run_one
     from quantroll.compare.summary import load_runs, summarize

@@ -20,12 +20,13 @@ from quantroll.metrics.by_length import BUCKET_METRICS
 CURVES = ("reward_mean", MAIN_GAP, *EVAL_KEYS.values())
 
 
-def spec_key(spec: dict) -> tuple[str, str, bool, str]:
-    """(mode label, precision, unified, correction) of a run spec."""
+def spec_key(spec: dict) -> tuple[str, str, bool, str, str]:
+    """(mode label, precision, unified, correction, KV cache dtype) of a run spec."""
     precision = str(spec.get("precision") or "bf16")
     unified = bool(spec.get("unified")) and precision != "bf16"
     correction = str(spec.get("correction") or "none")
-    return mode_label(precision, unified), precision, unified, correction
+    kv = str(spec.get("kv_cache_dtype") or "bf16")
+    return mode_label(precision, unified, kv), precision, unified, correction, kv
 
 
 def is_emulated(run: RunData) -> bool:
@@ -61,12 +62,13 @@ def by_length(per_run: list[dict]) -> dict[str, dict]:
 
 
 def _identity(key: tuple, runs: list[RunData]) -> dict:
-    label, precision, unified, correction = key
+    label, precision, unified, correction, kv = key
     specs = [r.spec for r in runs]
     emulated = any(is_emulated(r) for r in runs)
     return {
         "id": group_id(label, correction), "mode": label, "label": display(label, emulated),
         "precision": precision, "unified": unified, "correction": correction, "emulated": emulated,
+        "kv_cache_dtype": kv, "baseline": precision == "bf16" and kv == "bf16",
         "moe": any(bool(s.get("moe")) for s in specs),
         "run_ids": [r.run_id for r in runs], "seeds": [s.get("seed") for s in specs], "n_runs": len(runs),
         "devices": _distinct(s.get("device") for s in specs), "models": _distinct(s.get("model") for s in specs),
@@ -126,7 +128,7 @@ def build_groups(runs: list[RunData]) -> list[dict]:
     buckets: dict[tuple, list[RunData]] = {}
     for r in runs:
         buckets.setdefault(spec_key(r.spec), []).append(r)
-    order = sorted(buckets, key=lambda k: sort_key(k[1], k[2], k[3]))
+    order = sorted(buckets, key=lambda k: sort_key(k[1], k[2], k[3], k[4]))
     return [aggregate(k, buckets[k]) for k in order]
 
 
@@ -137,15 +139,15 @@ def build_sweep(runs: list[RunData]) -> list[dict]:
         buckets.setdefault((*spec_key(r.spec), r.spec.get("response_len")), []).append(r)
 
     def order(k):
-        return (sort_key(k[1], k[2], k[3]), as_float(k[4]) or 0.0)
+        return (sort_key(k[1], k[2], k[3], k[4]), as_float(k[5]) or 0.0)
 
     rows = []
     for k in sorted(buckets, key=order):
         members = buckets[k]
         step0 = [next((s for s in r.steps if s.get("step") == 0), {}) for r in members]
         rows.append({
-            **_identity(k[:4], members),
-            "response_len": k[4],
+            **_identity(k[:5], members),
+            "response_len": k[5],
             "gap_step0": {m: stats(s.get(m) for s in step0) for m in GAP_METRICS},
             "gap_by_len": by_length([run_values(r.steps)["by_len"] for r in members]),
         })

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from quantroll.errors import QuantrollError
 
 PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
+KV_CACHE_DTYPES = ("bf16", "fp8")  # the engine's KV cache; the trainer always attends in its own precision
 CORRECTIONS = ("none", "tis", "mask", "r3")
 # mode -> the precision it quantizes the trainer's forward in (mode 1 applies to every low precision)
 UNIFIED_MODES = {"2": "fp8", "3": "mxfp8", "4": "nvfp4"}
@@ -31,12 +32,14 @@ class RunSpec:
     seed: int
     response_len: int
     sweep: bool = False
+    kv_cache_dtype: str = "bf16"
 
     @property
     def run_id(self) -> str:
         mode = "unified" if self.unified else ("rollout" if self.precision != "bf16" else "baseline")
+        kv = "-kvfp8" if self.kv_cache_dtype == "fp8" else ""
         tail = f"-len{self.response_len}" if self.sweep else ""
-        return f"{self.precision}-{mode}-{self.correction}-seed{self.seed}{tail}"
+        return f"{self.precision}{kv}-{mode}-{self.correction}-seed{self.seed}{tail}"
 
     def train_args(self) -> list[str]:
         """The flags that make this run what it is (the runner adds checkpoints and output)."""
@@ -46,6 +49,8 @@ class RunSpec:
             args += list(RECIPE_ARGS[self.precision])
         if self.sweep:
             args += ["--rollout-ignore-eos"]
+        if self.kv_cache_dtype == "fp8":
+            args += ["--kv-cache-dtype", "fp8_e4m3"]
         return args
 
 
@@ -68,11 +73,13 @@ def _parse_ints(text: str, flag: str) -> list[int]:
 
 
 def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, response_len: int, moe: bool,
-                 sweep_lens: str | None = None) -> list[RunSpec]:
+                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16") -> list[RunSpec]:
     """bf16 runs once per seed (no correction: it is the baseline); every low precision
     with every correction, in mode 1 and in its unified mode when ``modes`` names it;
-    ``r3`` joins the corrections for MoE models. Sweep runs (correction none) repeat
-    each precision/mode at every response length."""
+    ``r3`` joins the corrections for MoE models. Each KV cache dtype of ``kv_cache_dtypes``
+    repeats them with that cache (BF16 weights with an FP8 cache is a low-precision
+    rollout of its own, with every correction), so a report shows FP8 weights, FP8 KV and
+    both apart. Sweep runs (correction none) repeat each of them at every response length."""
     precs = _parse_list(precisions, PRECISIONS, "--precisions")
     corrs = _parse_list(corrections, CORRECTIONS, "--corrections")
     mode_list = _parse_list(modes, ("1",) + tuple(UNIFIED_MODES), "--modes")
@@ -81,6 +88,7 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
     if moe and "r3" not in corrs:
         corrs.append("r3")
     seed_list = _parse_ints(seeds, "--seeds")
+    kvs = _parse_list(kv_cache_dtypes, KV_CACHE_DTYPES, "--kv-cache-dtypes")
     variants: list[tuple[str, bool]] = []
     for p in precs:
         if p == "bf16":
@@ -94,9 +102,11 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
         raise QuantrollError(f"--modes {modes} applies to none of --precisions {precisions}: mode 1 is any low-precision "
                              "rollout with BF16 training, 2/3/4 are unified fp8/mxfp8/nvfp4")
     specs = []
-    for p, unified in variants:
-        for c in (["none"] if p == "bf16" else corrs):
-            specs += [RunSpec(p, unified, c, s, response_len) for s in seed_list]
+    for kv in kvs:
+        for p, unified in variants:
+            for c in (["none"] if p == "bf16" and kv == "bf16" else corrs):
+                specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv) for s in seed_list]
     for length in (_parse_ints(sweep_lens, "--sweep-response-len") if sweep_lens else []):
-        specs += [RunSpec(p, unified, "none", s, length, sweep=True) for p, unified in variants for s in seed_list]
+        specs += [RunSpec(p, unified, "none", s, length, sweep=True, kv_cache_dtype=kv)
+                  for kv in kvs for p, unified in variants for s in seed_list]
     return specs

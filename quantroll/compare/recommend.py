@@ -205,7 +205,7 @@ def _mode_entry(mode: str, groups: list[dict], base: dict | None) -> dict:
 def recommend(groups: list[dict], base: dict | None) -> dict:
     modes: dict[str, list[dict]] = {}
     for g in groups:
-        if g["precision"] != "bf16":
+        if not g.get("baseline", g["precision"] == "bf16"):
             modes.setdefault(g["mode"], []).append(g)
     entries = [_mode_entry(m, gs, base) for m, gs in modes.items()]
     verdicts = []

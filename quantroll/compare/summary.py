@@ -38,12 +38,12 @@ SIGNIFICANCE = ("a difference between two groups counts only if |mean_a - mean_b
 def run_row(run: RunData) -> dict:
     """One line of the per-run table: identity, status, error and the key numbers."""
     s = run.spec
-    label, precision, unified, correction = spec_key(s)
+    label, precision, unified, correction, kv = spec_key(s)
     emulated = is_emulated(run)
     row = {
         "run_id": run.run_id, "status": s.get("status"), "error": s.get("error"),
         "mode": label, "label": display(label, emulated), "precision": precision,
-        "unified": unified, "correction": correction, "seed": s.get("seed"), "response_len": s.get("response_len"),
+        "unified": unified, "correction": correction, "kv_cache_dtype": kv, "seed": s.get("seed"), "response_len": s.get("response_len"),
         "sweep": bool(s.get("sweep")), "emulated": emulated, "moe": bool(s.get("moe")),
         "device": s.get("device"), "model": s.get("model"), "wall_time_s": s.get("wall_time_s"),
         "num_steps": len(run.steps), "truncated_last_line": run.truncated_last_line, "bad_lines": list(run.bad_lines),
@@ -60,7 +60,7 @@ def run_row(run: RunData) -> dict:
 
 
 def _baseline(groups: list[dict]) -> dict | None:
-    bf16 = [g for g in groups if g["precision"] == "bf16"]
+    bf16 = [g for g in groups if g.get("baseline", g["precision"] == "bf16")]
     return next((g for g in bf16 if g["correction"] == "none"), bf16[0] if bf16 else None)
 
 

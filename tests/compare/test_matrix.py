@@ -51,3 +51,24 @@ def test_bad_lists_are_refused_with_the_flag_named(kwargs, words):
     args = dict(precisions="bf16,fp8", corrections="none", modes="1", seeds="1", response_len=8, moe=False)
     with pytest.raises(QuantrollError, match=words):
         build_matrix(**{**args, **kwargs})
+
+
+def test_kv_cache_dtypes_repeat_the_matrix_and_name_each_share():
+    from quantroll.compare.groups import spec_key
+    from quantroll.compare.labels import BASELINE_MODE
+
+    specs = build_matrix("bf16,fp8", "none,tis", "1,2", "1", 8, moe=False, kv_cache_dtypes="bf16,fp8")
+    kv = [s for s in specs if s.kv_cache_dtype == "fp8"]
+    # bf16 weights + fp8 KV is a low-precision rollout with every correction; fp8 weights in modes 1 and 2 too
+    assert {(s.precision, s.unified, s.correction) for s in kv} == {
+        ("bf16", False, "none"), ("bf16", False, "tis"), ("fp8", False, "none"), ("fp8", False, "tis"),
+        ("fp8", True, "none"), ("fp8", True, "tis")}
+    assert all(s.run_id.startswith(s.precision + "-kvfp8-") for s in kv)
+    assert all(s.train_args()[-2:] == ["--kv-cache-dtype", "fp8_e4m3"] for s in kv)
+    labels = {spec_key({"precision": s.precision, "unified": s.unified, "kv_cache_dtype": s.kv_cache_dtype})[0]
+              for s in specs}
+    assert labels == {BASELINE_MODE, "fp8 KV rollout, BF16 train", "mode 1: fp8 rollout, BF16 train",
+                      "mode 1: fp8 + fp8 KV rollout, BF16 train", "mode 2: block FP8",
+                      "mode 2: block FP8, fp8 KV in the engine"}
+    with pytest.raises(QuantrollError, match="--kv-cache-dtypes"):
+        build_matrix("bf16,fp8", "none", "1", "1", 8, moe=False, kv_cache_dtypes="int8")

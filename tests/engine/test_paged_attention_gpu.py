@@ -14,9 +14,8 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from quantroll.bench.shapes import random_model, shape_config  # noqa: E402
-from quantroll.engine import CacheConfig, Engine, SamplingParams, SchedulerConfig  # noqa: E402
+from quantroll.engine import CacheConfig, Engine, SamplingParams  # noqa: E402
 from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache  # noqa: E402
-from quantroll.formats import get_format  # noqa: E402
 from quantroll.formats.kv_fp8 import quantize_kv  # noqa: E402
 from quantroll.kernels import paged_attention  # noqa: E402
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import shutil
-from pathlib import Path
 
 import torch
 

@@ -45,6 +45,9 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
         (["--new-tokens", "-3"], "--new-tokens must be >= 1"),
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--json", str(tmp_path / "missing" / "out.json")], "is not a directory; create it first"),
+        (["--workload", "rl", "--mean-len", "9000"], "--mean-len 9000 is above the cap --new-tokens 8192"),
+        (["--workload", "rl", "--samples", "0"], "--samples must be >= 1"),
+        (["--workload", "rl", "--kv-cache-dtypes", "bf16,int4"], "unknown KV cache dtype 'int4'"),
     ]
     for extra, message in cases:
         assert main(["bench", "rollout", *extra]) == 2, extra
@@ -69,3 +72,44 @@ def test_layer_gemm_shapes_are_the_fused_weights_of_a_built_model():
              "down": tuple(layer.mlp.down_proj.weight.shape)}
     assert layer_gemm_shapes(cfg) == built
     assert EIGHT_B_GEMMS == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+
+
+def test_rl_workload_lengths_are_fixed_long_tailed_and_hit_their_mean():
+    import statistics
+
+    from quantroll.bench.workload import Workload, draw_lengths, workload_prompts
+
+    w = Workload()
+    lengths = draw_lengths(w)
+    assert lengths == draw_lengths(Workload())  # the same draws for every system compared
+    assert len(lengths) == 512 and min(lengths) >= 1 and max(lengths) == 8192
+    assert abs(statistics.mean(lengths) - 2048) <= 0.05 * 2048
+    assert statistics.median(lengths) < 0.75 * statistics.mean(lengths)  # long tail
+    prompts = workload_prompts(Workload(prompts=3, samples=2, prompt_len=5), vocab=100)
+    assert len(prompts) == 6 and prompts[0] == prompts[1] != prompts[2] == prompts[3]
+
+
+def test_rl_roofline_sums_each_kernel_at_its_own_bound():
+    """A hand-worked step: every term of roofline_ms for a tiny dense model, one chunk of
+    two steps of two sequences."""
+    import dataclasses
+
+    from quantroll.bench.rollout import weight_bytes_per_step
+    from quantroll.bench.shapes import random_model, shape_config
+    from quantroll.bench.workload import Peaks, roofline_ms
+
+    cfg = dataclasses.replace(shape_config("qwen3-8b", 1), hidden_size=256, intermediate_size=512,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000)
+    model = random_model(cfg, "cpu")
+    peaks = Peaks(bandwidth=1e12, bf16_flops=1e15, fp8_flops=2e15)
+    kv_token = 1000.0
+    got = roofline_ms(model, [(2, 2, 2, 30)], kv_token, "bf16", peaks)
+    lm = 1000 * 256 * 2
+    weights = weight_bytes_per_step(model, 2) - lm
+    params = 256 * (4 + 4) * 64 + 4 * 64 * 256 + 3 * 256 * 512
+    want = 0.0
+    for ctx in (30, 32):
+        want += max(weights / 1e12, 2 * 2 * params / 1e15)
+        want += max(lm / 1e12, 2 * 2 * 1000 * 256 / 1e15)
+        want += max(ctx * kv_token / 1e12, 4 * ctx * 4 * 64 / 1e15)
+    assert abs(got - want * 1e3) <= 1e-9 * want * 1e3

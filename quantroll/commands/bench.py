@@ -66,8 +66,10 @@ def rollout_plan(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     if args.layers is not None and not 1 <= args.layers <= most:
         raise QuantrollError(f"--layers must be in [1, {most}] for {args.shape}, got {args.layers}")
     rl = args.workload == "rl"
-    args.prompt_len = args.prompt_len or (512 if rl else 128)
-    args.new_tokens = args.new_tokens or (8192 if rl else 256)
+    if args.prompt_len is None:
+        args.prompt_len = 512 if rl else 128
+    if args.new_tokens is None:
+        args.new_tokens = 8192 if rl else 256
     for flag, value in (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens),
                         ("--repeats", args.repeats), ("--prompts", args.prompts), ("--samples", args.samples),
                         ("--mean-len", args.mean_len)):

@@ -8,6 +8,7 @@ graph replay: BF16 vs FP8 caches, per batch and context, against the bytes it mu
 from __future__ import annotations
 
 import argparse
+import itertools
 import dataclasses
 
 import torch
@@ -19,7 +20,7 @@ from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache, kv_bytes_
 from quantroll.kernels import paged_attention
 
 
-def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4):
+def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=paged_attention.TILES):
     per_seq = -(-ctx // block_size)
     blocks = batch * per_seq + 1
     caches, batches = [], []
@@ -36,7 +37,12 @@ def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4):
         caches.append(cache)
         batches.append(AttentionBatch(torch.zeros(batch, dtype=torch.long, device="cuda"), tables, ctx_t, None))
     q = torch.randn(batch, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
-    us = graph_time_us(lambda j: paged_attention.decode_attention(q, caches[j], 0, batches[j]), copies)
+    out = paged_attention.decode_attention(q, caches[0], 0, batches[0], tiles).float()
+    ref = paged_attention.decode_attention(q, caches[0], 0, batches[0], paged_attention.TILES).float()
+    err = ((out - ref).norm() / ref.norm()).item()  # against the default tiles
+    if not err < 1e-2:
+        raise AssertionError(f"tiles {tiles}: relative difference {err:.2e} from the default tiles")
+    us = graph_time_us(lambda j: paged_attention.decode_attention(q, caches[j], 0, batches[j], tiles), copies)
     nbytes = batch * ctx * kv_bytes_per_token(cfg, kv_dtype, torch.bfloat16) / cfg.num_hidden_layers
     return us, nbytes
 
@@ -45,6 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-1.7b")
     ap.add_argument("--cases", default="1x4096,4x4096,16x2048,64x2048,256x1024")
+    ap.add_argument("--sweep", action="store_true", help="also time decode tile variants (keys per tile, warps, stages)")
     args = ap.parse_args()
     cfg = dataclasses.replace(shape_config(args.shape), num_hidden_layers=1)
     bw = copy_bandwidth("cuda")
@@ -57,6 +64,16 @@ def main() -> None:
             floor = nbytes / bw * 1e6
             splits = paged_attention.decode_splits(b, cfg.num_key_value_heads, torch.device("cuda"))
             print(f"{b:5d} {c:6d} {kv:9s} {splits:6d} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
+            if args.sweep:
+                for bs, w, st, kt in itertools.product((64, 128), (4, 8), (1, 2, 3), (False, True)):
+                    tiles = dataclasses.replace(paged_attention.TILES, decode_block_s=bs, decode_warps=w,
+                                                decode_stages=st, decode_prefetch=kt)
+                    try:
+                        us, _ = case(cfg, kv, b, c, tiles=tiles)
+                    except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
+                        print(f"      {bs=} {w=} {st=} {kt=}: {type(exc).__name__}: {str(exc)[:120]}")
+                        continue
+                    print(f"      bs{bs:<3d} w{w} st{st} pf{int(kt)} {us:8.1f} {us / floor:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def act_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm
 @triton.jit
 def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
                           s_am, s_ak, s_asm, s_ask, s_wn, s_wk, s_wsn, s_wsk, s_cm, s_cn,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F16: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F16: tl.constexpr,
+                          IMPRECISE_ACC: tl.constexpr = 32):
     """Prefill GEMM (M > 64) for shapes cuBLAS does not take: y = (a * a_s) @ (w * w_s)^T."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements on long prefills
@@ -64,8 +65,8 @@ def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
         w_s = tl.load(ws_ptrs + kb * s_wsk, mask=n_ok, other=0.0)
         if DOT_F16:  # float32 accumulation on the float16 tensor cores (see fp8_decode_gemm_kernel)
             part = tl.dot(a.to(tl.float16), w.to(tl.float16))
-        else:  # FP8 warpgroup MMA, promoted to float32 after every instruction
-            part = tl.dot(a, w, max_num_imprecise_acc=32)
+        else:  # FP8 warpgroup MMA, promoted to float32 every IMPRECISE_ACC products (and after the block)
+            part = tl.dot(a, w, max_num_imprecise_acc=IMPRECISE_ACC)
         acc += part * a_s[:, None] * w_s[None, :]
         a_ptrs += BLOCK_K * s_ak
         w_ptrs += BLOCK_K * s_wk

@@ -49,6 +49,7 @@ class PrefillGemmConfig:
     num_warps: int = 8
     num_stages: int = 3
     dot_f16: bool = True  # float16 MMA: float32-accurate; False: FP8 warpgroup MMA (narrower accumulation)
+    imprecise_acc: int = 32  # FP8 MMA only: products summed in the narrow accumulator before a float32 promotion
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: PrefillGem
         aq, a_s, wq, w_s, y, m, n, k,
         aq.stride(0), aq.stride(1), a_s.stride(0), a_s.stride(1), wq.stride(0), wq.stride(1),
         w_s.stride(0), w_s.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, DOT_F16=cfg.dot_f16,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, DOT_F16=cfg.dot_f16, IMPRECISE_ACC=cfg.imprecise_acc,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
@@ -115,6 +116,7 @@ class DecodeGemmConfig:
     imprecise_acc: int = 32  # FP8 warpgroup MMA only (block_n >= 64)
     num_warps: int = 2
     num_stages: int = 3
+    block_m: int = 0  # token rows per tile; 0: 16, 32 or 64 by M
 
 
 _MAX_TILES = 1 << 16
@@ -130,7 +132,7 @@ def decode_grid(m: int, n: int, k: int, cfg: DecodeGemmConfig) -> tuple[int, int
     """(token rows per tile, K blocks per split, launch grid (N tiles, M tiles, splits)) of
     the decode kernel: 16/32/64-row token tiles, the splits evened out over K's 128-blocks
     (so none is empty)."""
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_m = cfg.block_m or (16 if m <= 16 else (32 if m <= 32 else 64))
     k_blocks = (k + 127) // 128
     split = max(1, min(cfg.split_k, k_blocks))
     per_split = (k_blocks + split - 1) // split

@@ -57,9 +57,12 @@ def _rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+@pytest.mark.parametrize("tiles", [paged_attention.TILES, paged_attention.PagedTiles(decode_block_s=128, decode_stages=3),
+                                   paged_attention.PagedTiles(decode_block_s=128, decode_prefetch=True, decode_stages=1)],
+                         ids=["default", "bs128", "prefetch"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("contexts", [[1], [8191], [3, 4097], [1, 17, 300, 2049, 33, 64, 65, 5000]])
-def test_paged_decode_matches_the_reference(kv_dtype, contexts):
+def test_paged_decode_matches_the_reference(kv_dtype, contexts, tiles):
     cfg = _cfg()
     cache, tables = _filled_cache(cfg, kv_dtype, contexts)
     b = len(contexts)
@@ -67,7 +70,7 @@ def test_paged_decode_matches_the_reference(kv_dtype, contexts):
     ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
     cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
                                  max_context=max(contexts))
-    got = paged_attention.decode_attention(q, cache, 0, cache.batch)
+    got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles)
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)  # float32 attention over the same cache
     assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)  # P rounded to bf16 for the PV dot
 

@@ -20,7 +20,7 @@ from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache, kv_bytes_
 from quantroll.kernels import paged_attention
 
 
-def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=paged_attention.TILES):
+def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None):
     per_seq = -(-ctx // block_size)
     blocks = batch * per_seq + 1
     caches, batches = [], []
@@ -38,7 +38,7 @@ def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=paged_attenti
         batches.append(AttentionBatch(torch.zeros(batch, dtype=torch.long, device="cuda"), tables, ctx_t, None))
     q = torch.randn(batch, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     out = paged_attention.decode_attention(q, caches[0], 0, batches[0], tiles).float()
-    ref = paged_attention.decode_attention(q, caches[0], 0, batches[0], paged_attention.TILES).float()
+    ref = paged_attention.decode_attention(q, caches[0], 0, batches[0]).float()
     err = ((out - ref).norm() / ref.norm()).item()  # against the default tiles
     if not err < 1e-2:
         raise AssertionError(f"tiles {tiles}: relative difference {err:.2e} from the default tiles")
@@ -65,15 +65,15 @@ def main() -> None:
             splits = paged_attention.decode_splits(b, cfg.num_key_value_heads, torch.device("cuda"))
             print(f"{b:5d} {c:6d} {kv:9s} {splits:6d} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep:
-                for bs, w, st, kt in itertools.product((64, 128), (4, 8), (1, 2, 3), (False, True)):
+                for bs, w, st in itertools.product((64, 128), (4, 8), (1, 2, 3)):
                     tiles = dataclasses.replace(paged_attention.TILES, decode_block_s=bs, decode_warps=w,
-                                                decode_stages=st, decode_prefetch=kt)
+                                                decode_stages=st)
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
-                        print(f"      {bs=} {w=} {st=} {kt=}: {type(exc).__name__}: {str(exc)[:120]}")
+                        print(f"      {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    print(f"      bs{bs:<3d} w{w} st{st} pf{int(kt)} {us:8.1f} {us / floor:7.2f}", flush=True)
+                    print(f"      bs{bs:<3d} w{w} st{st} {us:8.1f} {us / floor:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,7 @@ class PagedTiles:
 
     decode_block_s: int = 64
     decode_warps: int = 4
-    decode_stages: int = 2
-    decode_prefetch: bool = False  # next tile's loads issued before this tile's compute
+    decode_stages: int = 3
     prefill_block_m: int = 64
     prefill_block_n: int = 64
     prefill_warps: int = 4
@@ -25,6 +24,10 @@ class PagedTiles:
 
 
 TILES = PagedTiles()
+# Per cache dtype, measured on the H200 (bench/paged_attention.py --sweep, 1.7B heads, batch
+# 16-256, 2026-12-02): BF16 64 keys / 3 stages at 0.96-1.0x its bytes from batch 64; FP8 128
+# keys / 2 stages at 1.9x (2.8x with the BF16 tiles).
+TILES_BY_CACHE = {False: TILES, True: PagedTiles(decode_block_s=128, decode_stages=2)}
 
 
 def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedTiles = TILES) -> int:
@@ -44,9 +47,11 @@ def _pools(cache, layer: int):
     return k, v, ks, vs
 
 
-def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles = TILES,
+def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None,
                      splits: int | None = None) -> torch.Tensor:
-    """q [B, H, D] (one token per sequence) -> [B, H, D]; ``splits`` default: decode_splits."""
+    """q [B, H, D] (one token per sequence) -> [B, H, D]; ``tiles`` default: the cache
+    dtype's (TILES_BY_CACHE); ``splits`` default: decode_splits."""
+    tiles = tiles or TILES_BY_CACHE[cache.quantized]
     from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
 
     b, h, d = q.shape
@@ -67,7 +72,7 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
         HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_SIZE=cache.block_size,
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
-        PREFETCH=tiles.decode_prefetch, num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
+        num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
     if splits > 1:
         merge_splits_kernel[(b, h)](part_o, part_ml, out, out.stride(0), out.stride(1), H=h, D=d,
                                     D_PAD=next_pow2(d, 16), SPLITS=splits, S_PAD=next_pow2(splits, 2))

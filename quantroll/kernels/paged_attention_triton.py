@@ -26,8 +26,9 @@ divided by the tile's largest, its column of the probabilities before the PV dot
 stays in [0, 1], where float16 is finer than BF16), the largest the dot's result. No
 dequantized tile is materialized. Softmax runs in float32 (online); with a BF16 cache P
 is rounded to BF16 for the PV dot. Measured (bench/paged_attention.py, H200, 2026-12-02):
-the BF16 cache reads at the copy rate from batch 64 up; the FP8 one takes 2.5-3.3x its
-bytes there (widening to BF16 instead of float16 made no difference): not yet found.
+the BF16 cache reads at the copy rate from batch 64 up; the FP8 one takes ~1.9x its
+bytes there with 128-key tiles (2.8x with 64; widening to BF16 instead of float16, and
+prefetching the next tile into registers, did not help): the cause is not yet found.
 """
 
 from __future__ import annotations
@@ -108,9 +109,7 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
                         s_qb, s_qh, s_tb, s_ob, s_oh,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
                         G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
-                        FP8: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr = False):
-    """PREFETCH: the next tile's keys, values and scales are loaded (as stored) before this
-    tile is computed, so their memory latency overlaps the softmax and the two dots."""
+                        FP8: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -131,34 +130,14 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
     l_i = tl.zeros((G_PAD,), dtype=tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
     table_row = table_ptr + b * s_tb
-    if PREFETCH:
-        offs = start + tl.arange(0, BLOCK_S)
+    for s0 in range(start, end, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
         ok = offs < end
         slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        k_raw = _raw_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D)
-        v_raw = _raw_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D)
-        k_sc = _tile_scales(ks_ptr, slots, ok, kvh, HKV, FP8)
-        v_sc = _tile_scales(vs_ptr, slots, ok, kvh, HKV, FP8)
-        for s0 in range(start, end, BLOCK_S):
-            offs_n = s0 + BLOCK_S + tl.arange(0, BLOCK_S)
-            ok_n = offs_n < end
-            slots_n = _tile_slots(table_row, offs_n, ok_n, BLOCK_SIZE)
-            k_nxt = _raw_tile(k_ptr, slots_n, ok_n, kvh, offs_d, d_ok, HKV, D)
-            v_nxt = _raw_tile(v_ptr, slots_n, ok_n, kvh, offs_d, d_ok, HKV, D)
-            ks_nxt = _tile_scales(ks_ptr, slots_n, ok_n, kvh, HKV, FP8)
-            vs_nxt = _tile_scales(vs_ptr, slots_n, ok_n, kvh, HKV, FP8)
-            ok = (s0 + tl.arange(0, BLOCK_S)) < end
-            m_i, l_i, acc = _attend_tile(q, k_raw, v_raw, k_sc, v_sc, ok, m_i, l_i, acc, sm_scale, COMPUTE, FP8, IEEE)
-            k_raw, v_raw, k_sc, v_sc = k_nxt, v_nxt, ks_nxt, vs_nxt
-    else:
-        for s0 in range(start, end, BLOCK_S):
-            offs = s0 + tl.arange(0, BLOCK_S)
-            ok = offs < end
-            slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-            m_i, l_i, acc = _attend_tile(
-                q, _raw_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D),
-                _raw_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D), _tile_scales(ks_ptr, slots, ok, kvh, HKV, FP8),
-                _tile_scales(vs_ptr, slots, ok, kvh, HKV, FP8), ok, m_i, l_i, acc, sm_scale, COMPUTE, FP8, IEEE)
+        m_i, l_i, acc = _attend_tile(
+            q, _raw_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D),
+            _raw_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D), _tile_scales(ks_ptr, slots, ok, kvh, HKV, FP8),
+            _tile_scales(vs_ptr, slots, ok, kvh, HKV, FP8), ok, m_i, l_i, acc, sm_scale, COMPUTE, FP8, IEEE)
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
         tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),

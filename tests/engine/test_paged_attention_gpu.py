@@ -57,9 +57,9 @@ def _rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("tiles", [paged_attention.TILES, paged_attention.PagedTiles(decode_block_s=128, decode_stages=3),
-                                   paged_attention.PagedTiles(decode_block_s=128, decode_prefetch=True, decode_stages=1)],
-                         ids=["default", "bs128", "prefetch"])
+@pytest.mark.parametrize("tiles", [None, paged_attention.PagedTiles(decode_block_s=64, decode_stages=2),
+                                   paged_attention.PagedTiles(decode_block_s=128, decode_stages=2)],
+                         ids=["default", "bs64", "bs128"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("contexts", [[1], [8191], [3, 4097], [1, 17, 300, 2049, 33, 64, 65, 5000]])
 def test_paged_decode_matches_the_reference(kv_dtype, contexts, tiles):

@@ -59,8 +59,8 @@ def check_decode() -> None:
     from quantroll.engine.paged_cache import AttentionBatch
     from quantroll.kernels import paged_attention
 
-    for splits, prefetch in ((1, False), (4, False), (1, True), (4, True)):
-        tiles = paged_attention.PagedTiles(decode_block_s=16, max_splits=splits, decode_prefetch=prefetch)
+    for splits in (1, 4):
+        tiles = paged_attention.PagedTiles(decode_block_s=16, max_splits=splits)
         for contexts in ([1], [3, 97], [1, 17, 300, 33]):
             cache, table = _filled(_cfg(8, 2, 32), contexts)
             b = len(contexts)
@@ -69,7 +69,7 @@ def check_decode() -> None:
                                          torch.tensor(contexts, dtype=torch.int32), None, max_context=max(contexts))
             got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
             err = _rel(got, cache.reference_attend(0, q))
-            assert err < 1e-5, (splits, prefetch, contexts, err)
+            assert err < 1e-5, (splits, contexts, err)
 
 
 def check_prefill() -> None:

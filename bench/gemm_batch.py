@@ -21,13 +21,12 @@ import json
 
 import torch
 
+from quantroll.bench.gemm_case import gemm_case
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.bench.shapes import EIGHT_B_GEMMS
-from quantroll.formats import get_format
 from quantroll.kernels.fp8_linear import (DecodeGemmConfig, PrefillGemmConfig, fp8_gemm_decode, fp8_gemm_prefill,
-                                          fp8_gemm_scaled_mm, quantize_activation_fp8, scaled_mm_supports)
+                                          fp8_gemm_scaled_mm, scaled_mm_supports)
 
-FP8 = get_format("fp8")
 SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 8
 
@@ -45,14 +44,8 @@ def main():
               for bn, sk, nw in itertools.product((16, 32), (1, 2, 4), (2, 4))]
     rows, bad = [], 0
     for (name, (n, k)), m in itertools.product(SHAPES.items(), [int(v) for v in args.m.split(",")]):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        wbs = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
-        wqs = [FP8.quantize_weight(w) for w in wbs]
-        aq, a_s = quantize_activation_fp8(x)
-        ref = FP8.dequantize(FP8.quantize_activation(x.float())).double() @ FP8.dequantize(wqs[0]).double().t()
-
-        def err(y):
-            return ((y.double() - ref).norm() / ref.norm()).item()
+        case = gemm_case(m, n, k, COPIES)
+        x, wbs, wqs, aq, a_s, err = case.x, case.weights, case.quantized, case.aq, case.a_s, case.err
 
         row = {"layer": name, "m": m, "n": n, "k": k, "bound_us": (n * k + (n // 128) * (k // 128) * 4) / 4.25e12 * 1e6,
                "bf16_us": graph_time_us(lambda j: x @ wbs[j].t(), COPIES), "paths": []}

@@ -18,12 +18,11 @@ import json
 
 import torch
 
+from quantroll.bench.gemm_case import gemm_case
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.bench.shapes import EIGHT_B_GEMMS
-from quantroll.formats import get_format
 from quantroll.kernels.fp8_linear import DecodeGemmConfig, decode_config, fp8_gemm_decode, quantize_activation_fp8
 
-FP8 = get_format("fp8")
 SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
 COPIES = 8
 
@@ -53,15 +52,9 @@ def main():
     variants += [DecodeGemmConfig(block_n=bn, split_k=sk, dot_f16=True, num_stages=st, num_warps=4)
                  for bn, sk, st in itertools.product((64, 128), (1, 2, 4, 8), (3, 4))]
     for (name, (n, k)), m in itertools.product(SHAPES.items(), (1, 16, 64)):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        wbs = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
-        wqs = [FP8.quantize_weight(w) for w in wbs]
+        case = gemm_case(m, n, k, COPIES)
+        x, wbs, wqs, aq, a_s, err = case.x, case.weights, case.quantized, case.aq, case.a_s, case.err
         wq = wqs[0]
-        aq, a_s = quantize_activation_fp8(x)
-        ref = FP8.dequantize(FP8.quantize_activation(x.float())).double() @ FP8.dequantize(wq).double().t()
-
-        def err(y):
-            return ((y.double() - ref).norm() / ref.norm()).item()
 
         row = {"layer": name, "m": m, "n": n, "k": k, "bound_us": (n * k + (n // 128) * (k // 128) * 4) / 4.25e12 * 1e6}
         row["bf16_us"] = bench(lambda j: x @ wbs[j].t())

@@ -19,15 +19,14 @@ import json
 
 import torch
 
+from quantroll.bench.gemm_case import gemm_case
 from quantroll.bench.graph_time import graph_time_us
 from quantroll.bench.rollout import copy_bandwidth
 from quantroll.bench.shapes import SHAPES, layer_gemm_shapes
-from quantroll.formats import get_format
 from quantroll.kernels.fp8_linear import (DecodeGemmConfig, PrefillGemmConfig, fp8_gemm, fp8_gemm_decode,
-                                          fp8_gemm_prefill, gemm_path, quantize_activation_fp8)
+                                          fp8_gemm_prefill, gemm_path)
 from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm, scaled_mm_supports
 
-FP8 = get_format("fp8")
 COPIES = 8
 R_CONFIGS = [PrefillGemmConfig(block_m=bm, block_n=bn, num_warps=nw, num_stages=st, dot_f16=False, imprecise_acc=128)
              for bm, bn, nw, st in ((64, 64, 4, 4), (128, 64, 4, 4))]
@@ -66,14 +65,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for (name, (n, k)), m in itertools.product(layer_gemm_shapes(SHAPES[shape]).items(),
                                                    [int(x) for x in args.ms.split(",")]):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            wbs = [(torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(COPIES)]
-            wqs = [FP8.quantize_weight(w) for w in wbs]
-            aq, a_s = quantize_activation_fp8(x)
-            ref = FP8.dequantize(FP8.quantize_activation(x.float())).double() @ FP8.dequantize(wqs[0]).double().t()
-
-            def err(y):
-                return ((y.double() - ref).norm() / ref.norm()).item()
+            case = gemm_case(m, n, k, COPIES)
+            x, wbs, wqs, aq, a_s, err = case.x, case.weights, case.quantized, case.aq, case.a_s, case.err
 
             row = {"shape": shape, "layer": name, "m": m, "n": n, "k": k,
                    "bytes_us": (n * k + m * k + 2 * m * n) / bw * 1e6, "path": gemm_path(m, n, k, aq.device)}

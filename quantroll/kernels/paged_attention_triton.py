@@ -60,51 +60,6 @@ def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr):
 
 
 @triton.jit
-def _raw_tile(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr):
-    """[BLOCK_S, D_PAD] rows of one head at ``slots`` as stored (zeros where not ok)."""
-    rows = slots * HKV + kvh
-    return tl.load(pool + rows[:, None] * D + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-
-
-@triton.jit
-def _tile_scales(scales, slots, ok, kvh, HKV: tl.constexpr, FP8: tl.constexpr):
-    """The tile's float32 scales (FP8 cache), or ones (BF16 cache: nothing is read)."""
-    if FP8:
-        return tl.load(scales + slots * HKV + kvh, mask=ok, other=0.0)
-    return tl.full(slots.shape, 1.0, dtype=tl.float32)
-
-
-@triton.jit
-def _attend_tile(q, k_raw, v_raw, k_sc, v_sc, ok, m_i, l_i, acc, sm_scale,
-                 COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
-    """One tile of keys into the online softmax of the group's queries: (m, l, acc)."""
-    k = k_raw.to(COMPUTE)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(k))
-    if FP8:
-        qk = qk * k_sc[None, :]
-    qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    p = tl.exp(qk - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = v_raw.to(COMPUTE)
-    top = tl.max(v_sc, axis=0)
-    if FP8:  # the values' scales, relative to the tile's largest, join P (in [0, 1], float16)
-        p = p * (v_sc / tl.where(top > 0, top, 1.0))[None, :]
-    if IEEE:
-        pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(COMPUTE), v)
-    if FP8:
-        pv = pv * top
-    acc = acc * alpha[:, None] + pv
-    return m_new, l_i, acc
-
-
-@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, sm_scale,
                         s_qb, s_qh, s_tb, s_ob, s_oh,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
@@ -134,10 +89,31 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
         offs = s0 + tl.arange(0, BLOCK_S)
         ok = offs < end
         slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        m_i, l_i, acc = _attend_tile(
-            q, _raw_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D),
-            _raw_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D), _tile_scales(ks_ptr, slots, ok, kvh, HKV, FP8),
-            _tile_scales(vs_ptr, slots, ok, kvh, HKV, FP8), ok, m_i, l_i, acc, sm_scale, COMPUTE, FP8, IEEE)
+        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if FP8:
+            qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
+        qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
+        if FP8:  # the values' scales, relative to the tile's largest, join P (in [0, 1], float16)
+            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
+            top = tl.max(v_scale, axis=0)
+            p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
+        if IEEE:
+            pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(COMPUTE), v)
+        if FP8:
+            pv = pv * top
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
         tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),

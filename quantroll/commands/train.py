@@ -107,6 +107,11 @@ def register(subparsers) -> None:
                    "(mode 2) or MXFP8 (mode 3), backward in BF16")
     q.add_argument("--fp8-format", default="e4m3", choices=["e4m3"], help="FP8 element format")
     q.add_argument("--fp4-recipe", default=None, choices=["nvfp4"], help="trainer forward in NVFP4 (mode 4)")
+    t = p.add_argument_group("true on-policy")
+    t.add_argument("--true-on-policy-mode", action="store_true", help="batch-invariant kernels in the engine and "
+                   "the trainer's forward, so that every sampled token's rollout logprob equals the trainer's bit for "
+                   "bit (gap exactly 0.0): BF16 on both sides or mode 2; CPU only in this build; refused for mode 1 "
+                   "and an FP8 KV cache")
     w = p.add_argument_group("weight update check")
     w.add_argument("--check-weight-update-equal", action="store_true", help="before training, check that the first "
                    "weight update reproduces every engine tensor")
@@ -149,7 +154,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         kl_loss_coef=args.kl_loss_coef, kl_loss_type=args.kl_loss_type, loss_agg=args.loss_agg, use_tis=args.use_tis,
         tis_mode=args.tis_mode, tis_level=args.tis_level, tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low,
         use_rollout_routing_replay=args.use_rollout_routing_replay, use_routing_replay=args.use_routing_replay,
-        train_recipe=recipe, check_weight_update_equal=args.check_weight_update_equal,
+        train_recipe=recipe, true_on_policy_mode=args.true_on_policy_mode,
+        check_weight_update_equal=args.check_weight_update_equal,
         check_weight_update_allow_quant_error=args.check_weight_update_allow_quant_error,
         metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir, save=args.save, save_interval=args.save_interval, load=args.load, save_hf=args.save_hf,
         force=args.force)

@@ -65,6 +65,8 @@ class TrainConfig:
     use_routing_replay: bool = False
     # unified low precision in the trainer (modes 2-4)
     train_recipe: str | None = None  # "fp8" (blockwise), "mxfp8", "nvfp4"
+    # engine and trainer logprobs bitwise equal (rl/true_on_policy.py)
+    true_on_policy_mode: bool = False
     # weight update check
     check_weight_update_equal: bool = False
     check_weight_update_allow_quant_error: bool = False
@@ -151,3 +153,9 @@ class TrainConfig:
             raise QuantrollError("--save needs --save-interval N (the state is written every N steps and at the end)")
         if self.save_interval and not self.save:
             raise QuantrollError("--save-interval is set but --save is not; add --save DIR or drop it")
+        if self.true_on_policy_mode:
+            from quantroll.rl.true_on_policy import config_refusal
+
+            refusal = config_refusal(self)
+            if refusal:
+                raise QuantrollError(refusal)

@@ -43,6 +43,8 @@ def register(subparsers) -> None:
     m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="the engine's KV cache pool in GiB; when "
                    "it runs out the engine preempts and recomputes sequences (default: 85%% of the GPU memory free "
                    "when the pool is allocated, 1 GiB on a CPU)")
+    m.add_argument("--kv-cache-block-size", type=int, default=D.kv_cache_block_size, help="tokens per KV block "
+                   "(a power of two): the unit of allocation, preemption and prefix sharing")
     m.add_argument("--kv-cache-dtype", default=D.kv_cache_dtype, choices=["bf16", "fp8_e4m3", "fp8"],
                    help="what the engine's KV cache stores: bf16 (the compute dtype) or E4M3 with a scale per token "
                    "and head (fp8 = fp8_e4m3); the trainer always attends in its own precision")
@@ -64,6 +66,9 @@ def register(subparsers) -> None:
     r.add_argument("--rollout-max-response-len", type=int, default=D.rollout_max_response_len, help="max new tokens per sample")
     r.add_argument("--rollout-ignore-eos", action="store_true", help="sample exactly --rollout-max-response-len "
                    "tokens (for gap-vs-length sweeps)")
+    r.add_argument("--rollout-top-p", type=float, default=D.rollout_top_p, help="nucleus sampling: draw from the "
+                   "smallest set of tokens holding this much probability (1: no truncation; the reported logprob is "
+                   "always over the full vocabulary)")
     r.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature (also used for the "
                    "trainer's logprobs)")
     r.add_argument("--num-rollout", type=int, default=D.num_rollout, help="number of RL steps")
@@ -142,11 +147,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16, rollout_ignore_eos=args.rollout_ignore_eos,
         device=args.device, compute_dtype=args.compute_dtype,
-        kv_cache_memory_gb=args.kv_cache_memory_gb, kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, kv_cache_block_size=args.kv_cache_block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
         keep_kv_cache=args.keep_kv_cache, micro_batch_size=args.micro_batch_size, task=args.task,
         digits=args.digits, count_span=args.count_span, train_problems=args.train_problems, eval_size=args.eval_size, rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
-        rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,
+        rollout_temperature=args.rollout_temperature, rollout_top_p=args.rollout_top_p, num_rollout=args.num_rollout, seed=args.seed,
         prompt_data=args.prompt_data, input_key=args.input_key, label_key=args.label_key,
         custom_rm_path=args.custom_rm_path, eval_data=args.eval_data, eval_interval=args.eval_interval,
         global_batch_size=args.global_batch_size, lr=args.lr, advantage_estimator=args.advantage_estimator,

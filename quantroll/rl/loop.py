@@ -132,7 +132,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         torch.cuda.reset_peak_memory_stats(cfg.device)
     kernels = INVARIANT_KERNELS if cfg.true_on_policy_mode else DEFAULT_KERNELS
     engine = Engine(engine_dir, device=cfg.device, dtype=dtype, kernels=kernels,
-                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb, kv_cache_dtype=cfg.kv_cache_dtype))
+                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb, kv_cache_dtype=cfg.kv_cache_dtype,
+                                      block_size=cfg.kv_cache_block_size))
     policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype, kernels=kernels)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
@@ -176,7 +177,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 started = time.perf_counter()
                 held_out = evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
-            params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
+            params = SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, max_new_tokens=cfg.rollout_max_response_len,
                                     seed=(cfg.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
                                     stop_token_ids=() if cfg.rollout_ignore_eos else None)
             batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)

@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-dtypes", default="bf16", help="the engine's KV cache dtypes, of bf16,fp8: each "
                    "repeats the matrix with that cache, so that the report shows what FP8 weights, an FP8 KV cache "
                    "and both add to the gap apart")
+    p.add_argument("--true-on-policy", action="store_true", help="add the true-on-policy group: the bf16 baseline "
+                   "and mode 2 (with --modes 2) again with `train --true-on-policy-mode` (CPU), reported beside the "
+                   "same runs without it, gap and cost side by side")
     p.add_argument("--seeds", default="1,2", help="seeds; with several, differences are judged against the spread")
     p.add_argument("--num-rollout", type=int, default=DEFAULT_NUM_ROLLOUT, help="RL steps per run")
     p.add_argument("--rollout-max-response-len", type=int, default=8, help="response length of the main runs")
@@ -136,8 +139,11 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_interval < 0:
         raise QuantrollError(f"--eval-interval must be >= 0, got {args.eval_interval}")
     source, label, moe = _source(args)
+    if args.true_on_policy and torch.device(args.device).type == "cuda":
+        raise QuantrollError("--true-on-policy: true on-policy mode is CPU-only in this build (the GPU engine's "
+                             "invariant kernels are not built yet); run the compare with --device cpu")
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
-                         moe, args.sweep_response_len, args.kv_cache_dtypes)
+                         moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)

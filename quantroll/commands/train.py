@@ -43,6 +43,8 @@ def register(subparsers) -> None:
     m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="the engine's KV cache pool in GiB; when "
                    "it runs out the engine preempts and recomputes sequences (default: 85%% of the GPU memory free "
                    "when the pool is allocated, 1 GiB on a CPU)")
+    m.add_argument("--kv-cache-block-size", type=int, default=D.kv_cache_block_size, help="tokens per KV block "
+                   "(a power of two): the unit of allocation, preemption and prefix sharing")
     m.add_argument("--kv-cache-dtype", default=D.kv_cache_dtype, choices=["bf16", "fp8_e4m3", "fp8"],
                    help="what the engine's KV cache stores: bf16 (the compute dtype) or E4M3 with a scale per token "
                    "and head (fp8 = fp8_e4m3); the trainer always attends in its own precision")
@@ -64,6 +66,9 @@ def register(subparsers) -> None:
     r.add_argument("--rollout-max-response-len", type=int, default=D.rollout_max_response_len, help="max new tokens per sample")
     r.add_argument("--rollout-ignore-eos", action="store_true", help="sample exactly --rollout-max-response-len "
                    "tokens (for gap-vs-length sweeps)")
+    r.add_argument("--rollout-top-p", type=float, default=D.rollout_top_p, help="nucleus sampling: draw from the "
+                   "smallest set of tokens holding this much probability (1: no truncation; the reported logprob is "
+                   "always over the full vocabulary)")
     r.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature (also used for the "
                    "trainer's logprobs)")
     r.add_argument("--num-rollout", type=int, default=D.num_rollout, help="number of RL steps")
@@ -107,6 +112,11 @@ def register(subparsers) -> None:
                    "(mode 2) or MXFP8 (mode 3), backward in BF16")
     q.add_argument("--fp8-format", default="e4m3", choices=["e4m3"], help="FP8 element format")
     q.add_argument("--fp4-recipe", default=None, choices=["nvfp4"], help="trainer forward in NVFP4 (mode 4)")
+    t = p.add_argument_group("true on-policy")
+    t.add_argument("--true-on-policy-mode", action="store_true", help="batch-invariant kernels in the engine and "
+                   "the trainer's forward, so that every sampled token's rollout logprob equals the trainer's bit for "
+                   "bit (gap exactly 0.0): BF16 on both sides or mode 2; CPU only in this build; refused for mode 1 "
+                   "and an FP8 KV cache")
     w = p.add_argument_group("weight update check")
     w.add_argument("--check-weight-update-equal", action="store_true", help="before training, check that the first "
                    "weight update reproduces every engine tensor")
@@ -137,11 +147,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16, rollout_ignore_eos=args.rollout_ignore_eos,
         device=args.device, compute_dtype=args.compute_dtype,
-        kv_cache_memory_gb=args.kv_cache_memory_gb, kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, kv_cache_block_size=args.kv_cache_block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
         keep_kv_cache=args.keep_kv_cache, micro_batch_size=args.micro_batch_size, task=args.task,
         digits=args.digits, count_span=args.count_span, train_problems=args.train_problems, eval_size=args.eval_size, rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt, rollout_max_response_len=args.rollout_max_response_len,
-        rollout_temperature=args.rollout_temperature, num_rollout=args.num_rollout, seed=args.seed,
+        rollout_temperature=args.rollout_temperature, rollout_top_p=args.rollout_top_p, num_rollout=args.num_rollout, seed=args.seed,
         prompt_data=args.prompt_data, input_key=args.input_key, label_key=args.label_key,
         custom_rm_path=args.custom_rm_path, eval_data=args.eval_data, eval_interval=args.eval_interval,
         global_batch_size=args.global_batch_size, lr=args.lr, advantage_estimator=args.advantage_estimator,
@@ -149,7 +160,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         kl_loss_coef=args.kl_loss_coef, kl_loss_type=args.kl_loss_type, loss_agg=args.loss_agg, use_tis=args.use_tis,
         tis_mode=args.tis_mode, tis_level=args.tis_level, tis_clip=args.tis_clip, tis_clip_low=args.tis_clip_low,
         use_rollout_routing_replay=args.use_rollout_routing_replay, use_routing_replay=args.use_routing_replay,
-        train_recipe=recipe, check_weight_update_equal=args.check_weight_update_equal,
+        train_recipe=recipe, true_on_policy_mode=args.true_on_policy_mode,
+        check_weight_update_equal=args.check_weight_update_equal,
         check_weight_update_allow_quant_error=args.check_weight_update_allow_quant_error,
         metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir, save=args.save, save_interval=args.save_interval, load=args.load, save_hf=args.save_hf,
         force=args.force)

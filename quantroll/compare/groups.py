@@ -18,6 +18,7 @@ from quantroll.compare.stats import as_float, stats
 from quantroll.metrics.by_length import BUCKET_METRICS
 
 CURVES = ("reward_mean", MAIN_GAP, *EVAL_KEYS.values())
+TRUE_ON_POLICY = " (true on-policy)"  # the label suffix of a --true-on-policy-mode group
 
 
 def spec_key(spec: dict) -> tuple[str, str, bool, str, str]:
@@ -26,7 +27,8 @@ def spec_key(spec: dict) -> tuple[str, str, bool, str, str]:
     unified = bool(spec.get("unified")) and precision != "bf16"
     correction = str(spec.get("correction") or "none")
     kv = str(spec.get("kv_cache_dtype") or "bf16")
-    return mode_label(precision, unified, kv), precision, unified, correction, kv
+    label = mode_label(precision, unified, kv) + (TRUE_ON_POLICY if spec.get("true_on_policy") else "")
+    return label, precision, unified, correction, kv
 
 
 def is_emulated(run: RunData) -> bool:
@@ -68,7 +70,8 @@ def _identity(key: tuple, runs: list[RunData]) -> dict:
     return {
         "id": group_id(label, correction), "mode": label, "label": display(label, emulated),
         "precision": precision, "unified": unified, "correction": correction, "emulated": emulated,
-        "kv_cache_dtype": kv, "baseline": precision == "bf16" and kv == "bf16",
+        "kv_cache_dtype": kv, "true_on_policy": label.endswith(TRUE_ON_POLICY),
+        "baseline": precision == "bf16" and kv == "bf16" and not label.endswith(TRUE_ON_POLICY),
         "moe": any(bool(s.get("moe")) for s in specs),
         "run_ids": [r.run_id for r in runs], "seeds": [s.get("seed") for s in specs], "n_runs": len(runs),
         "devices": _distinct(s.get("device") for s in specs), "models": _distinct(s.get("model") for s in specs),

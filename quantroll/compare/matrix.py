@@ -33,13 +33,15 @@ class RunSpec:
     response_len: int
     sweep: bool = False
     kv_cache_dtype: str = "bf16"
+    true_on_policy: bool = False  # --true-on-policy-mode: batch-invariant kernels on both sides
 
     @property
     def run_id(self) -> str:
         mode = "unified" if self.unified else ("rollout" if self.precision != "bf16" else "baseline")
         kv = "-kvfp8" if self.kv_cache_dtype == "fp8" else ""
         tail = f"-len{self.response_len}" if self.sweep else ""
-        return f"{self.precision}{kv}-{mode}-{self.correction}-seed{self.seed}{tail}"
+        top = "-top" if self.true_on_policy else ""
+        return f"{self.precision}{kv}-{mode}{top}-{self.correction}-seed{self.seed}{tail}"
 
     def train_args(self) -> list[str]:
         """The flags that make this run what it is (the runner adds checkpoints and output)."""
@@ -51,6 +53,8 @@ class RunSpec:
             args += ["--rollout-ignore-eos"]
         if self.kv_cache_dtype == "fp8":
             args += ["--kv-cache-dtype", "fp8_e4m3"]
+        if self.true_on_policy:
+            args += ["--true-on-policy-mode"]
         return args
 
 
@@ -73,13 +77,17 @@ def _parse_ints(text: str, flag: str) -> list[int]:
 
 
 def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, response_len: int, moe: bool,
-                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16") -> list[RunSpec]:
+                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16", true_on_policy: bool = False
+                 ) -> list[RunSpec]:
     """bf16 runs once per seed (no correction: it is the baseline); every low precision
     with every correction, in mode 1 and in its unified mode when ``modes`` names it;
     ``r3`` joins the corrections for MoE models. Each KV cache dtype of ``kv_cache_dtypes``
     repeats them with that cache (BF16 weights with an FP8 cache is a low-precision
     rollout of its own, with every correction), so a report shows FP8 weights, FP8 KV and
-    both apart. Sweep runs (correction none) repeat each of them at every response length."""
+    both apart. Sweep runs (correction none) repeat each of them at every response length.
+    ``true_on_policy`` (opt-in) adds the ``true-on-policy`` group: the bf16 baseline and mode 2
+    (when the matrix has it) again with --true-on-policy-mode, correction none, BF16 KV cache,
+    so that the report shows each one's gap with and without the mode and the mode's cost."""
     precs = _parse_list(precisions, PRECISIONS, "--precisions")
     corrs = _parse_list(corrections, CORRECTIONS, "--corrections")
     mode_list = _parse_list(modes, ("1",) + tuple(UNIFIED_MODES), "--modes")
@@ -106,6 +114,10 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
         for p, unified in variants:
             for c in (["none"] if p == "bf16" and kv == "bf16" else corrs):
                 specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv) for s in seed_list]
+    if true_on_policy:
+        for p, unified in variants:
+            if p == "bf16" or (unified and p == "fp8"):
+                specs += [RunSpec(p, unified, "none", s, response_len, true_on_policy=True) for s in seed_list]
     for length in (_parse_ints(sweep_lens, "--sweep-response-len") if sweep_lens else []):
         specs += [RunSpec(p, unified, "none", s, length, sweep=True, kv_cache_dtype=kv)
                   for kv in kvs for p, unified in variants for s in seed_list]

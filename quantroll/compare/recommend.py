@@ -205,7 +205,7 @@ def _mode_entry(mode: str, groups: list[dict], base: dict | None) -> dict:
 def recommend(groups: list[dict], base: dict | None) -> dict:
     modes: dict[str, list[dict]] = {}
     for g in groups:
-        if not g.get("baseline", g["precision"] == "bf16"):
+        if not g.get("baseline", g["precision"] == "bf16") and not g.get("true_on_policy"):  # its own table
             modes.setdefault(g["mode"], []).append(g)
     entries = [_mode_entry(m, gs, base) for m, gs in modes.items()]
     verdicts = []

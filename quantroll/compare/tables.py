@@ -144,6 +144,42 @@ def time_table(summary: dict) -> Table:
                          "break-even len"), notes)
 
 
+def _ratio(a: dict | None, b: dict | None) -> str:
+    x, y = (a or {}).get("mean"), (b or {}).get("mean")
+    return f"{num(x / y)}x" if x is not None and y else "n/a"
+
+
+def true_on_policy_table(summary: dict) -> Table | None:
+    """Each --true-on-policy-mode group beside the same precision without the mode: the gap
+    (step 0, mean over steps) and what the mode costs (rollout tokens/s, train s per step)."""
+    rows, moe = [], False
+    groups = summary["groups"]
+    for g in (g for g in groups if g.get("true_on_policy")):
+        twin = next((o for o in groups if not o.get("true_on_policy") and o["precision"] == g["precision"]
+                     and o["unified"] == g["unified"] and o["kv_cache_dtype"] == g["kv_cache_dtype"]
+                     and o["correction"] == g["correction"]), None)
+        off = twin or {}
+        moe = moe or g["moe"]
+        t_on, t_off = g["time"], (off.get("time") or {})
+        rows.append([off.get("label", "n/a"), cell((off.get("gap_step0") or {}).get(MAIN_GAP)),
+                     cell(g["gap_step0"][MAIN_GAP]), cell((off.get("gap_mean") or {}).get(MAIN_GAP)),
+                     cell(g["gap_mean"][MAIN_GAP]), cell(t_off.get("rollout_tokens_per_s")),
+                     cell(t_on["rollout_tokens_per_s"]), _ratio(t_on["rollout_tokens_per_s"], t_off.get("rollout_tokens_per_s")),
+                     cell(t_off.get("train_time")), cell(t_on["train_time"]), _ratio(t_on["train_time"], t_off.get("train_time"))])
+    if not rows:
+        return None
+    notes = ["on: quantroll train --true-on-policy-mode (batch-invariant kernels in the engine and the trainer's "
+             "forward, model/invariant.py); off: the same precision, correction none, same seeds",
+             "with the mode the gap must be exactly 0.0 at every step; TIS / mask ratios are then exactly 1"]
+    if moe:
+        notes.append("MoE: routing is identical on both sides with the mode (agreement 1.0), so R3 (routing replay) "
+                     "is a no-op there")
+    return Table("true_on_policy", "True on-policy mode: gap with and without, and its cost",
+                 ["precision", "gap step 0 off", "gap step 0 on", "gap mean off", "gap mean on", "tokens/s off",
+                  "tokens/s on", "on / off", "train s off", "train s on", "on / off"], rows,
+                 _legend("rollout / train / quantize / load", "tokens/s"), notes)
+
+
 def routing_table(summary: dict) -> Table | None:
     rows = [[g["label"], g["correction"], layer, cell(g["routing"]["step0"][layer]), cell(g["routing"]["mean"][layer])]
             for g in summary["groups"] if g["routing"] for layer in map(str, g["routing"]["layers"])]
@@ -257,7 +293,8 @@ def build_tables(summary: dict, compact: bool = False) -> list[Table]:
               _gap_table(summary, "gap_step0", "Gap at step 0 (initial weights)", "gap_step0", compact, True),
               _gap_table(summary, "gap_mean", "Gap, mean over steps", "gap_mean", compact, False),
               length_table(summary), sweep_table(summary, compact), reward_table(summary), time_table(summary),
-              routing_table(summary), memory_table(summary), recommendation_table(summary), failed_table(summary),
+              true_on_policy_table(summary), routing_table(summary), memory_table(summary),
+              recommendation_table(summary), failed_table(summary),
               runs_table(summary)]
     return [t for t in tables if t is not None]
 

@@ -39,6 +39,7 @@ from quantroll.engine.sequence import Sequence, Status
 from quantroll.errors import QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.kernels import triton_available
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.linear import QLinear
 from quantroll.model.loader import load_model
 
@@ -89,41 +90,57 @@ def on_engine_device(method):
 class Engine:
     def __init__(self, checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                  fp8_kernels: bool | None = None, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None):
+                 cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
+                 kernels: KernelConfig | None = None):
         """fp8_kernels: real FP8 GEMMs for a block-FP8 checkpoint (default: when the GPU has
         them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
         on GPU (default on; off is the eager path, for debugging). cache / scheduler: the KV
-        pool (budget, block size, dtype) and the batching policy."""
+        pool (budget, block size, dtype) and the batching policy. kernels: the ops' forms
+        (model/kernel_config.py); batch-invariant ones (true on-policy) run torch ops only,
+        unfused, without graphs, and need a BF16 KV cache."""
         self.checkpoint_dir = Path(checkpoint_dir)
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
         self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
-                    fused_kernels, cache, scheduler)
+                    fused_kernels, cache, scheduler, kernels)
 
     @classmethod
     def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
                    cuda_graphs: bool = True, stop_ids: tuple[int, ...] = (), fused_kernels: bool = True,
-                   cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None) -> "Engine":
+                   cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
+                   kernels: KernelConfig | None = None) -> "Engine":
         """An engine around a model already in memory (benchmarks of real shapes, tests)."""
         engine = cls.__new__(cls)
         engine.checkpoint_dir = None
-        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler)
+        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler,
+                      kernels)
         return engine
 
-    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler) -> None:
+    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler,
+               kernels=None) -> None:
         self.model, self.format = model, fmt
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = self.model.config
         self.last_stats: dict[str, float] = {}
-        self.gpu_kernels = self.device.type == "cuda" and triton_available()
-        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.kernels = kernels or DEFAULT_KERNELS
+        invariant = self.kernels.batch_invariant
+        # batch-invariant kernels are torch ops: none of the GPU kernel table, fused kernels or graphs
+        self.gpu_kernels = self.device.type == "cuda" and triton_available() and not invariant
+        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda" and not invariant
         self.cache_config = cache or CacheConfig()
+        if invariant and self.cache_config.kv_cache_dtype != "bf16":
+            raise QuantrollError(f"batch-invariant (true on-policy) kernels need a BF16 KV cache: with "
+                                 f"{self.cache_config.kv_cache_dtype} the engine attends over quantized keys and "
+                                 "values while the trainer attends in its own precision")
         sched = scheduler or SchedulerConfig()
         if sched.decode_steps is None:
             sched = replace(sched, decode_steps=8 if self.device.type == "cuda" else 1)
         self.scheduler_config = sched
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
-        self.model.fuse_projections_()
+        if invariant:
+            self.model.use_kernels_(self.kernels)  # q/k/v and gate/up stay apart, as the trainer computes them
+        else:
+            self.model.fuse_projections_()
         if self.gpu_kernels and fused_kernels:
             self.model.enable_fused_kernels_()
         if self.format is not None and self.format.name == "fp8" and self.gpu_kernels:
@@ -222,7 +239,7 @@ class Engine:
                 f"({self._block_bytes() / 2**20:.3f} MiB each), fewer than 2; raise --kv-cache-memory-gb")
         try:
             self._kv = PagedKVCache(self.config, num_blocks, bs, self.dtype, self.kv_cache_dtype, self.device,
-                                    self.gpu_kernels)
+                                    self.gpu_kernels, self.kernels)
         except torch.OutOfMemoryError:
             raise QuantrollError(f"out of GPU memory allocating a KV cache of {budget / 2**30:.2f} GiB; lower "
                                  "--kv-cache-memory-gb (or the memory fraction)") from None
@@ -230,7 +247,7 @@ class Engine:
         max_len = min(self.config.max_position_embeddings, self._blocks.usable_blocks * bs)
         self._runner = ModelRunner(self.model, self._kv, self.device, self.route_dtype,
                                    self.use_cuda_graphs and self.grouped_moe, blocks_for(max_len, bs),
-                                   self.scheduler_config.decode_steps)
+                                   self.scheduler_config.decode_steps, self.kernels)
 
     def release_kv_cache(self) -> None:
         """Free the KV pool and the decode graphs (which point into it); the next generate()

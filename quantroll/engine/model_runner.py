@@ -30,6 +30,7 @@ from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache
 from quantroll.engine.sampling import SamplingParams, sample
 from quantroll.engine.scheduler import PrefillChunk
 from quantroll.engine.sequence import Sequence
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.moe import Routing
 
 
@@ -75,8 +76,9 @@ class DecodeState:
 
 class ModelRunner:
     def __init__(self, model, cache: PagedKVCache, device: torch.device, route_dtype: torch.dtype, use_graphs: bool,
-                 max_blocks_per_seq: int, max_decode_steps: int):
+                 max_blocks_per_seq: int, max_decode_steps: int, kernels: KernelConfig = DEFAULT_KERNELS):
         self.model, self.cache, self.device = model, cache, torch.device(device)
+        self.kernels = kernels  # the sampler's log-softmax follows the model's kernels
         cfg = model.config
         self.moe_layers = tuple(cfg.moe_layers)
         self.block_size = cache.block_size
@@ -157,7 +159,7 @@ class ModelRunner:
             last = torch.tensor([starts[i + 1] - 1 for i in sampling], device=dev)
             seeds = torch.tensor([chunks[i].seq.seed for i in sampling], dtype=torch.int64, device=dev)
             where = torch.tensor([chunks[i].seq.prefill_target for i in sampling], dtype=torch.int64, device=dev)
-            token, logprob = sample(self.model.logits(hidden[last]), params, seeds, where)
+            token, logprob = sample(self.model.logits(hidden[last]), params, seeds, where, self.kernels)
             for i, t, lp in zip(sampling, token.tolist(), logprob.tolist()):
                 out[i] = (t, lp)
         self.events.append(("prefill", start, self._mark()))
@@ -186,7 +188,7 @@ class ModelRunner:
         st.batch.context_lens.copy_(pos + 1)
         self.cache.batch = st.batch
         hidden = self.model.hidden(st.tokens[:, None], pos[:, None], self.cache, self._routing(st.batch.slots))
-        token, logprob = sample(self.model.logits(hidden[:, 0]), params, st.seeds, pos + 1)
+        token, logprob = sample(self.model.logits(hidden[:, 0]), params, st.seeds, pos + 1, self.kernels)
         st.out_tokens.index_copy_(0, st.step, token[None])
         st.out_logprobs.index_copy_(0, st.step, logprob[None])
         st.tokens.copy_(token)

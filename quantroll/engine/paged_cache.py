@@ -25,7 +25,9 @@ import torch.nn.functional as F
 
 from quantroll.errors import QuantrollError
 from quantroll.formats.kv_fp8 import KV_CODE_DTYPE, dequantize_kv, kv_bytes_per_element, quantize_kv
+from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 
 KV_CACHE_DTYPES = ("bf16", "fp8_e4m3")
 _ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
@@ -84,7 +86,8 @@ class AttentionBatch:
 
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, kv_cache_dtype: str,
-                 device, gpu_kernels: bool):
+                 device, gpu_kernels: bool, kernels: KernelConfig = DEFAULT_KERNELS):
+        self.kernels = kernels
         self.num_blocks, self.block_size, self.dtype, self.kv_cache_dtype = num_blocks, block_size, dtype, kv_cache_dtype
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.gpu_kernels = gpu_kernels
@@ -120,7 +123,9 @@ class PagedKVCache:
         shape = q.shape
         q, k, v = q.reshape(-1, *shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
         self.write(layer, k, v)
-        if self.gpu_kernels:
+        if self.kernels.batch_invariant:
+            out = self.invariant_attend(layer, q)
+        elif self.gpu_kernels:
             from quantroll.kernels import paged_attention
 
             out = paged_attention.attend(q, self, layer, self.batch)
@@ -164,6 +169,35 @@ class PagedKVCache:
             k = dequantize_kv(k, self.k_scale[layer].view(-1, self.kv_heads)[slots])
             v = dequantize_kv(v, self.v_scale[layer].view(-1, self.kv_heads)[slots])
         return k.to(dtype), v.to(dtype)
+
+    def _gathered(self, layer: int, q: torch.Tensor):
+        """Each sequence's keys/values 0 .. max_context - 1 (zeros past its context), its queries
+        padded to max_query, their absolute positions and which are real:
+        (k, v [S, C, Hkv, D], q [S, Tq, H, D], positions [S, Tq], valid [S, Tq])."""
+        b = self.batch
+        s = b.block_tables.shape[0]
+        dev = q.device
+        starts = b.query_starts if b.query_starts is not None else torch.arange(s + 1, device=dev, dtype=torch.int32)
+        q_lens = (starts[1:] - starts[:-1]).long()
+        ctx = b.context_lens.long()
+        keys = torch.arange(b.max_context, device=dev)
+        table = b.block_tables.long().gather(1, (keys // self.block_size).clamp(max=b.block_tables.shape[1] - 1)
+                                             .expand(s, -1))
+        k, v = self.gather(layer, table * self.block_size + keys % self.block_size, q.dtype)
+        known = (keys[None, :] < ctx[:, None])[:, :, None, None]
+        k, v = torch.where(known, k, 0), torch.where(known, v, 0)  # slots never written may hold anything
+        rows = torch.arange(b.max_query, device=dev)
+        valid = rows[None, :] < q_lens[:, None]
+        index = (starts[:-1, None].long() + rows[None, :]).clamp(max=q.shape[0] - 1)
+        return k, v, q[index], (ctx - q_lens)[:, None] + rows[None, :], valid
+
+    def invariant_attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """reference_attend in its batch-invariant form (model/invariant.attention): a key's
+        place in every reduction is its absolute position, so one-token decode, a prefill
+        chunk and the trainer's causal pass over the same keys give the same bits."""
+        k, v, qp, positions, valid = self._gathered(layer, q)
+        out = invariant.attention(qp, k, v, positions, self.kernels.attention_elements)
+        return out[valid]
 
     def reference_attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [N, H, D] (flattened) -> [N, H, D]: each sequence's queries against its keys

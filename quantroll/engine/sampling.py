@@ -31,6 +31,8 @@ import torch
 
 from quantroll.errors import QuantrollError
 from quantroll.kernels.quantize import triton_available
+from quantroll.model import invariant
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 
 _MASK32 = 0xFFFFFFFF
 
@@ -104,9 +106,13 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     return -torch.log(-torch.log(u))
 
 
-def reported_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T) over the full vocabulary, float32 (T = 0 -> T = 1)."""
+def reported_logprobs(logits: torch.Tensor, temperature: float, kernels: KernelConfig = DEFAULT_KERNELS
+                      ) -> torch.Tensor:
+    """log_softmax(logits / T) over the full vocabulary, float32 (T = 0 -> T = 1); with
+    batch-invariant kernels the tree-sum form the trainer computes too."""
     t = temperature if temperature > 0 else 1.0
+    if kernels.batch_invariant:
+        return invariant.log_softmax(logits.to(torch.float32) / t)
     return torch.log_softmax(logits.to(torch.float32) / t, dim=-1)
 
 
@@ -131,24 +137,25 @@ def _fused_applies(logits: torch.Tensor, params: SamplingParams) -> bool:
     return logits.is_cuda and logits.dim() == 2 and untruncated and triton_available()
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, positions: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, positions: torch.Tensor,
+           kernels: KernelConfig = DEFAULT_KERNELS) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids [B], their reported logprobs [B]) for logits [B, V].
 
     CUDA logits without truncation go through the fused kernel (one read of the logits
-    instead of ~30 kernels; see the module docstring), everything else through the
-    torch reference ``_sample_torch``."""
-    if _fused_applies(logits, params):
+    instead of ~30 kernels; see the module docstring), everything else (and everything with
+    batch-invariant kernels) through the torch reference ``_sample_torch``. Either way the
+    reported logprob is read from the logprobs the token was drawn from."""
+    if _fused_applies(logits, params) and not kernels.batch_invariant:
         from quantroll.kernels.sampling import fused_sample
 
         return fused_sample(logits, params.temperature, seeds, positions)
-    return _sample_torch(logits, params, seeds, positions)
+    return _sample_torch(logits, params, seeds, positions, kernels)
 
 
-def _sample_torch(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, positions: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample_torch(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, positions: torch.Tensor,
+                  kernels: KernelConfig = DEFAULT_KERNELS) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference: (token ids [B], their reported logprobs [B]) in plain torch ops."""
-    logprobs = reported_logprobs(logits, params.temperature)
+    logprobs = reported_logprobs(logits, params.temperature, kernels)
     if params.greedy:
         tokens = torch.argmax(logprobs, dim=-1)
     else:

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from quantroll.formats import Format
+from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.linear import QLinear, can_fuse, fuse_linears
 from quantroll.model.rope import apply_rotary
 
@@ -31,14 +33,24 @@ def causal_attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return out.transpose(1, 2)
 
 
+def invariant_causal_attend(kernels: KernelConfig) -> Attend:
+    """Full causal attention in its batch-invariant form (the trainer's side of true on-policy)."""
+    def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return invariant.causal_attention(q, k, v, kernels.attention_elements)
+    return attend
+
+
 class RMSNorm(torch.nn.Module):
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype, device=device))
         self.eps = eps
         self.fused = False  # one Triton kernel on GPU (set by the engine)
+        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels.batch_invariant:
+            return invariant.rms_norm(x, self.weight, self.eps)
         if self.fused and x.is_cuda:
             from quantroll.kernels.fused import add_rmsnorm
 
@@ -131,6 +143,7 @@ class MLP(torch.nn.Module):
         self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, False, dtype, device)
         self.gate_up_proj: QLinear | None = None  # set by fuse_(): one GEMM for gate and up
         self.fused = False  # silu * up in one Triton kernel on GPU (set by the engine)
+        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def fuse_(self) -> None:
         parts = [self.gate_proj, self.up_proj]
@@ -147,4 +160,6 @@ class MLP(torch.nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.kernels.batch_invariant:
+            return self.down_proj(invariant.silu(gate) * up)
         return self.down_proj(F.silu(gate) * up)

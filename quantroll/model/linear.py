@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from quantroll.formats import Format, QuantizedTensor
+from quantroll.model import invariant
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 
 Backend = Callable[["QLinear", torch.Tensor], torch.Tensor]
 BACKENDS: dict[str, Backend] = {}
@@ -28,6 +30,9 @@ BACKENDS: dict[str, Backend] = {}
 def emulated_forward(layer: "QLinear", x: torch.Tensor) -> torch.Tensor:
     fmt = layer.format
     xq = fmt.dequantize(fmt.quantize_activation(x, name=f"input of {layer.name}"))
+    if layer.kernels.batch_invariant:  # the trainer's mode-2 forward computes exactly this (quantized_forward)
+        y = invariant.matmul_tiles(xq, layer.dequantized_weight(), layer.kernels.gemm_rows).to(x.dtype)
+        return y if layer.bias is None else y + layer.bias
     y = xq @ layer.dequantized_weight().t()
     if layer.bias is not None:
         y = y + layer.bias.float()
@@ -43,6 +48,7 @@ class QLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.format, self.name = in_features, out_features, fmt, name
         self.backend = "emulated"
+        self.kernels: KernelConfig = DEFAULT_KERNELS  # set for the whole model by Qwen3ForCausalLM.use_kernels_
         self._dequant_cache: torch.Tensor | None = None
         self._fused_into: list[QLinear] = []
         # trainer modes 2-4: a BF16 layer whose forward uses this format (see quantized_forward)
@@ -93,7 +99,10 @@ class QLinear(torch.nn.Module):
         if self.format is None and self.train_format is not None:
             from quantroll.model.quantized_forward import quantized_forward_linear
 
-            return quantized_forward_linear(x, self.weight, self.bias, self.train_format, self.train_real_fp8)
+            return quantized_forward_linear(x, self.weight, self.bias, self.train_format, self.train_real_fp8,
+                                            self.kernels)
+        if self.format is None and self.kernels.batch_invariant:
+            return invariant.linear(x, self.weight, self.bias, self.kernels.gemm_rows)
         if self.format is None:
             return F.linear(x, self.weight, self.bias)
         return BACKENDS[self.backend](self, x)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.layers import MLP, FormatFor, linear
 
 
@@ -65,6 +67,7 @@ class SparseMoE(torch.nn.Module):
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = linear(p + "gate", lambda _: None, cfg.hidden_size, cfg.num_experts, False, dtype, device)
         self.stacks: dict[str, torch.Tensor] | None = None  # set by stack_experts_ (GPU engine)
+        self.kernels: KernelConfig = DEFAULT_KERNELS
         self.experts = torch.nn.ModuleList(
             MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device)
             for e in range(cfg.num_experts)
@@ -91,11 +94,26 @@ class SparseMoE(torch.nn.Module):
 
             idx, weights = fused_route(logits, self.top_k, self.norm_topk_prob)
             return routing.chose(self.layer_idx, idx), weights
+        if self.kernels.batch_invariant:
+            return self._route_invariant(logits, routing)
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         idx = routing.select(self.layer_idx, probs, self.top_k)
         weights = probs.gather(-1, idx)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        return idx, weights.to(logits.dtype)
+
+    def _route_invariant(self, logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """route() with a tree-sum softmax and an argmax top-k (ties to the lower expert id),
+        so that engine and trainer choose the same experts from the same logits."""
+        probs = invariant.softmax(logits)
+        if routing.replays:
+            idx = routing.select(self.layer_idx, probs, self.top_k)
+        else:
+            idx = routing.chose(self.layer_idx, invariant.top_k(probs, self.top_k))
+        weights = probs.gather(-1, idx)
+        if self.norm_topk_prob:
+            weights = weights / invariant.tree_sum(weights, -1, keepdim=True)
         return idx, weights.to(logits.dtype)
 
     @torch.no_grad()

@@ -12,11 +12,17 @@ from __future__ import annotations
 import torch
 
 from quantroll.formats import Format
+from quantroll.model import invariant
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 
 
-def _forward_emulated(x: torch.Tensor, w: torch.Tensor, fmt: Format) -> torch.Tensor:
+def _forward_emulated(x: torch.Tensor, w: torch.Tensor, fmt: Format, kernels: KernelConfig) -> torch.Tensor:
+    """The engine's emulated forward (linear.emulated_forward) on the trainer's operands;
+    with batch-invariant kernels the same tiled GEMM, so mode 2 matches it bit for bit."""
     xq = fmt.dequantize(fmt.quantize_activation(x.detach(), name="trainer activation"))
     wq = fmt.dequantize(fmt.quantize_weight(w.detach(), name="trainer weight"))
+    if kernels.batch_invariant:
+        return invariant.matmul_tiles(xq, wq, kernels.gemm_rows).to(x.dtype)
     return (xq @ wq.t()).to(x.dtype)
 
 
@@ -32,9 +38,10 @@ def _forward_fp8_gpu(x: torch.Tensor, w: torch.Tensor, fmt: Format) -> torch.Ten
 
 class QuantizedForward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, fmt: Format, real_fp8: bool) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, fmt: Format, real_fp8: bool, kernels: KernelConfig
+                ) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        return _forward_fp8_gpu(x, w, fmt) if real_fp8 else _forward_emulated(x, w, fmt)
+        return _forward_fp8_gpu(x, w, fmt) if real_fp8 else _forward_emulated(x, w, fmt, kernels)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -43,10 +50,10 @@ class QuantizedForward(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[1]:
             dw = (dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1]).to(dy.dtype)).to(w.dtype)
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
 def quantized_forward_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, fmt: Format,
-                             real_fp8: bool = False) -> torch.Tensor:
-    y = QuantizedForward.apply(x, w, fmt, real_fp8)
+                             real_fp8: bool = False, kernels: KernelConfig = DEFAULT_KERNELS) -> torch.Tensor:
+    y = QuantizedForward.apply(x, w, fmt, real_fp8, kernels)
     return y if bias is None else y + bias

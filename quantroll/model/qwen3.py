@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 from quantroll.model.config import ModelConfig
-from quantroll.model.layers import MLP, Attend, Attention, FormatFor, RMSNorm, causal_attend, takes_fp8_activation
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
+from quantroll.model.layers import (MLP, Attend, Attention, FormatFor, RMSNorm, causal_attend, invariant_causal_attend,
+                                    takes_fp8_activation)
 from quantroll.model.linear import QLinear
 from quantroll.model.moe import Routing, SparseMoE
 from quantroll.model.rope import Rotary
@@ -89,12 +91,24 @@ class Qwen3ForCausalLM(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, fmt_for: FormatFor = bf16_everywhere, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.config = cfg
+        self.kernels: KernelConfig = DEFAULT_KERNELS
         self.model = Qwen3Model(cfg, fmt_for, dtype, device)
         self.lm_head = QLinear(cfg.hidden_size, cfg.vocab_size, fmt=None, name="lm_head", dtype=dtype, device=device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def hidden(self, input_ids, positions=None, attend: Attend = causal_attend, routing: Routing | None = None):
+    def use_kernels_(self, kernels: KernelConfig) -> None:
+        """Give every op of the model this kernel choice (model/kernel_config.py)."""
+        for module in self.modules():
+            if hasattr(module, "kernels"):
+                module.kernels = kernels
+
+    def default_attend(self) -> Attend:
+        """Attention over the given tokens alone (no cache): the trainer's causal forward."""
+        return invariant_causal_attend(self.kernels) if self.kernels.batch_invariant else causal_attend
+
+    def hidden(self, input_ids, positions=None, attend: Attend | None = None, routing: Routing | None = None):
+        attend = attend or self.default_attend()
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return self.model(input_ids, positions, attend, routing)
@@ -102,7 +116,7 @@ class Qwen3ForCausalLM(torch.nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def forward(self, input_ids, positions=None, attend: Attend = causal_attend, routing: Routing | None = None):
+    def forward(self, input_ids, positions=None, attend: Attend | None = None, routing: Routing | None = None):
         return self.logits(self.hidden(input_ids, positions, attend, routing))
 
     def enable_fused_kernels_(self) -> None:

@@ -21,6 +21,7 @@ class TrainConfig:
     num_layers_at_end_in_bf16: int = 0
     device: str = "cpu"
     kv_cache_memory_gb: float | None = None
+    kv_cache_block_size: int = 16  # tokens per KV block (allocation, preemption and prefix sharing unit)
     kv_cache_dtype: str = "bf16"  # the engine's KV cache: bf16 (the compute dtype) or fp8_e4m3
     keep_kv_cache: bool = False  # GPU: keep the engine's KV pool while the trainer steps (default: release it)
     compute_dtype: str = "auto"  # quantroll/compute.py: bfloat16 on GPU, float32 on CPU
@@ -34,6 +35,7 @@ class TrainConfig:
     n_samples_per_prompt: int = 8
     rollout_max_response_len: int = 8
     rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0  # nucleus sampling (truncation changes what is drawn, never the reported logprob)
     rollout_ignore_eos: bool = False  # sample exactly rollout_max_response_len tokens (length sweeps)
     num_rollout: int = 30
     seed: int = 0
@@ -65,6 +67,8 @@ class TrainConfig:
     use_routing_replay: bool = False
     # unified low precision in the trainer (modes 2-4)
     train_recipe: str | None = None  # "fp8" (blockwise), "mxfp8", "nvfp4"
+    # engine and trainer logprobs bitwise equal (rl/true_on_policy.py)
+    true_on_policy_mode: bool = False
     # weight update check
     check_weight_update_equal: bool = False
     check_weight_update_allow_quant_error: bool = False
@@ -132,6 +136,8 @@ class TrainConfig:
                             ("rollout-temperature", self.rollout_temperature)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise bad(flag, "a finite number >= 0", value)
+        if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
+            raise bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
         if self.kl_loss_coef and not self.use_kl_loss:
             raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
         if self.use_kl_loss and not self.kl_loss_coef:
@@ -151,3 +157,9 @@ class TrainConfig:
             raise QuantrollError("--save needs --save-interval N (the state is written every N steps and at the end)")
         if self.save_interval and not self.save:
             raise QuantrollError("--save-interval is set but --save is not; add --save DIR or drop it")
+        if self.true_on_policy_mode:
+            from quantroll.rl.true_on_policy import config_refusal
+
+            refusal = config_refusal(self)
+            if refusal:
+                raise QuantrollError(refusal)

@@ -34,6 +34,7 @@ from quantroll.rl.evaluate import evaluate
 from quantroll.builtin import builtin_checkpoint
 from quantroll.durable import writing
 from quantroll.engine.sampling import SEED_LIMIT
+from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS
 from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
 from quantroll.rl.state import load_state, save_state
@@ -129,11 +130,20 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
     if torch.device(cfg.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(cfg.device)
-    engine = Engine(engine_dir, device=cfg.device, dtype=dtype,
-                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb, kv_cache_dtype=cfg.kv_cache_dtype))
-    policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype)
+    kernels = INVARIANT_KERNELS if cfg.true_on_policy_mode else DEFAULT_KERNELS
+    engine = Engine(engine_dir, device=cfg.device, dtype=dtype, kernels=kernels,
+                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb, kv_cache_dtype=cfg.kv_cache_dtype,
+                                      block_size=cfg.kv_cache_block_size))
+    policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype, kernels=kernels)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
+    if cfg.true_on_policy_mode:
+        from quantroll.rl import true_on_policy
+
+        true_on_policy.check_engine(engine, cfg.train_recipe)
+        true_on_policy.probe(engine, policy)
+        for line in true_on_policy.notes(cfg, bool(engine.config.moe_layers)):
+            log(line)
     ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None
     optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)
     sync = WeightSync(engine)
@@ -167,7 +177,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 started = time.perf_counter()
                 held_out = evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
-            params = SamplingParams(temperature=cfg.rollout_temperature, max_new_tokens=cfg.rollout_max_response_len,
+            params = SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, max_new_tokens=cfg.rollout_max_response_len,
                                     seed=(cfg.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
                                     stop_token_ids=() if cfg.rollout_ignore_eos else None)
             batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
@@ -184,7 +194,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             timing = sync.push(named_weights())
             record = {
                 "step": step, "rollout_precision": engine.precision, "kv_cache_dtype": engine.kv_cache_label,
-                "loss_agg": cfg.loss_agg,
+                "loss_agg": cfg.loss_agg, **({"true_on_policy": True} if cfg.true_on_policy_mode else {}),
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),
                 "response_len_mean": batch.num_tokens / len(batch.results),

@@ -109,6 +109,7 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
                                   clip_low=cfg.tis_clip_low)
     size = cfg.global_batch_size or n
     losses, clipfracs, kls, norms, corr = [], [], [], [], []
+    first_diff = [0.0, 0.0]  # the first minibatch's |logp - old logp| summed over its tokens, and its tokens
     for start in range(0, n, size):
         minibatch = list(range(start, min(start + size, n)))
         over = denominators(mask[minibatch])
@@ -120,6 +121,9 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
                                                data.replay(replayed, rows))
             width = logp.shape[1]
             sub_old, sub_roll = old_logp[rows, :width].to(logp.device), rollout_logp[rows, :width].to(logp.device)
+            if start == 0:
+                first_diff[0] += float(((logp.detach() - sub_old).abs() * sub_mask).sum())
+                first_diff[1] += float(sub_mask.sum())
             sub_adv = advantages[rows, :width].to(logp.device)
             pg, clipped = ppo_policy_loss(logp, sub_old, sub_adv, cfg.eps_clip, cfg.eps_clip_high)
             pg, numerator_mask, corr_metrics = correct(pg, sub_old, sub_roll, sub_mask, correction)
@@ -153,6 +157,8 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
     })
     if kls:
         metrics["kl"] = _mean(kls)
+    if cfg.true_on_policy_mode and first_diff[1]:
+        metrics["train_first_forward_logprob_abs_diff"] = first_diff[0] / first_diff[1]
     for key in (corr[0] if corr else {}):  # extremes stay extremes across minibatches, the rest are means
         values = [c[key] for c in corr]
         metrics[key] = min(values) if key.endswith("_min") else max(values) if key.endswith("_max") else _mean(values)

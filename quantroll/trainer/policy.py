@@ -16,6 +16,8 @@ import torch.utils.checkpoint
 
 from quantroll.errors import QuantrollError
 from quantroll.inputs import read_json
+from quantroll.model import invariant
+from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.loader import load_model
 from quantroll.model.moe import Routing
 from quantroll.model.qwen3 import Qwen3ForCausalLM
@@ -34,9 +36,13 @@ def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> No
             "one it was converted from with --ref-load")
 
 
-def load_policy(checkpoint_dir: str | Path, device="cpu", dtype=torch.bfloat16) -> Qwen3ForCausalLM:
+def load_policy(checkpoint_dir: str | Path, device="cpu", dtype=torch.bfloat16,
+                kernels: KernelConfig = DEFAULT_KERNELS) -> Qwen3ForCausalLM:
+    """The trainable policy; ``kernels``: the forward's op forms (batch-invariant ones for
+    true on-policy, where the backward still takes the ordinary kernels)."""
     refuse_quantized(checkpoint_dir)
     model, _ = load_model(checkpoint_dir, device, dtype)
+    model.use_kernels_(kernels)
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
@@ -68,6 +74,8 @@ LOGPROB_CHUNK_ROWS = 2048
 
 def _token_logprobs(model: Qwen3ForCausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
     logits = model.logits(hidden).float()
+    if model.kernels.batch_invariant:  # the engine's reported logprob (engine/sampling.py), same bits
+        return invariant.log_softmax(logits / t).gather(-1, targets[:, None])[:, 0]
     return torch.log_softmax(logits / t, dim=-1).gather(-1, targets[:, None])[:, 0]
 
 

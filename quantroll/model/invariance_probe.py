@@ -1,0 +1,53 @@
+"""A startup check of what model/invariant.py takes from torch and the BLAS on trust.
+
+The invariant ops rely on two properties of the machine they run on: torch's exp / log /
+cos / sin give an element the same bits whatever its index in the tensor (torch's CPU loops
+compute a tensor's tail with scalar code, and split large tensors across threads), and the
+BLAS computes a row of a fixed-shape GEMM the same way at every row of the tile. Both hold
+on the CPUs this was built on; where one does not, ``--true-on-policy-mode`` is refused
+with the op named, rather than run approximately.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantroll.errors import QuantrollError
+from quantroll.model.invariant import matmul_tiles
+
+_ELEMENTWISE = {"exp": torch.exp, "log": lambda x: torch.log(x.abs() + 1e-3), "cos": torch.cos, "sin": torch.sin}
+_LARGE = 3 * 32768 + 37  # beyond torch's parallel grain, with a ragged tail
+
+
+def _elementwise_ok(fn, dtype, device, gen) -> bool:
+    x = (torch.randn(_LARGE, generator=gen) * 8).to(dtype).to(device)
+    whole = fn(x)
+    if not torch.equal(fn(x[5:]), whole[5:]) or not torch.equal(fn(x[-40:]), whole[-40:]):
+        return False
+    singles = torch.cat([fn(x[i:i + 1]) for i in range(0, 64)])
+    return torch.equal(singles, whole[:64])
+
+
+def _gemm_ok(n: int, k: int, rows: int, dtype, device, gen) -> bool:
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16).to(dtype).to(device)
+    probe = torch.randn(k, generator=gen).to(dtype).to(device)
+    results = []
+    for place in sorted({0, 1, rows // 2, rows - 1, rows, 3 * rows - 1}):
+        x = torch.randn(place + 1 + (place % 3), k, generator=gen).to(dtype).to(device)
+        x[place] = probe
+        results.append(matmul_tiles(x, w, rows)[place])
+    return all(torch.equal(r, results[0]) for r in results)
+
+
+def check_invariance(rows: int, dtype: torch.dtype, device, shapes: list[tuple[int, int]]) -> None:
+    """Raise QuantrollError naming the first op that is not invariant on this machine.
+    ``shapes``: (N, K) of the model's linears (a few are probed)."""
+    gen = torch.Generator().manual_seed(1234)
+    for name, fn in _ELEMENTWISE.items():
+        if not _elementwise_ok(fn, torch.float32, device, gen):
+            raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: torch.{name} gives an element "
+                                 "different bits depending on its place in the tensor")
+    for n, k in list(dict.fromkeys(shapes))[:8]:
+        if not _gemm_ok(n, k, rows, dtype, device, gen):
+            raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the BLAS computes a row of a "
+                                 f"{rows} x {k} x {n} GEMM differently depending on its place in the tile")

@@ -1,0 +1,40 @@
+"""Which implementation each op of a forward pass takes, as one frozen value.
+
+The engine and the trainer each hold a ``KernelConfig`` given to the model once
+(``Qwen3ForCausalLM.use_kernels_``): the default keeps every op as it is (the fastest
+kernel for each shape), ``INVARIANT_KERNELS`` makes every op batch-invariant
+(model/invariant.py) so that a token's logprob is the same bits whatever else shares its
+batch, whatever the schedule, and whether it is computed by the engine's decode step, its
+chunked prefill or the trainer's full causal forward (``--true-on-policy-mode``). A value
+rather than a module flag, so that an engine and a trainer in one process can differ and
+nothing is switched behind a caller's back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantroll.errors import QuantrollError
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """batch_invariant: every op in its invariant form (one GEMM shape, fixed reduction
+    orders; model/invariant.py). gemm_rows: rows of that one GEMM shape (every product is
+    cut into tiles of exactly this many rows, the last one zero-padded). attention_elements:
+    the most float32 elements one chunk of the invariant attention materializes (queries are
+    independent, so the chunking never changes a value, only the memory it takes)."""
+
+    batch_invariant: bool = False
+    gemm_rows: int = 16
+    attention_elements: int = 1 << 24
+
+    def __post_init__(self):
+        for name in ("gemm_rows", "attention_elements"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise QuantrollError(f"KernelConfig.{name} must be an integer >= 1, got {value!r}")
+
+
+DEFAULT_KERNELS = KernelConfig()
+INVARIANT_KERNELS = KernelConfig(batch_invariant=True)

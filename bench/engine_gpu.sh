@@ -4,7 +4,7 @@
 # Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
 #   SWITCH_AB=1           the 8B FP8 decode step with each experimental switch on (bench/switch_ab.py; batches 1,16,64)
 #   SWITCH_AB_OTHERS=1    the BF16 8B step and the MoE shape (shipped settings, via bench/switch_ab.py)
-#   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_batch.py
+#   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_native_fp8.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
 #   TESTS="a.py b.py"     run only these GPU test files; T_TESTS, T_SWITCH,
@@ -21,7 +21,7 @@ ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.p
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout "${T_TESTS:-540}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-$ALL_TESTS} -rxXf --durations=8 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -30
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # measured 2026-12-01; skip them to fit the A/B runs in one call
   python3 bench/gemm_decode.py --quick --json "$OUT/gemm_decode.json" 2>&1 | grep -v Warn | tail -14
-  python3 bench/gemm_batch.py --json "$OUT/gemm_batch.json" 2>&1 | grep -v Warn | tail -10
+  python3 bench/gemm_native_fp8.py --json "$OUT/gemm_native_fp8.json" 2>&1 | grep -v Warn | tail -14
 fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \

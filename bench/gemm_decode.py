@@ -59,7 +59,7 @@ def main():
         row = {"layer": name, "m": m, "n": n, "k": k, "bound_us": (n * k + (n // 128) * (k // 128) * 4) / 4.25e12 * 1e6}
         row["bf16_us"] = bench(lambda j: x @ wbs[j].t())
         row["actq_us"] = bench(lambda j: quantize_activation_fp8(x))
-        cfgs = [decode_config(n, k, m)] + ([] if args.quick else variants)
+        cfgs = [decode_config(m, n, k)] + ([] if args.quick else variants)
         row["new"] = []
         for cfg in cfgs:
             y = fp8_gemm_decode(aq, a_s, wq.data, wq.scale, torch.float32, cfg)

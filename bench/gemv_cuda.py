@@ -97,7 +97,7 @@ def timings(ms=(1, 16, 32, 64)):
         wbs = [FP8.dequantize(w).to(torch.bfloat16) for w in ws]
         row = {"layer": name, "m": m, "bound_us": n * k / 4.25e12 * 1e6}
         row["cublas_bf16"] = graph_time_us(lambda j: x @ wbs[j].t(), COPIES)
-        tcfg = decode_config(n, k, m)
+        tcfg = decode_config(m, n, k)
         row["triton"] = graph_time_us(lambda j: fp8_gemm_decode(aq, a_s, ws[j].data, ws[j].scale, torch.bfloat16, tcfg),
                                       COPIES)
         row["cuda"] = {}

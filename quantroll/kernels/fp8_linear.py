@@ -1,25 +1,10 @@
 """The block-FP8 linear layer on Hopper: activation quantization + FP8 GEMM.
 
 Every path computes (a_q * a_s) @ (w_q * w_s)^T with 1x128 activation and 128x128 weight
-scales in float32, and they differ only in accumulation order; ``fp8_gemm`` picks one
-(``gemm_path``):
-
-- decode, M <= 16: the CUDA kernel of fp8_gemv.py (weights streamed into mma.sync's
-  registers, launched ahead of the kernel that feeds it), float32-accurate, where nvcc
-  can build it;
-- decode (M <= 64, and M <= 16 without nvcc): ``fp8_decode_gemm_kernel``, transposed
-  tiles of 32 weight rows (64 on long-K weights at 17-64 rows, ``LONG_K_DECODE``), split-K
-  summed in the same launch, products on mma.sync
-  (Triton widens the FP8 codes to float16), float32-accurate.
-  It reads the FP8 weights near full bandwidth, where cuBLAS refuses M = 1 and is barely
-  faster than BF16 at M = 16-64.
-- prefill on shapes cuBLAS verified (``scaled_mm_supports``), on Hopper with torch >= 2.9
-  (``scaled_mm_verified_on``): torch._scaled_mm with blockwise scales (cuBLAS, CUDA >=
-  12.9); Hopper's FP8 warpgroup MMA accumulates each chunk of products in a narrower
-  accumulator, so these outputs sit ~1e-4 (relative) from float64 where the Triton paths
-  sit ~1e-7.
-- prefill on other shapes (small models): ``fp8_block_gemm_kernel`` with the codes
-  widened to float16 (exact) on the float16 tensor cores, float32-accurate.
+scales in float32; which kernel a product takes is one table (gemm_plan.FP8_GEMMS, chosen
+from measurements): the CUDA decode kernel (fp8_gemv.py) to 16 rows, the Triton decode
+kernel on FP8 warpgroup MMA at 17-64 rows, cuBLAS' blockwise GEMM above (torch._scaled_mm,
+scaled_mm.py), the row-tiled Triton GEMM where cuBLAS does not run.
 
 The activation is quantized once per call by its own kernel, or arrives quantized
 (``Fp8Activation``) from the kernel that produced it. ``fp8_linear_forward`` is the
@@ -29,27 +14,16 @@ present.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from quantroll.kernels import fp8_gemv
-from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm, scaled_mm_supports, scaled_mm_verified_on
+from quantroll.kernels.gemm_plan import (FP8_GEMMS, DecodeGemmConfig, GemmPlan, PrefillGemmConfig,  # noqa: F401
+                                         decode_block_m, kernel_runs)
+from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm
 from quantroll.kernels.counters import counters
 from quantroll.model.linear import BACKENDS
-
-
-@dataclass(frozen=True)
-class PrefillGemmConfig:
-    """Tiles of ``fp8_block_gemm_kernel`` (prefill on shapes cuBLAS does not take)."""
-
-    block_m: int = 64
-    block_n: int = 128
-    num_warps: int = 8
-    num_stages: int = 3
-    dot_f16: bool = True  # float16 MMA: float32-accurate; False: FP8 warpgroup MMA (narrower accumulation)
-    imprecise_acc: int = 32  # FP8 MMA only: products summed in the narrow accumulator before a float32 promotion
 
 
 @dataclass(frozen=True)
@@ -106,19 +80,6 @@ def fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: PrefillGem
     return y
 
 
-@dataclass(frozen=True)
-class DecodeGemmConfig:
-    """Tiles of ``fp8_decode_gemm_kernel`` (weight rows per program, K splits, MMA type)."""
-
-    block_n: int = 32
-    split_k: int = 1
-    dot_f16: bool = False  # widen the codes to float16 (float32-accurate on any MMA; slower)
-    imprecise_acc: int = 32  # FP8 warpgroup MMA only (block_n >= 64)
-    num_warps: int = 2
-    num_stages: int = 3
-    block_m: int = 0  # token rows per tile; 0: 16, 32 or 64 by M
-
-
 _MAX_TILES = 1 << 16
 TILE_COUNTERS = "split-K tiles"  # counters.py kind
 
@@ -132,7 +93,7 @@ def decode_grid(m: int, n: int, k: int, cfg: DecodeGemmConfig) -> tuple[int, int
     """(token rows per tile, K blocks per split, launch grid (N tiles, M tiles, splits)) of
     the decode kernel: 16/32/64-row token tiles, the splits evened out over K's 128-blocks
     (so none is empty)."""
-    block_m = cfg.block_m or (16 if m <= 16 else (32 if m <= 32 else 64))
+    block_m = cfg.block_m or decode_block_m(m)
     k_blocks = (k + 127) // 128
     split = max(1, min(cfg.split_k, k_blocks))
     per_split = (k_blocks + split - 1) // split
@@ -154,12 +115,13 @@ def split_k_scratch(block_m: int, grid: tuple[int, int, int], block_n: int, devi
 
 
 def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmConfig | None = None) -> torch.Tensor:
-    """The decode GEMM (M <= 64) on FP8 codes, one launch (see fp8_decode_gemm_kernel)."""
+    """The decode GEMM on FP8 codes, one launch (see fp8_decode_gemm_kernel); ``cfg`` None:
+    the tiles the table gives this product."""
     from quantroll.kernels.fp8_gemm_triton import fp8_decode_gemm_kernel
 
     m, k = aq.shape
     n = wq.shape[0]
-    cfg = cfg or decode_config(n, k, m)
+    cfg = (cfg or decode_config(m, n, k)).for_shape(m, n, k)
     block_m, per_split, grid = decode_grid(m, n, k, cfg)
     y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
     partials, counters = split_k_scratch(block_m, grid, cfg.block_n, aq.device, y)
@@ -173,63 +135,40 @@ def fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, cfg: DecodeGemmC
     return y
 
 
-# Decode batches of 17-64 rows on long-K weights (K >= 3 N: Qwen3-8B's down_proj) take 64
-# weight rows per program with float16 dots (still mma.sync on 2 warps, as accurate):
-# measured on the H200 (bench/gemm_f16_tokens.py, 2026-12-01) at 20.7 against 28.3 us at
-# M = 32 and 28.9 against 30.6 at M = 64. None: the 32-row tiles for every shape.
-LONG_K_DECODE: DecodeGemmConfig | None = DecodeGemmConfig(block_n=64, dot_f16=True, num_warps=2, num_stages=3)
+def decode_config(m: int, n: int, k: int, plan: GemmPlan = FP8_GEMMS) -> DecodeGemmConfig:
+    """The Triton decode tiles ``plan`` gives an M x N x K product (the first decode row
+    covering it, whatever kernel would run before it)."""
+    for row in plan.rows:
+        if row.kernel == "triton decode" and row.covers(m, n, k):
+            return row.tiles
+    raise ValueError(f"no 'triton decode' row of the GEMM plan covers M = {m}, N = {n}, K = {k}")
 
 
-def decode_config(n: int, k: int, m: int) -> DecodeGemmConfig:
-    """Decode tiles, measured on the H200 over Qwen3-8B's layer shapes at M = 1, 16, 64
-    (bench/gemm_decode.py, docs/PERFORMANCE.md): 32 weight rows per program and two warps,
-    which Triton compiles to mma.sync on the FP8 codes widened to float16 (sm_90 PTX of
-    Triton 3.6 and 3.8; float32-accurate, 1e-7 from float64, where the FP8 warpgroup MMA
-    lands 4.5e-5 away), and split-K until >= 512 programs stream the weights (at most 8
-    splits). (Triton's float16 warpgroup MMA on 4 warps, as accurate, was slower at every
-    8B shape at 64 rows: 149.5 vs 105.9 us per layer set, 2026-12-01; removed.)"""
-    if LONG_K_DECODE is not None and m > 16 and k >= 3 * n:
-        bn = LONG_K_DECODE.block_n
-        return dataclasses.replace(LONG_K_DECODE, split_k=splits_to_fill((n + bn - 1) // bn, k, 512))
-    return DecodeGemmConfig(block_n=32, split_k=splits_to_fill((n + 31) // 32, k, 512), dot_f16=False, num_warps=2,
-                            num_stages=5 if m == 1 else 3)
+def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16,
+              plan: GemmPlan = FP8_GEMMS) -> str:
+    """Which FP8 GEMM an M x N x K product on ``device`` takes (the kernel of ``plan``'s
+    first row that covers it and runs there): "cuda decode", "triton decode", "cublas" or
+    "triton prefill"."""
+    return plan.choose(m, n, k, torch.device(device), out_dtype).kernel
 
 
-def splits_to_fill(tiles: int, k: int, target: int) -> int:
-    """K splits for ``tiles`` output tiles: doubled until tiles x splits >= ``target``
-    programs, at most 8, and each split at least two 128-wide K blocks."""
-    k_blocks, split = (k + 127) // 128, 1
-    while tiles * split < target and split < 8 and k_blocks // (split * 2) >= 2:
-        split *= 2
-    return split
-
-
-def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16) -> str:
-    """Which FP8 GEMM an M x N x K product on ``device`` takes (``fp8_gemm`` follows it; a
-    CUDA-kernel choice also needs 16-byte aligned rows, which every engine buffer has):
-    "cuda decode" (fp8_gemv, M <= fp8_gemv.MAX_M), "triton decode" (M <= 64), "cublas"
-    (torch._scaled_mm on the shapes verified for it) or "triton prefill"."""
-    if m <= fp8_gemv.MAX_M and fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device):
-        return "cuda decode"
-    if m <= 64:
-        return "triton decode"
-    return "cublas" if scaled_mm_supports(m, n, k) and scaled_mm_verified_on(device) else "triton prefill"
-
-
-def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """The FP8 GEMM for an activation of M rows (``gemm_path``)."""
+def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GEMMS) -> torch.Tensor:
+    """The FP8 GEMM for an activation of M rows, by ``plan``."""
     m, k = aq.shape
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
-    path = gemm_path(m, n, k, aq.device, out_dtype)
-    if path == "cuda decode" and fp8_gemv.supports(aq, wq, out_dtype):
+    rows = [r for r in plan.rows if r.covers(m, n, k) and kernel_runs(r.kernel, m, n, k, aq.device, out_dtype)]
+    if rows[0].kernel == "cuda decode" and not fp8_gemv.supports(aq, wq, out_dtype):
+        rows = rows[1:]  # unaligned rows: the next row's kernel (the CUDA kernel loads 16 bytes at a time)
+    row = rows[0]
+    if row.kernel == "cuda decode":
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
-    if m <= 64:
-        return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, decode_config(n, k, m))
-    if path == "cublas":
+    if row.kernel == "triton decode":
+        return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, row.tiles)
+    if row.kernel == "cublas":
         return fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype)
-    return fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype)
+    return fp8_gemm_prefill(aq, a_s, wq, w_s, out_dtype, row.tiles)
 
 
 def fp8_linear_forward(layer, x) -> torch.Tensor:

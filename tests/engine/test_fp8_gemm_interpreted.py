@@ -32,6 +32,7 @@ def check_gemms() -> None:
     from quantroll.kernels import fp8_linear
     from quantroll.kernels.counters import existing
     from quantroll.kernels.fp8_linear import DecodeGemmConfig, fp8_gemm, fp8_gemm_decode, fp8_gemm_prefill
+    from quantroll.kernels.gemm_plan import NATIVE_DECODE
 
     fmt = get_format("fp8")
     gen = torch.Generator().manual_seed(0)
@@ -49,8 +50,9 @@ def check_gemms() -> None:
             continue
         one = fp8_gemm_decode(xq.data, a_s, wq.data, wq.scale, torch.float32, DecodeGemmConfig(split_k=1))
         assert _rel(one, ref) < 1e-6, (m, n, k, _rel(one, ref))
-        for cfg in (DecodeGemmConfig(split_k=2), DecodeGemmConfig(block_n=16, split_k=4), None,
-                    DecodeGemmConfig(block_n=64, split_k=2, dot_f16=True, num_warps=4)):
+        for cfg in (DecodeGemmConfig(split_k=2), DecodeGemmConfig(block_n=16, split_k=4), None, NATIVE_DECODE,
+                    DecodeGemmConfig(block_n=64, split_k=2, dot_f16=True, num_warps=4),
+                    DecodeGemmConfig(block_n=64, block_m=128, split_k=4, imprecise_acc=128, num_warps=4)):
             y = fp8_gemm_decode(xq.data, a_s, wq.data, wq.scale, torch.float32, cfg)
             assert _rel(y, one.double()) < 1e-6, (m, n, k, cfg)
             # BF16 output within one BF16 step of the float32 result (the interpreter's own cast

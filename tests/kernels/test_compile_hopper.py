@@ -34,9 +34,9 @@ CASES = [
        dict(BLOCK_M=bm, BLOCK_N=32, BLOCK_K=128, K_BLOCKS_PER_SPLIT=32 // split, SPLIT=split, DOT_F16=False,
             IMPRECISE_ACC=32), dict(num_warps=2, num_stages=stages))
       for bm, split, stages in ((16, 1, 5), (16, 4, 3), (64, 4, 3))],
-    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", DECODE_GEMM_POINTERS,  # fp8_linear.LONG_K_DECODE
-       dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, K_BLOCKS_PER_SPLIT=12, SPLIT=8, DOT_F16=True, IMPRECISE_ACC=32),
-       dict(num_warps=2, num_stages=3)) for bm in (32, 64)],
+    *[("fp8_gemm_triton", "fp8_decode_gemm_kernel", DECODE_GEMM_POINTERS,  # the table's FP8 warpgroup-MMA tiles
+       dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, K_BLOCKS_PER_SPLIT=8, SPLIT=4, DOT_F16=False, IMPRECISE_ACC=128),
+       dict(num_warps=4, num_stages=stages)) for bm, stages in ((32, 4), (64, 4), (128, 3))],
     *[("fused_triton", "add_rmsnorm_kernel", {"x_ptr": "bf16", "d_ptr": "bf16", "w_ptr": "bf16", "res_ptr": "bf16",
                                               "y_ptr": "bf16", "q_ptr": "fp8e4nv", "s_ptr": "fp32"},
        dict(HAS_DELTA=True, QUANT=quant, BLOCK=4096, STORE_Y=store_y, RELEASE=quant), dict(num_warps=16))

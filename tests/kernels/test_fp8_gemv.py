@@ -209,33 +209,6 @@ def test_fp8_gemm_takes_it_up_to_the_switch(monkeypatch):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind,batch", [("dense", 1), ("dense", 4)])
-def test_logits_criterion_holds_with_the_cuda_decode_gemm(kind, batch, tmp_path, monkeypatch):
-    """Issue 3's criterion (test_gpu_engine.py) with every decode GEMM of <= 64 rows on the
-    CUDA kernel (batch 1 is 9 rows, batch 4 is 36), and the kernel seen to run."""
-    pytest.importorskip("triton")
-    from tests.engine.test_gpu_engine import test_real_fp8_logits_vs_emulation_on_the_warm_started_model as criterion
-
-    calls = []
-    real = fp8_gemv.fp8_gemv
-    monkeypatch.setattr(fp8_gemv, "fp8_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 64)
-    criterion(kind, batch, tmp_path)
-    assert calls
-
-
-@gpu
-@pytest.mark.gpu
-def test_engine_decode_logprobs_match_a_full_forward_with_the_cuda_decode_gemm(tmp_path, monkeypatch):
-    pytest.importorskip("triton")
-    from tests.engine.test_gpu_engine import test_fp8_engine_decode_logprobs_match_a_full_forward_of_its_tokens as check
-
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 64)
-    check(tmp_path)
-
-
-@gpu
-@pytest.mark.gpu
 def test_early_launch_changes_no_bits_in_the_engine():
     """Launching the CUDA GEMM ahead of the kernel before it changes when work starts,
     never what it computes: the same tokens and logprobs, bit for bit, as ordinary

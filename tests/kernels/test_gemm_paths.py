@@ -5,7 +5,7 @@ computed right), the Triton prefill GEMM everywhere else."""
 import pytest
 import torch
 
-from quantroll.kernels import fp8_gemv, fp8_linear
+from quantroll.kernels import fp8_gemv, fp8_linear, scaled_mm
 
 
 @pytest.fixture
@@ -37,4 +37,46 @@ def test_small_batches_stay_on_the_decode_kernels(gpu):
 
 
 def test_cpu_devices_never_take_cublas():
-    assert not fp8_linear.scaled_mm_verified_on(torch.device("cpu"))
+    assert not scaled_mm.scaled_mm_verified_on(torch.device("cpu"))
+
+
+def test_the_table_picks_by_rows_and_weight_shape(gpu):
+    from quantroll.kernels.gemm_plan import FP8_GEMMS, NARROW_DECODE, NATIVE_DECODE
+
+    device = gpu((9, 0))
+    assert fp8_linear.decode_config(1, 4096, 4096).num_stages == 5  # one row: a deeper weight stream
+    assert fp8_linear.decode_config(16, 4096, 4096) == NARROW_DECODE  # without nvcc: float16-widened mma.sync
+    assert fp8_linear.decode_config(17, 4096, 4096) == NATIVE_DECODE
+    assert fp8_linear.gemm_path(96, 4096, 4096, device) == "cublas"
+    assert fp8_linear.gemm_path(96, 2048, 6144, device) == "triton decode"  # Qwen3-1.7B down_proj
+    assert fp8_linear.decode_config(96, 2048, 6144).block_m == 128
+    assert fp8_linear.gemm_path(129, 2048, 6144, device) == "cublas"
+    assert FP8_GEMMS.choose(4096, 384, 4096, device).kernel == "triton prefill"
+
+
+def test_split_k_fills_the_programs_the_row_asks_for():
+    from quantroll.kernels.gemm_plan import NATIVE_DECODE, DecodeGemmConfig
+
+    # Qwen3-8B qkv at 64 rows: 96 tiles of 64 weight rows; 384 programs want 4 splits of K = 4096
+    assert NATIVE_DECODE.for_shape(64, 6144, 4096).split_k == 4
+    # gate_up (N = 24576): 384 tiles already, one split
+    assert NATIVE_DECODE.for_shape(64, 24576, 4096).split_k == 1
+    # down at 32 rows (N = 4096, K = 12288): 64 tiles -> 8 splits (the cap)
+    assert NATIVE_DECODE.for_shape(32, 4096, 12288).split_k == 8
+    # K of 384 (3 blocks): a split keeps two blocks at least, so none
+    assert NATIVE_DECODE.for_shape(64, 256, 384).split_k == 1
+    fixed = DecodeGemmConfig(split_k=3)
+    assert fixed.for_shape(64, 6144, 4096) is fixed
+
+
+def test_a_plan_must_end_in_the_kernel_that_takes_everything():
+    from quantroll.kernels.gemm_plan import GemmPlan, GemmRow, NATIVE_DECODE, PrefillGemmConfig
+
+    with pytest.raises(ValueError, match="last row"):
+        GemmPlan((GemmRow("cublas"),))
+    with pytest.raises(ValueError, match="one of"):
+        GemmRow("cutlass")
+    with pytest.raises(ValueError, match="tiles must be DecodeGemmConfig"):
+        GemmRow("triton decode", tiles=PrefillGemmConfig())
+    with pytest.raises(ValueError, match="tiles must be None"):
+        GemmRow("cublas", tiles=NATIVE_DECODE)

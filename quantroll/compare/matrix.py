@@ -33,11 +33,18 @@ class RunSpec:
     response_len: int
     sweep: bool = False
     kv_cache_dtype: str = "bf16"
+    bf16_exceptions: bool = False  # the engine checkpoint keeps the --bf16-exceptions in BF16 (an opt-in group)
+
+    @property
+    def checkpoint_key(self) -> str:
+        """Which converted checkpoint the engine loads: the precision, or it with the BF16 exceptions."""
+        return f"{self.precision}+bf16x" if self.bf16_exceptions else self.precision
 
     @property
     def run_id(self) -> str:
         mode = "unified" if self.unified else ("rollout" if self.precision != "bf16" else "baseline")
         kv = "-kvfp8" if self.kv_cache_dtype == "fp8" else ""
+        kv += "-bf16x" if self.bf16_exceptions else ""
         tail = f"-len{self.response_len}" if self.sweep else ""
         return f"{self.precision}{kv}-{mode}-{self.correction}-seed{self.seed}{tail}"
 
@@ -73,13 +80,16 @@ def _parse_ints(text: str, flag: str) -> list[int]:
 
 
 def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, response_len: int, moe: bool,
-                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16") -> list[RunSpec]:
+                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16",
+                 bf16_exceptions: bool = False) -> list[RunSpec]:
     """bf16 runs once per seed (no correction: it is the baseline); every low precision
     with every correction, in mode 1 and in its unified mode when ``modes`` names it;
     ``r3`` joins the corrections for MoE models. Each KV cache dtype of ``kv_cache_dtypes``
     repeats them with that cache (BF16 weights with an FP8 cache is a low-precision
     rollout of its own, with every correction), so a report shows FP8 weights, FP8 KV and
-    both apart. Sweep runs (correction none) repeat each of them at every response length."""
+    both apart. Sweep runs (correction none) repeat each of them at every response length.
+    With ``bf16_exceptions`` every low-precision variant is repeated (all corrections, main
+    runs only) on a checkpoint that keeps the BF16 exceptions: a group of its own."""
     precs = _parse_list(precisions, PRECISIONS, "--precisions")
     corrs = _parse_list(corrections, CORRECTIONS, "--corrections")
     mode_list = _parse_list(modes, ("1",) + tuple(UNIFIED_MODES), "--modes")
@@ -106,6 +116,9 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
         for p, unified in variants:
             for c in (["none"] if p == "bf16" and kv == "bf16" else corrs):
                 specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv) for s in seed_list]
+    if bf16_exceptions:
+        specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv, bf16_exceptions=True)
+                  for kv in kvs for p, unified in variants if p != "bf16" for c in corrs for s in seed_list]
     for length in (_parse_ints(sweep_lens, "--sweep-response-len") if sweep_lens else []):
         specs += [RunSpec(p, unified, "none", s, length, sweep=True, kv_cache_dtype=kv)
                   for kv in kvs for p, unified in variants for s in seed_list]

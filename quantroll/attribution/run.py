@@ -39,6 +39,7 @@ class AttributeConfig:
     target_gap: float | None = None
     target_fraction: float = 0.5
     cheap_only: bool = False
+    propose: bool = True  # False: rank only (ablations without the greedy proposal)
     device: str = "cpu"
     compute_dtype: str = "auto"
 
@@ -153,6 +154,9 @@ def run_attribution(cfg: AttributeConfig, log=print, progress: bool = True) -> d
     result["rank_kinds"] = [c.key for c in ranking(contributions, "kind")]
     result["rank_cells"] = [list(c.key) for c in ranking(contributions, "cell")]
 
+    if not cfg.propose:
+        result["forwards"] = m.forwards
+        return result
     target = cfg.target_gap if cfg.target_gap is not None else cfg.target_fraction * stats(full)["mean"]
     cost = {c: sum(bf16_bytes(hybrid.quantized[n]) for n in ms) for c, ms in cells.items()}
 

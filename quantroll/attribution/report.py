@@ -91,7 +91,9 @@ def format_report(result: dict) -> str:
                    "NOT beyond 2x the spread")
         lines += [f"- verified through convert + engine + trainer on fresh seeds {', '.join(map(str, v['seeds']))}: "
                   f"{_s(v['full'])} -> {_s(v['kept'])}, reduction {v['reduction']:.4g}, spread "
-                  f"{'n/a' if v['spread'] is None else format(v['spread'], '.2g')}: {verdict}"]
+                  f"{'n/a' if v['spread'] is None else format(v['spread'], '.2g')}: {verdict}"
+                  + (f" (paired spread of the per-seed differences {v['paired_spread']:.2g})"
+                     if v.get("paired_spread") is not None else "")]
     if "contributions" in result and result["moe"]:
         router = next((r for r in result["contributions"] if r["key"] == "router"), None)
         if router:

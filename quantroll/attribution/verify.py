@@ -4,7 +4,9 @@ Convert the BF16 checkpoint twice (everything quantized; the proposed flags), lo
 conversion in the engine, sample fresh responses per verification seed, and score them
 with the BF16 trainer: the step-0 gap a ``train`` run with those flags would report. The
 reduction counts when it exceeds 2x the seed spread of the difference,
-sqrt(std_full^2 + std_kept^2) (compare's convention for a difference of two groups).
+sqrt(std_full^2 + std_kept^2) (compare's convention for a difference of two groups). Both
+engines sample the same prompts with the same seeds, so the per-seed differences are also
+reported with their own std (the paired spread, smaller where the samples agree).
 Also returns what the conversion with the flags really kept, for the round-trip check.
 """
 
@@ -52,5 +54,6 @@ def verify(source: Path, precision: str, flags: FlagSet, bf16_model, tokenizer, 
     spread = ((s_full["std"] or 0.0) ** 2 + (s_kept["std"] or 0.0) ** 2) ** 0.5 if len(seeds) > 1 else None
     return {"seeds": list(seeds), "full": s_full, "kept": s_kept, "full_per_seed": full, "kept_per_seed": kept,
             "reduction": reduction, "spread": spread,
+            "paired_spread": stats([f - k for f, k in zip(full, kept)])["std"],
             "significant": None if spread is None else bool(reduction > 2 * spread),
             "kept_modules": sorted(kept_modules)}

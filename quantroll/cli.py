@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, f"{message} (see {self.prog} --help)")
 
 # Subcommand modules, in the order `quantroll --help` lists them.
-COMMANDS = ("compare", "train", "demo", "sft", "convert", "inspect", "generate", "bench")
+COMMANDS = ("compare", "train", "attribute", "demo", "sft", "convert", "inspect", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

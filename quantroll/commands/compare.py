@@ -71,6 +71,12 @@ def register(subparsers) -> None:
     p.add_argument("--num-layers-at-start-in-bf16", type=int, default=0, help="keep the first N layers BF16 "
                    "(both sides)")
     p.add_argument("--num-layers-at-end-in-bf16", type=int, default=0, help="keep the last N layers BF16 (both sides)")
+    p.add_argument("--skip", nargs="+", action="extend", default=[], metavar="PATTERN", help="keep matching modules "
+                   "BF16 in every low-precision run (both sides), as `quantroll convert --skip` does")
+    p.add_argument("--bf16-exceptions", default=None, metavar="auto|FLAGS", help="opt-in group: repeat every "
+                   "low-precision run on a checkpoint that keeps these BF16 exceptions too; auto = measure them "
+                   "first with `quantroll attribute` (per precision, report under OUT/attribution/), or paste the "
+                   "flags it printed, e.g. \"--num-layers-at-start-in-bf16 1 --skip 'model.layers.2.*'\"")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of every run")
     p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.add_argument("--train-args", default="", help="more `quantroll train` flags for every run, as one string "
@@ -100,7 +106,7 @@ def _train_args(text: str) -> tuple[str, ...]:
     owned = {"--hf-checkpoint", "--ref-load", "--seed", "--metrics-file", "--num-rollout", "--device",
              "--rollout-max-response-len", "--use-tis", "--tis-mode", "--fp8-recipe", "--fp4-recipe",
              "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save", "--eval-interval",
-             "--compute-dtype"}
+             "--compute-dtype", "--skip"}
     clash = sorted(owned & {a.split("=")[0] for a in extra})
     if clash:
         raise QuantrollError(f"--train-args may not set {', '.join(clash)}: compare sets them per run "
@@ -116,7 +122,7 @@ def _check_runs(setup, specs) -> None:
     from quantroll.compare.runner import command_for
 
     parser = build_parser()
-    placeholders = {spec.precision: setup.source for spec in specs}
+    placeholders = {spec.checkpoint_key: setup.source for spec in specs}
     for spec in specs:
         argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
         try:
@@ -142,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     if args.true_on_policy and torch.device(args.device).type == "cuda":
         raise QuantrollError("--true-on-policy: true on-policy mode is CPU-only in this build (the GPU engine's "
                              "invariant kernels are not built yet); run the compare with --device cpu")
+    exceptions = _exceptions(args.bf16_exceptions)
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
-                         moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy)
+                         moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy,
+                         bf16_exceptions=exceptions is not None)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
@@ -151,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
              "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
     setup = CompareSetup(out, source, label, moe, args.device, args.num_rollout, args.sweep_num_rollout, common, sweep,
                          {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
-                          "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16}, args.eval_interval)
+                          "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16,
+                          **({"skip": tuple(args.skip)} if args.skip else {})}, args.eval_interval,
+                         {p: exceptions.convert_fields() for p in _low_precisions(specs)}
+                         if exceptions not in (None, "auto") else {})
     _check_runs(setup, specs)
     fresh = not out.exists()
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
@@ -164,6 +175,57 @@ def run(args: argparse.Namespace) -> int:
             raise
 
 
+def _exceptions(value: str | None):
+    """None (no group), "auto", or the FlagSet a user pasted (checked now, before any work)."""
+    if value is None:
+        return None
+    if value.strip() == "auto":
+        return "auto"
+    from quantroll.attribution.flagset import parse
+
+    flags = parse(value, "--bf16-exceptions")
+    if flags.empty:
+        raise QuantrollError("--bf16-exceptions is empty; give auto or the flags `quantroll attribute` printed")
+    return flags
+
+
+def _low_precisions(specs) -> list[str]:
+    return sorted({s.precision for s in specs if s.bf16_exceptions})
+
+
+def _auto_exceptions(setup, specs, args) -> dict:
+    """precision -> convert fields of the BF16 exceptions `quantroll attribute` measures on the
+    source (its report under OUT/attribution/<precision>/; reused when its configuration and
+    source are unchanged). The study's own runs are the verification, so attribute's is off."""
+    import dataclasses
+    import json
+
+    from quantroll.attribution.flagset import parse
+    from quantroll.attribution.report import write_outputs
+    from quantroll.attribution.run import AttributeConfig, run_attribution
+
+    out = {}
+    for precision in _low_precisions(specs):
+        cfg = AttributeConfig(hf_checkpoint=args.hf_checkpoint, builtin_model=args.builtin_model, precision=precision,
+                              verify_seeds=(), device=args.device, compute_dtype=args.compute_dtype)
+        where = setup.out_dir / "attribution" / precision
+        done = where / "attribution.json"
+        previous = json.loads(done.read_text()) if done.is_file() else None
+        if previous and previous.get("config") == json.loads(json.dumps(dataclasses.asdict(cfg))) \
+                and previous.get("source") == str(setup.source) and "proposal" in previous:
+            result = previous
+            print(f"bf16 exceptions for {precision}: measured earlier ({done})")
+        else:
+            result = run_attribution(cfg)
+            where.mkdir(parents=True, exist_ok=True)
+            write_outputs(result, where)
+        p = result["proposal"]
+        print(f"bf16 exceptions for {precision}: {p['flags_text'] or '(none needed)'} (gap {p['gap']['mean']:.3g} "
+              f"vs {result['gap_full']['mean']:.3g} with every linear {precision}; {where / 'report.md'})")
+        out[precision] = parse(shlex.join(p["flags"])).convert_fields()
+    return out
+
+
 def _run_matrix(setup, specs, label, args) -> int:
     from quantroll.compare.current import note_stale, split_current
     from quantroll.compare.inventory import load_inventory, write_inventory
@@ -173,6 +235,10 @@ def _run_matrix(setup, specs, label, args) -> int:
 
     out = setup.out_dir
     print(f"compare: {len(specs)} runs on {label} ({args.device}), {args.num_rollout} steps each -> {out}")
+    if args.bf16_exceptions is not None and args.bf16_exceptions.strip() == "auto":
+        import dataclasses
+
+        setup = dataclasses.replace(setup, exceptions=_auto_exceptions(setup, specs, args))
     checkpoints = prepare_checkpoints(setup, specs)
     write_inventory(out, checkpoints)
     start = time.perf_counter()

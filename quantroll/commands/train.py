@@ -38,6 +38,10 @@ def register(subparsers) -> None:
                    "first N layers in BF16 on both sides")
     m.add_argument("--num-layers-at-end-in-bf16", type=int, default=0, help="with --rollout-precision: keep the last "
                    "N layers in BF16 on both sides")
+    m.add_argument("--skip", nargs="+", action="extend", default=[], metavar="PATTERN", help="with "
+                   "--rollout-precision: keep matching modules in BF16 on both sides, as `quantroll convert --skip` "
+                   "does ('*' crosses dots; e.g. 'model.layers.3.*', '*.mlp.down_proj'; `quantroll attribute` "
+                   "proposes them)")
     m.add_argument("--ref-load", default=None, help="the trainer's BF16 weights (required when --hf-checkpoint is "
                    "quantized: mode 1)")
     m.add_argument("--kv-cache-memory-gb", type=float, default=None, help="the engine's KV cache pool in GiB; when "
@@ -145,7 +149,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, builtin_model=args.builtin_model,
         rollout_precision=args.rollout_precision, convert_dir=args.convert_dir,
         num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
-        num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16, rollout_ignore_eos=args.rollout_ignore_eos,
+        num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16, skip=tuple(args.skip),
+        rollout_ignore_eos=args.rollout_ignore_eos,
         device=args.device, compute_dtype=args.compute_dtype,
         kv_cache_memory_gb=args.kv_cache_memory_gb, kv_cache_block_size=args.kv_cache_block_size,
         kv_cache_dtype=args.kv_cache_dtype,

@@ -21,14 +21,15 @@ CURVES = ("reward_mean", MAIN_GAP, *EVAL_KEYS.values())
 TRUE_ON_POLICY = " (true on-policy)"  # the label suffix of a --true-on-policy-mode group
 
 
-def spec_key(spec: dict) -> tuple[str, str, bool, str, str]:
-    """(mode label, precision, unified, correction, KV cache dtype) of a run spec."""
+def spec_key(spec: dict) -> tuple[str, str, bool, str, str, bool]:
+    """(mode label, precision, unified, correction, KV cache dtype, BF16 exceptions) of a run spec."""
     precision = str(spec.get("precision") or "bf16")
     unified = bool(spec.get("unified")) and precision != "bf16"
     correction = str(spec.get("correction") or "none")
     kv = str(spec.get("kv_cache_dtype") or "bf16")
-    label = mode_label(precision, unified, kv) + (TRUE_ON_POLICY if spec.get("true_on_policy") else "")
-    return label, precision, unified, correction, kv
+    exceptions = bool(spec.get("bf16_exceptions")) and precision != "bf16"
+    label = mode_label(precision, unified, kv, exceptions) + (TRUE_ON_POLICY if spec.get("true_on_policy") else "")
+    return label, precision, unified, correction, kv, exceptions
 
 
 def is_emulated(run: RunData) -> bool:
@@ -64,10 +65,11 @@ def by_length(per_run: list[dict]) -> dict[str, dict]:
 
 
 def _identity(key: tuple, runs: list[RunData]) -> dict:
-    label, precision, unified, correction, kv = key
+    label, precision, unified, correction, kv, exceptions = key
     specs = [r.spec for r in runs]
     emulated = any(is_emulated(r) for r in runs)
-    return {
+    extra = {"bf16_exceptions": True} if exceptions else {}  # absent otherwise: default summaries unchanged
+    return {**extra,
         "id": group_id(label, correction), "mode": label, "label": display(label, emulated),
         "precision": precision, "unified": unified, "correction": correction, "emulated": emulated,
         "kv_cache_dtype": kv, "true_on_policy": label.endswith(TRUE_ON_POLICY),
@@ -131,7 +133,7 @@ def build_groups(runs: list[RunData]) -> list[dict]:
     buckets: dict[tuple, list[RunData]] = {}
     for r in runs:
         buckets.setdefault(spec_key(r.spec), []).append(r)
-    order = sorted(buckets, key=lambda k: sort_key(k[1], k[2], k[3], k[4]))
+    order = sorted(buckets, key=lambda k: sort_key(k[1], k[2], k[3], k[4], k[5]))
     return [aggregate(k, buckets[k]) for k in order]
 
 
@@ -142,15 +144,15 @@ def build_sweep(runs: list[RunData]) -> list[dict]:
         buckets.setdefault((*spec_key(r.spec), r.spec.get("response_len")), []).append(r)
 
     def order(k):
-        return (sort_key(k[1], k[2], k[3], k[4]), as_float(k[5]) or 0.0)
+        return (sort_key(k[1], k[2], k[3], k[4], k[5]), as_float(k[6]) or 0.0)
 
     rows = []
     for k in sorted(buckets, key=order):
         members = buckets[k]
         step0 = [next((s for s in r.steps if s.get("step") == 0), {}) for r in members]
         rows.append({
-            **_identity(k[:5], members),
-            "response_len": k[5],
+            **_identity(k[:6], members),
+            "response_len": k[6],
             "gap_step0": {m: stats(s.get(m) for s in step0) for m in GAP_METRICS},
             "gap_by_len": by_length([run_values(r.steps)["by_len"] for r in members]),
         })

@@ -17,15 +17,17 @@ _UNIFIED = {precision: f"mode {number}: {_FORMAT_NAMES[precision]}" for number, 
 BASELINE_MODE = "bf16"
 
 
-def mode_label(precision: str, unified: bool, kv_cache_dtype: str = "bf16") -> str:
+def mode_label(precision: str, unified: bool, kv_cache_dtype: str = "bf16", bf16_exceptions: bool = False) -> str:
     """bf16 -> the baseline; quantized rollout with a BF16 trainer -> mode 1; unified -> modes
     2/3/4; an FP8 KV cache in the engine is named in each (the trainer never uses one)."""
     kv = kv_cache_dtype == "fp8"
     if precision == "bf16":
         return "fp8 KV rollout, BF16 train" if kv else BASELINE_MODE
     if not unified:
-        return f"mode 1: {precision}{' + fp8 KV' if kv else ''} rollout, BF16 train"
-    return _UNIFIED.get(precision, f"unified {precision}") + (", fp8 KV in the engine" if kv else "")
+        exceptions = " with BF16 exceptions" if bf16_exceptions else ""
+        return f"mode 1: {precision}{' + fp8 KV' if kv else ''} rollout{exceptions}, BF16 train"
+    return (_UNIFIED.get(precision, f"unified {precision}") + (", fp8 KV in the engine" if kv else "")
+            + (", BF16 exceptions" if bf16_exceptions else ""))
 
 
 def display(label: str, emulated: bool) -> str:
@@ -37,11 +39,13 @@ def group_id(label: str, correction: str) -> str:
     return f"{label} / {correction}"
 
 
-def sort_key(precision: str, unified: bool, correction: str, kv_cache_dtype: str = "bf16") -> tuple:
+def sort_key(precision: str, unified: bool, correction: str, kv_cache_dtype: str = "bf16",
+             bf16_exceptions: bool = False) -> tuple:
     """bf16 first, then mode 1 by precision, then modes 2-4, each BF16 KV before FP8 KV;
     corrections in CLI order."""
     def rank(seq, value):
         return (seq.index(value), "") if value in seq else (len(seq), str(value))
 
     mode_rank = 0 if precision == "bf16" else (2 if unified else 1)
-    return (mode_rank, rank(PRECISION_ORDER, precision), kv_cache_dtype != "bf16", rank(CORRECTION_ORDER, correction))
+    return (mode_rank, rank(PRECISION_ORDER, precision), kv_cache_dtype != "bf16", bf16_exceptions,
+            rank(CORRECTION_ORDER, correction))

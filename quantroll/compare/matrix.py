@@ -34,11 +34,18 @@ class RunSpec:
     sweep: bool = False
     kv_cache_dtype: str = "bf16"
     true_on_policy: bool = False  # --true-on-policy-mode: batch-invariant kernels on both sides
+    bf16_exceptions: bool = False  # the engine checkpoint keeps the --bf16-exceptions in BF16 (an opt-in group)
+
+    @property
+    def checkpoint_key(self) -> str:
+        """Which converted checkpoint the engine loads: the precision, or it with the BF16 exceptions."""
+        return f"{self.precision}+bf16x" if self.bf16_exceptions else self.precision
 
     @property
     def run_id(self) -> str:
         mode = "unified" if self.unified else ("rollout" if self.precision != "bf16" else "baseline")
         kv = "-kvfp8" if self.kv_cache_dtype == "fp8" else ""
+        kv += "-bf16x" if self.bf16_exceptions else ""
         tail = f"-len{self.response_len}" if self.sweep else ""
         top = "-top" if self.true_on_policy else ""
         return f"{self.precision}{kv}-{mode}{top}-{self.correction}-seed{self.seed}{tail}"
@@ -77,8 +84,8 @@ def _parse_ints(text: str, flag: str) -> list[int]:
 
 
 def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, response_len: int, moe: bool,
-                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16", true_on_policy: bool = False
-                 ) -> list[RunSpec]:
+                 sweep_lens: str | None = None, kv_cache_dtypes: str = "bf16", true_on_policy: bool = False,
+                 bf16_exceptions: bool = False) -> list[RunSpec]:
     """bf16 runs once per seed (no correction: it is the baseline); every low precision
     with every correction, in mode 1 and in its unified mode when ``modes`` names it;
     ``r3`` joins the corrections for MoE models. Each KV cache dtype of ``kv_cache_dtypes``
@@ -87,7 +94,9 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
     both apart. Sweep runs (correction none) repeat each of them at every response length.
     ``true_on_policy`` (opt-in) adds the ``true-on-policy`` group: the bf16 baseline and mode 2
     (when the matrix has it) again with --true-on-policy-mode, correction none, BF16 KV cache,
-    so that the report shows each one's gap with and without the mode and the mode's cost."""
+    so that the report shows each one's gap with and without the mode and the mode's cost.
+    With ``bf16_exceptions`` every low-precision variant is repeated (all corrections, main
+    runs only) on a checkpoint that keeps the BF16 exceptions: a group of its own."""
     precs = _parse_list(precisions, PRECISIONS, "--precisions")
     corrs = _parse_list(corrections, CORRECTIONS, "--corrections")
     mode_list = _parse_list(modes, ("1",) + tuple(UNIFIED_MODES), "--modes")
@@ -118,6 +127,9 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
         for p, unified in variants:
             if p == "bf16" or (unified and p == "fp8"):
                 specs += [RunSpec(p, unified, "none", s, response_len, true_on_policy=True) for s in seed_list]
+    if bf16_exceptions:
+        specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv, bf16_exceptions=True)
+                  for kv in kvs for p, unified in variants if p != "bf16" for c in corrs for s in seed_list]
     for length in (_parse_ints(sweep_lens, "--sweep-response-len") if sweep_lens else []):
         specs += [RunSpec(p, unified, "none", s, length, sweep=True, kv_cache_dtype=kv)
                   for kv in kvs for p, unified in variants for s in seed_list]

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantroll.checkpoint.atomic import atomic_write_text
@@ -36,26 +36,38 @@ class CompareSetup:
     sweep_args: tuple[str, ...]  # flags sweep runs get on top (smaller batches)
     convert_args: dict  # ConvertConfig fields (layers kept in BF16)
     eval_interval: int = 0  # held-out evaluation of the main runs (step 0, every N, last); sweep runs never
+    exceptions: dict = field(default_factory=dict)  # precision -> ConvertConfig fields of its BF16 exceptions
+
+
+def exception_args(setup: CompareSetup, precision: str) -> dict:
+    """The convert fields of a BF16-exceptions checkpoint: the study's own keep rules plus
+    the exceptions (patterns added, layer counts the larger of the two)."""
+    base, extra = setup.convert_args, setup.exceptions[precision]
+    return {**base, "skip": tuple(base.get("skip", ())) + tuple(extra.get("skip", ())),
+            **{k: max(base.get(k, 0), extra.get(k, 0)) for k in ("num_layers_at_start_in_bf16",
+                                                                  "num_layers_at_end_in_bf16")}}
 
 
 def prepare_checkpoints(setup: CompareSetup, specs: list[RunSpec], log=print) -> dict[str, Path]:
-    """precision -> the checkpoint its engine loads (bf16: the source itself)."""
+    """checkpoint key (precision, or precision+bf16x) -> the checkpoint its engine loads (bf16: the source)."""
     out = {"bf16": setup.source}
-    for precision in sorted({s.precision for s in specs} - {"bf16"}):
-        target = setup.out_dir / "checkpoints" / precision
+    for key in sorted({s.checkpoint_key for s in specs} - {"bf16"}):
+        precision = key.split("+")[0]
+        target = setup.out_dir / "checkpoints" / key.replace("+", "-")
         marker = target / ".quantroll-compare-done"
-        made_from = json.dumps({"source": str(Path(setup.source).resolve()), **setup.convert_args}, sort_keys=True)
+        args = exception_args(setup, precision) if key.endswith("+bf16x") else setup.convert_args
+        made_from = json.dumps({"source": str(Path(setup.source).resolve()), **args}, sort_keys=True)
         if not marker.is_file() or marker.read_text() != made_from:  # absent, interrupted, or another source
-            log(f"converting {setup.source} -> {precision}")
+            log(f"converting {setup.source} -> {key}")
             convert_checkpoint(setup.source, target, ConvertConfig(format=precision, force=True, progress=False,
-                                                                   **setup.convert_args))
+                                                                   **args))
             marker.write_text(made_from)
-        out[precision] = target
+        out[key] = target
     return out
 
 
 def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], run_dir: Path) -> list[str]:
-    args = [sys.executable, "-m", "quantroll", "train", "--hf-checkpoint", str(checkpoints[spec.precision])]
+    args = [sys.executable, "-m", "quantroll", "train", "--hf-checkpoint", str(checkpoints[spec.checkpoint_key])]
     if spec.precision != "bf16":
         args += ["--ref-load", str(setup.source)]
     steps = setup.sweep_num_rollout if spec.sweep else setup.num_rollout
@@ -90,7 +102,7 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
     shown = ["quantroll"] + cmd[3:]
     metrics = run_dir / "metrics.jsonl"
     steps = setup.sweep_num_rollout if spec.sweep else setup.num_rollout
-    marker = checkpoints[spec.precision] / ".quantroll-compare-done"
+    marker = checkpoints[spec.checkpoint_key] / ".quantroll-compare-done"
     made_from = marker.read_text() if marker.is_file() else str(Path(setup.source).resolve())
     previous = _read_json(run_dir / "run.json")
     if previous and previous.get("status") == "done" and previous.get("command") == shown \

@@ -38,7 +38,7 @@ SIGNIFICANCE = ("a difference between two groups counts only if |mean_a - mean_b
 def run_row(run: RunData) -> dict:
     """One line of the per-run table: identity, status, error and the key numbers."""
     s = run.spec
-    label, precision, unified, correction, kv = spec_key(s)
+    label, precision, unified, correction, kv, _ = spec_key(s)
     emulated = is_emulated(run)
     row = {
         "run_id": run.run_id, "status": s.get("status"), "error": s.get("error"),

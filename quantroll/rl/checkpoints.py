@@ -5,7 +5,7 @@ Three ways in, one answer (engine_dir, trainer_dir):
 - ``--hf-checkpoint`` (+ ``--ref-load`` when it is quantized: mode 1), as in Miles;
 - ``--rollout-precision fp8|mxfp8|nvfp4`` with a BF16 ``--hf-checkpoint`` (or the
   built-in): quantroll converts it with the same rules as ``quantroll convert``
-  (``--num-layers-at-start/end-in-bf16`` included) into ``--convert-dir`` or a
+  (``--num-layers-at-start/end-in-bf16`` and ``--skip`` included) into ``--convert-dir`` or a
   temporary directory, the engine loads the conversion and the trainer the BF16 source.
 """
 
@@ -42,17 +42,18 @@ def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path]]:
     source = Path(cfg.hf_checkpoint) if cfg.hf_checkpoint else builtin_checkpoint(cfg.builtin_model)
     ref = Path(cfg.ref_load) if cfg.ref_load else None
     quantization = _quantization(source)
-    wants_layers = cfg.num_layers_at_start_in_bf16 or cfg.num_layers_at_end_in_bf16
+    wants_layers = cfg.num_layers_at_start_in_bf16 or cfg.num_layers_at_end_in_bf16 or cfg.skip
     if cfg.rollout_precision in (None, "bf16"):
         if cfg.rollout_precision == "bf16" and quantization:
             raise QuantrollError(f"--rollout-precision bf16 but --hf-checkpoint {source} is quantized; give the BF16 "
                                  "checkpoint")
         if wants_layers and not quantization:
-            raise QuantrollError("--num-layers-at-start/end-in-bf16 need a low-precision rollout: add "
+            raise QuantrollError("--num-layers-at-start/end-in-bf16 and --skip need a low-precision rollout: add "
                                  "--rollout-precision fp8|mxfp8|nvfp4 (or convert the checkpoint with those flags)")
         if wants_layers:
             raise QuantrollError(f"--hf-checkpoint {source} is already quantized: its BF16 layers were chosen when it "
-                                 "was converted (quantroll convert --num-layers-at-start/end-in-bf16); drop the flags "
+                                 "was converted (quantroll convert --num-layers-at-start/end-in-bf16, --skip); drop "
+                                 "the flags "
                                  "here, or give the BF16 checkpoint with --rollout-precision")
         if quantization and ref is None:
             method = quantization.get("quant_algo") or quantization.get("quant_method")
@@ -69,7 +70,8 @@ def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path]]:
         raise QuantrollError("--rollout-precision converts --hf-checkpoint and trains on it; --ref-load is not used "
                              "then (leave it out)")
     convert = ConvertConfig(format=cfg.rollout_precision, num_layers_at_start_in_bf16=cfg.num_layers_at_start_in_bf16,
-                            num_layers_at_end_in_bf16=cfg.num_layers_at_end_in_bf16, force=True, progress=False)
+                            num_layers_at_end_in_bf16=cfg.num_layers_at_end_in_bf16, skip=tuple(cfg.skip), force=True,
+                            progress=False)
     if cfg.convert_dir:  # kept after the run (replaced if present)
         target = Path(cfg.convert_dir)
         convert_checkpoint(source, target, convert)

@@ -19,6 +19,7 @@ class TrainConfig:
     convert_dir: str | None = None
     num_layers_at_start_in_bf16: int = 0
     num_layers_at_end_in_bf16: int = 0
+    skip: tuple[str, ...] = ()  # with rollout_precision: convert's --skip patterns, kept BF16 on both sides
     device: str = "cpu"
     kv_cache_memory_gb: float | None = None
     kv_cache_block_size: int = 16  # tokens per KV block (allocation, preemption and prefix sharing unit)

@@ -6,6 +6,7 @@ Flag names follow Miles where Miles has one.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     from quantroll.rl.loop import run_training
 
     history = run_training(config_from_args(args))
+    if os.environ.get("RANK", "0") != "0":  # a rank of a multi-process run: rank 0 says it
+        return 0
     last = history[-1]
     print(f"{len(history)} steps; last reward {last['reward_mean']:.3f}, "
           f"gap |logp diff| {last['train_rollout_logprob_abs_diff']:.3e}, rollout {last['rollout_precision']}")

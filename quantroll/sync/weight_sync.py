@@ -26,6 +26,10 @@ class SyncTiming:
     load_s: float
     version: int
 
+    def metrics(self) -> dict[str, float]:
+        """The metrics line's entries for this update."""
+        return {"weight_quantize_time": self.quantize_s, "weight_load_time": self.load_s, "weight_version": self.version}
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":

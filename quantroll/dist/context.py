@@ -20,6 +20,7 @@ from quantroll.errors import QuantrollError
 # once (gloo, NCCL report it in well under a second), so this bounds only a peer that
 # hangs alive; rollouts of long responses must fit inside it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+STORE_ENV = "QUANTROLL_STORE"  # host:port of a rendezvous store the launcher hosts (else MASTER_ADDR/PORT)
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,13 @@ def init_process_group(ctx: DistContext) -> None:
         return
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
+    kwargs = {}
+    if STORE_ENV in os.environ:  # a store hosted by the launcher (quantroll's Ray driver), outliving every rank
+        host, _, port = os.environ[STORE_ENV].rpartition(":")
+        kwargs["store"] = dist.PrefixStore("quantroll", dist.TCPStore(host, int(port), ctx.world_size, is_master=False,
+                                                                       timeout=COLLECTIVE_TIMEOUT))
     dist.init_process_group(ctx.backend, rank=ctx.rank, world_size=ctx.world_size, timeout=COLLECTIVE_TIMEOUT,
-                            device_id=ctx.device if ctx.device.type == "cuda" else None)
+                            device_id=ctx.device if ctx.device.type == "cuda" else None, **kwargs)
 
 
 def destroy_process_group() -> None:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 
 from quantroll.dist.context import DistContext, destroy_process_group, init_process_group
-from quantroll.dist.liveness import Heartbeat
+from quantroll.dist.liveness import Heartbeat, Stopped, stop_on_sigterm
 from quantroll.dist.placement import Ranks
 from quantroll.dist.trainer_rows import check_divisible
 from quantroll.rl.config import TrainConfig
@@ -35,6 +35,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, progress: bool = True, log=prin
     from quantroll.rl.preflight import check_outputs
     from quantroll.rl.rollout import build_task
 
+    stop_on_sigterm()
     init_process_group(ctx)
     store = _store()
     beat = Heartbeat(store, ctx.rank)
@@ -63,6 +64,8 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, progress: bool = True, log=prin
             history = _train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, quiet, place)
         finished = True
         return history
+    except Stopped:  # stopped outside any stage (start-up, between stages)
+        raise place.failure("the run") from None
     finally:
         beat.stop()
         if finished:  # after a failure a peer may be gone: leave the group to the process's exit

@@ -11,11 +11,30 @@ launcher hosts it in the driver.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
 INTERVAL = 0.5
 KEY = "quantroll/heartbeat/{}"
+
+
+class Stopped(BaseException):
+    """The launcher asked this rank to stop (SIGTERM): torchrun's agent does so to every
+    survivor as soon as one rank dies, often before the survivor's next collective could
+    fail. Raised from the signal handler, so the survivor can still say who died (the
+    agent waits before it kills)."""
+
+
+def stop_on_sigterm() -> None:
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the line is being written
+        raise Stopped()
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (a Ray actor's): the actor's death is reported by Ray
+        pass
 
 
 class Heartbeat:
@@ -64,6 +83,10 @@ def dead_ranks(store, world: int, me: int, interval: float = INTERVAL) -> list[i
 
 def describe_failure(store, world: int, me: int, stage: str) -> str:
     """The one line a surviving rank says when a collective failed during ``stage``."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's stop must not cut the line short
+    except ValueError:
+        pass
     dead = dead_ranks(store, world, me)
     if dead is None:
         who = "a peer stopped answering (the rendezvous store is gone too)"

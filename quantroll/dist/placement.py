@@ -20,6 +20,7 @@ from quantroll.dist.collectives import agree
 from quantroll.dist.context import DistContext
 from quantroll.dist.data_parallel import DataParallelEngines
 from quantroll.dist.fsdp import full_tensor, shard_policy
+from quantroll.dist.liveness import Stopped
 from quantroll.dist.optimizer import ShardedMasterAdamW
 from quantroll.dist.trainer_rows import RankRows
 from quantroll.dist.weight_broadcast import BroadcastWeightSync
@@ -87,13 +88,16 @@ class Ranks:
             yield
         except QuantrollError:
             raise
-        except RuntimeError as err:  # gloo/NCCL errors (DistBackendError is one)
-            if self.store is None or not _looks_like_peer_loss(err):
+        except (RuntimeError, Stopped) as err:  # gloo/NCCL errors (DistBackendError is one), the launcher's stop
+            if self.store is None or not (isinstance(err, Stopped) or _looks_like_peer_loss(err)):
                 raise
-            from quantroll.dist.liveness import describe_failure
+            raise self.failure(where) from None
 
-            raise RankFailure(f"{describe_failure(self.store, self.ctx.world_size, self.ctx.rank, where)}; the run "
-                              "is stopped: resume it with --load from the last save") from None
+    def failure(self, where: str) -> RankFailure:
+        from quantroll.dist.liveness import describe_failure
+
+        return RankFailure(f"{describe_failure(self.store, self.ctx.world_size, self.ctx.rank, where)}; the run is "
+                           "stopped: resume it with --load from the last save")
 
 
 def _looks_like_peer_loss(err: BaseException) -> bool:

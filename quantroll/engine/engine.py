@@ -168,6 +168,11 @@ class Engine:
                 out[name] = p.data
         return out
 
+    def weight_parameters(self) -> dict[str, torch.Tensor]:
+        """The engine's BF16 parameters by checkpoint name (a fused layer's parts are views of
+        it): what a direct weight update (quantroll/sync/direct.py) writes in place."""
+        return dict(self._params)
+
     @property
     def precision(self) -> str:
         """What the engine computes in, as reports should print it ("fp8 (emulated)" ...)."""

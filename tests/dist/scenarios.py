@@ -104,34 +104,34 @@ def generate_case(place, engine_dir: Path) -> dict:
     return out
 
 
-def perturbed_policy(seed: int = 5):
+def perturbed_policy(seed: int = 5, device="cpu", dtype=DTYPE):
     """The built-in policy with every weight moved off the checkpoint (still BF16 values),
     so that an update changes every engine tensor."""
-    policy = load_policy(builtin_checkpoint("dense"), dtype=DTYPE)
+    policy = load_policy(builtin_checkpoint("dense"), device="cpu", dtype=dtype)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in policy.parameters():
-            p.mul_(1 + 0.05 * torch.randn(p.shape, generator=g)).copy_(p.to(torch.bfloat16).to(DTYPE))
-    return policy
+            p.mul_(1 + 0.05 * torch.randn(p.shape, generator=g)).copy_(p.to(torch.bfloat16).to(dtype))
+    return policy.to(device)
 
 
-def sync_case(place, engine_dir: Path, check: bool) -> dict:
+def sync_case(place, engine_dir: Path, check: bool, device="cpu", dtype=DTYPE) -> dict:
     """One weight update of ``engine_dir``'s engine from the perturbed policy: the engine's
-    tensors afterwards, and the timing (for the bytes on the wire)."""
+    tensors afterwards (on the CPU), and the timing (for the bytes on the wire)."""
     from quantroll.sync import check_weight_update
 
-    engine = Engine(engine_dir, dtype=DTYPE)
+    engine = Engine(engine_dir, device=device, dtype=dtype)
     result = {}
     if check:  # the first-update check, on the unperturbed policy: bitwise
-        policy = load_policy(builtin_checkpoint("dense"), dtype=DTYPE)
+        policy = load_policy(builtin_checkpoint("dense"), device=device, dtype=dtype)
         place.shard(policy)
         push = place.sync(engine, policy)
         errors = place.agree(lambda: check_weight_update(engine, push, allow_quant_error=False))
         result["check_worst"] = max(errors.values())
-    policy = perturbed_policy()
+    policy = perturbed_policy(device=device, dtype=dtype)
     place.shard(policy)
     timing = place.sync(engine, policy)()
-    result["state"] = {n: t.clone() for n, t in engine.state().items()}
+    result["state"] = {n: t.cpu().clone() for n, t in engine.state().items()}
     result["version"] = timing.version
     result["timing"] = timing.metrics()
     return result

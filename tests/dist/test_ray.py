@@ -62,7 +62,7 @@ def test_killed_ray_actor_is_named_and_load_resumes(tmp_path):
             assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(0.2)
-        pid = int(re.search(r"quantroll: rank 1 of 2 \(pid (\d+)\)", log.read_text()).group(1))
+        pid = int(re.search(r"ray: 2 rank\(s\) as actors \(pids \d+, (\d+)\)", log.read_text()).group(1))
         os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=180)
     finally:

@@ -3,6 +3,7 @@ and the Ray tests)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -36,8 +37,24 @@ def load(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return json.loads((out / "results.json").read_text()), load_file(str(out / "tensors.safetensors"))
 
 
+# one-process references, computed once per test session (the 2-rank, 4-rank and Ray runs share them)
+@functools.cache
+def _train_ref(name: str) -> dict:
+    return scenarios.train_case(OneProcess(), name)
+
+
+@functools.cache
+def _generate_ref(engine_dir: Path) -> dict:
+    return scenarios.generate_case(OneProcess(), engine_dir)
+
+
+@functools.cache
+def _sync_ref(engine_dir: Path, check: bool) -> dict:
+    return scenarios.sync_case(OneProcess(), engine_dir, check)
+
+
 def check_training(results: dict, tensors: dict, name: str) -> None:
-    ref = scenarios.train_case(OneProcess(), name)
+    ref = _train_ref(name)
     got = results[f"train/{name}"]
     for step, (a, b) in enumerate(zip(got["losses"], ref["losses"])):
         assert rel(a, b, LOSS_FLOOR) <= REL, f"{name} step {step}: loss {a} vs one process {b}"
@@ -58,7 +75,7 @@ def check_training(results: dict, tensors: dict, name: str) -> None:
 
 
 def check_generation(results: dict, engine_dir: Path) -> None:
-    ref = scenarios.generate_case(OneProcess(), engine_dir)
+    ref = _generate_ref(Path(engine_dir))
     for label in ("greedy", "sampled"):
         for i, ((tokens, lps, reason), (rt, rl, rr)) in enumerate(zip(results["generate"][label], ref[label])):
             assert tokens == rt and reason == rr, f"{label} prompt {i}: {tokens} vs one engine's {rt}"
@@ -71,7 +88,7 @@ def check_generation(results: dict, engine_dir: Path) -> None:
 def check_sync(results: dict, tensors: dict, label: str, engine_dir: Path, check: bool) -> None:
     got = results[f"sync/{label}"]
     assert len(set(got["digests"])) == 1, f"{label}: the engines differ after the broadcast: {got['digests']}"
-    ref = scenarios.sync_case(OneProcess(), engine_dir, check)
+    ref = _sync_ref(Path(engine_dir), check)
     assert got["version"] == ref["version"]
     for n, t in ref["state"].items():
         mine = tensors[f"sync/{label}/{n}"]

@@ -11,10 +11,16 @@ from tests.dist.launch import torchrun
 pytestmark = pytest.mark.slow
 
 
+# 4 ranks on a 2-core CI machine are slow: there, the cases where 4 shares differ most from 2
+# (one row per rank and micro-batch; MoE experts unused on some ranks)
+CASES = {2: [c[0] for c in scenarios.TRAIN_CASES], 4: ["dense-minibatches", "moe-replay"]}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
 def ranks(request, engines, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"ranks{request.param}")
-    done = torchrun(request.param, ["-m", "tests.dist.worker", str(out), str(engines["fp8"]), str(engines["nvfp4"])])
+    done = torchrun(request.param, ["-m", "tests.dist.worker", str(out), str(engines["fp8"]), str(engines["nvfp4"]),
+                                    ",".join(CASES[request.param])])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     results, tensors = compare.load(out)
     assert results["world"] == request.param
@@ -23,6 +29,8 @@ def ranks(request, engines, tmp_path_factory):
 
 @pytest.mark.parametrize("case", [c[0] for c in scenarios.TRAIN_CASES])
 def test_fsdp2_training_matches_one_process(ranks, case):
+    if case not in CASES[ranks[0]["world"]]:
+        pytest.skip(f"not run on {ranks[0]['world']} ranks (CI time)")
     compare.check_training(*ranks, case)
 
 

@@ -1,5 +1,5 @@
 """One rank of the multi-process tests: ``torchrun --nproc-per-node N -m tests.dist.worker
-OUT_DIR FP8_DIR NVFP4_DIR`` (or a Ray actor calling ``main``). Runs every scenario of
+OUT_DIR FP8_DIR NVFP4_DIR [CASES]`` (or a Ray actor calling ``main``). Runs every scenario of
 scenarios.py as a rank and writes, from rank 0, what the test compares with one process:
 ``results.json`` and ``tensors.safetensors``. Every rank's engine state after the weight
 update is summarized by a digest of its bytes, so the test sees all of them.
@@ -30,7 +30,8 @@ def digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def main(out: str, fp8_dir: str, nvfp4_dir: str) -> None:
+def main(out: str, fp8_dir: str, nvfp4_dir: str, cases: str = "") -> None:
+    """``cases``: comma-separated TRAIN_CASES to run (all by default)."""
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
@@ -38,7 +39,7 @@ def main(out: str, fp8_dir: str, nvfp4_dir: str) -> None:
     init_process_group(ctx)
     place = Ranks(ctx, bucket_bytes=BUCKET)
     results, tensors = {"world": ctx.world_size}, {}
-    for name, *_ in scenarios.TRAIN_CASES:
+    for name in cases.split(",") if cases else [c[0] for c in scenarios.TRAIN_CASES]:
         r = scenarios.train_case(place, name)
         results[f"train/{name}"] = {"losses": r["losses"], "grad_norms": r["grad_norms"]}
         tensors.update({f"train/{name}/master/{i}": m for i, m in enumerate(r["masters"])})
@@ -57,4 +58,4 @@ def main(out: str, fp8_dir: str, nvfp4_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{err.prog}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except QuantrollError as err:
-        print(f"{name}: error: {_one_line(err)}", file=sys.stderr)
-        return 2
+        if not getattr(err, "quiet", False):  # quiet: another rank of the same run says it
+            print(f"{name}: error: {_one_line(err)}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
     except OSError as err:  # a write that failed outside any writer that names its output
         from quantroll.durable import describe
 

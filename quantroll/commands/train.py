@@ -6,6 +6,7 @@ Flag names follow Miles where Miles has one.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -137,6 +138,16 @@ def register(subparsers) -> None:
     out.add_argument("--load", default=None, help="resume from a --save directory; the metrics file continues")
     out.add_argument("--force", action="store_true", help="start over: replace the run that --save and "
                      "--metrics-file hold (without it, a fresh run refuses them: resume with --load)")
+    pl = p.add_argument_group("placement across processes (Ray; Miles' flag names)", "Give any of these to start "
+                              "the ranks as Ray actors (pip install -e '.[ray]'); without them, torchrun "
+                              "--nproc-per-node N -m quantroll train ... starts them (see README, 'Across processes')")
+    pl.add_argument("--actor-num-nodes", type=int, default=None, help="nodes of trainer ranks (default 1)")
+    pl.add_argument("--actor-num-gpus-per-node", type=int, default=None, help="trainer ranks per node, one GPU each "
+                    "(on --device cpu: one process each; default 1)")
+    pl.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs of the engines, one engine each; with "
+                    "--colocate the trainer's GPUs (default: that many)")
+    pl.add_argument("--colocate", action="store_true", help="trainer ranks and engines share GPUs: each rank holds "
+                    "one trainer shard and one engine, which releases its KV cache while the trainer steps")
     p.set_defaults(func=run)
 
 
@@ -172,10 +183,36 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         force=args.force)
 
 
+def ray_placement(args: argparse.Namespace):
+    """The Ray placement the flags ask for, or None (no placement flag given)."""
+    flags = (args.actor_num_nodes, args.actor_num_gpus_per_node, args.rollout_num_gpus)
+    if all(f is None for f in flags) and not args.colocate:
+        return None
+    from quantroll.dist.ray_launch import RayPlacement
+
+    return RayPlacement(args.actor_num_nodes or 1, args.actor_num_gpus_per_node or 1, args.rollout_num_gpus,
+                        args.colocate)
+
+
 def run(args: argparse.Namespace) -> int:
+    import functools
+
     from quantroll.rl.loop import run_training
 
-    history = run_training(config_from_args(args))
+    cfg = config_from_args(args)
+    placement = ray_placement(args)
+    if placement is not None:
+        if "WORLD_SIZE" in os.environ:
+            raise QuantrollError("the Ray placement flags were given inside a torchrun rank; start quantroll either "
+                                 "with torchrun or with the flags, not both")
+        from quantroll.dist.ray_launch import import_ray, launch
+
+        import_ray()  # refused before any work when Ray is missing
+        history = launch(functools.partial(run_training, cfg), placement, cfg.device)
+    else:
+        history = run_training(cfg)
+    if os.environ.get("RANK", "0") != "0":  # a rank of a multi-process run: rank 0 says it
+        return 0
     last = history[-1]
     print(f"{len(history)} steps; last reward {last['reward_mean']:.3f}, "
           f"gap |logp diff| {last['train_rollout_logprob_abs_diff']:.3e}, rollout {last['rollout_precision']}")

@@ -185,6 +185,11 @@ class Engine:
                 out[name] = p.data
         return out
 
+    def weight_parameters(self) -> dict[str, torch.Tensor]:
+        """The engine's BF16 parameters by checkpoint name (a fused layer's parts are views of
+        it): what a direct weight update (quantroll/sync/direct.py) writes in place."""
+        return dict(self._params)
+
     @property
     def precision(self) -> str:
         """What the engine computes in, as reports should print it ("fp8 (emulated)" ...)."""
@@ -340,15 +345,19 @@ class Engine:
 
     # -- weight updates ---------------------------------------------------------------
     @on_engine_device
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor | QuantizedTensor]]) -> int:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
+                     commit: bool = True) -> int:
         """Update weights in place, all or nothing (engine/weights.py): a floating tensor for a
         BF16 parameter; for a quantized layer ``name.weight`` either a QuantizedTensor (data +
         scale, loaded as is) or a floating tensor (quantized here by the layer's format). A dict
-        of name -> tensor works too. Returns the new version."""
+        of name -> tensor works too. Returns the new version. ``commit=False``: one part of an
+        update that arrives in pieces (the weight broadcast's buckets); the version moves once,
+        at the call with ``commit=True`` that ends it (which may carry no tensors)."""
         from quantroll.engine.weights import load_weights
 
         load_weights(named_tensors, self._linears, self._params, self.device)
-        self.weight_version += 1
+        if commit:
+            self.weight_version += 1
         return self.weight_version
 
 

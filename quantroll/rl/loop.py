@@ -14,7 +14,6 @@ last step, so that a reward curve can always be read against held-out accuracy.
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from pathlib import Path
@@ -39,9 +38,9 @@ from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
 from quantroll.rl.state import load_state, save_state
 from quantroll.rl.step import train_on_batch
-from quantroll.sync import WeightSync, check_weight_update
+from quantroll.rl.placement import OneProcess
+from quantroll.sync import check_weight_update
 from quantroll.trainer.export import save_hf_checkpoint
-from quantroll.trainer.optimizer import MasterWeightAdamW
 from quantroll.trainer.policy import load_policy
 
 
@@ -80,9 +79,14 @@ def run_training(cfg: TrainConfig, progress: bool = True, log=print) -> list[dic
     ``cfg.metrics_file``). Everything that can be checked is checked before anything is
     written: flags, output paths, the prompt data (rows, types, lengths in tokens), the
     locks and the state of the outputs (quantroll/rl/claim.py)."""
+    from quantroll.dist.context import from_environ
     from quantroll.rl.claim import claim_outputs
     from quantroll.rl.preflight import check_outputs
 
+    if (ctx := from_environ(cfg.device)) is not None:  # a rank of a torchrun / Ray run
+        from quantroll.dist.launch import run_rank
+
+        return run_rank(cfg, ctx, progress, log)
     check_outputs(cfg)
     task, eval_problems = build_task(cfg)
     _check_prompt_lengths(cfg, task, eval_problems)
@@ -125,7 +129,9 @@ def _check_same_architecture(cfg: TrainConfig, engine_cfg, policy_cfg) -> None:
 
 
 def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool, task, eval_problems, claim,
-           log) -> list[dict]:
+           log, place=None) -> list[dict]:
+    """``place``: where the pieces run (quantroll/rl/placement.py; default this process)."""
+    place = place or OneProcess()
     torch.manual_seed(cfg.seed)
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
     if torch.device(cfg.device).type == "cuda":
@@ -144,9 +150,13 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         true_on_policy.probe(engine, policy)
         for line in true_on_policy.notes(cfg, bool(engine.config.moe_layers)):
             log(line)
-    ref_policy = copy.deepcopy(policy).eval() if cfg.use_kl_loss else None
-    optimizer = MasterWeightAdamW(policy.parameters(), lr=cfg.lr)
-    sync = WeightSync(engine)
+    ref_policy = place.ref_policy(policy) if cfg.use_kl_loss else None
+    place.shard(policy)
+    if ref_policy is not None:
+        place.shard(ref_policy)
+    optimizer = place.optimizer(policy, cfg.lr)
+    push = place.sync(engine, policy)
+    engines = place.engines(engine)
     memory = engine_memory(engine)
     tokenizer = _tokenizer(engine_dir)
     rng = random.Random(cfg.seed)
@@ -154,36 +164,39 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     if cfg.load:
         source = ("--ref-load" if cfg.ref_load else "--hf-checkpoint" if cfg.hf_checkpoint
                   else f"the built-in {cfg.builtin_model} model")
-        first_step = load_state(cfg.load, policy, optimizer, rng, source) + 1
-        continue_after(cfg.metrics_file, first_step - 1, log)
+        first_step = place.agree(lambda: load_state(cfg.load, policy, optimizer, rng, source)) + 1
+        if place.writes:
+            continue_after(cfg.metrics_file, first_step - 1, log)
     elif claim.replaces_run:
         start_over(cfg, log)
-    sink = JsonlSink(cfg.metrics_file, append=bool(cfg.load))
-    board = TensorBoardSink(cfg.tensorboard_dir)
+    sink = JsonlSink(cfg.metrics_file if place.writes else None, append=bool(cfg.load))
+    board = TensorBoardSink(cfg.tensorboard_dir if place.writes else None)
 
-    def named_weights():
-        return {n: p for n, p in policy.named_parameters()}
-
-    if cfg.check_weight_update_equal and not cfg.load:
-        check_weight_update(engine, lambda: sync.push(named_weights()), cfg.check_weight_update_allow_quant_error)
-    elif cfg.load:
-        sync.push(named_weights())  # the engine starts from the resumed weights
+    with place.stage("the first weight update"):
+        if cfg.check_weight_update_equal and not cfg.load:
+            place.agree(lambda: check_weight_update(engine, push, cfg.check_weight_update_allow_quant_error))
+        elif cfg.load:
+            push()  # the engine starts from the resumed weights
     history, bad = [], 0
-    bar = _progress(cfg.num_rollout - first_step, progress)
+    bar = _progress(cfg.num_rollout - first_step, progress and place.writes)
     try:
         for step in range(first_step, cfg.num_rollout):
             held_out = {}
             if eval_problems and eval_due(step, cfg.eval_interval, cfg.num_rollout):
                 started = time.perf_counter()
-                held_out = evaluate(engine, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len)
+                with place.stage("evaluation", step):
+                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
             params = SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, max_new_tokens=cfg.rollout_max_response_len,
                                     seed=(cfg.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
                                     stop_token_ids=() if cfg.rollout_ignore_eos else None)
-            batch = rollout(engine, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt, params)
+            with place.stage("the rollout", step):
+                batch = rollout(engines, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt,
+                                params)
             if engine.device.type == "cuda" and not cfg.keep_kv_cache:
                 engine.release_kv_cache()  # colocated: the trainer's step gets the KV pool's memory
-            metrics = train_on_batch(cfg, policy, ref_policy, optimizer, batch)
+            with place.stage("the training step", step):
+                metrics = train_on_batch(cfg, policy, ref_policy, optimizer, batch, place.rows)
             if metrics.get("skipped_nonfinite"):
                 bad += 1
                 if bad >= cfg.max_bad_steps:
@@ -191,7 +204,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                                          "lower --lr or check the data")
             else:
                 bad = 0
-            timing = sync.push(named_weights())
+            with place.stage("the weight update", step):
+                timing = push()
             record = {
                 "step": step, "rollout_precision": engine.precision, "kv_cache_dtype": engine.kv_cache_label,
                 "loss_agg": cfg.loss_agg, **({"true_on_policy": True} if cfg.true_on_policy_mode else {}),
@@ -201,8 +215,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 **metrics, **held_out,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,
                 **batch.engine_stats,
-                "weight_quantize_time": timing.quantize_s, "weight_load_time": timing.load_s,
-                "weight_version": timing.version, "peak_memory_gib": peak_memory_gib(engine.device), **memory,
+                **timing.metrics(), "peak_memory_gib": peak_memory_gib(engine.device), **memory,
                 **trainer_memory(policy, trainer_dir, optimizer),
             }
             with writing(f"--metrics-file {cfg.metrics_file}"):
@@ -210,15 +223,17 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             board.write(record)
             history.append(record)
             if cfg.save and cfg.save_interval and ((step + 1) % cfg.save_interval == 0 or step + 1 == cfg.num_rollout):
-                with writing(f"--save {cfg.save}"):
-                    save_state(cfg.save, policy, optimizer, step, rng, cfg)
+                with writing(f"--save {cfg.save}"), place.stage("the save", step):
+                    save_state(cfg.save, policy, optimizer, step, rng, cfg, write=place.writes)
             if bar is not None:
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
                 bar.update(1)
         if cfg.save_hf:
-            with writing(f"--save-hf {cfg.save_hf}"):
-                save_hf_checkpoint(policy, trainer_dir, cfg.save_hf)
+            with writing(f"--save-hf {cfg.save_hf}"), place.stage("the export"):
+                whole = place.exportable(policy, trainer_dir, dtype)
+                if whole is not None:
+                    save_hf_checkpoint(whole, trainer_dir, cfg.save_hf)
     except BaseException:
         if bar is not None:
             bar.leave = False  # a failure's one line is the error, not a half-full bar above it

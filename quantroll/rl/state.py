@@ -37,11 +37,17 @@ FORMAT_VERSION = 1
 
 
 # -- saving -------------------------------------------------------------------------------
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A parameter sharded across ranks (FSDP2's DTensor) gathered whole; others as they are."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _tensors(policy, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """(name -> tensor, the optimizer's non-tensor state) for one save."""
-    tensors = {f"model.{k}": v for k, v in policy.state_dict().items()}
-    tensors.update({f"master.{i}": m.detach() for i, m in enumerate(optimizer.master)})
-    inner = optimizer.inner.state_dict()
+    """(name -> tensor, the optimizer's non-tensor state) for one save: whole tensors, also
+    from a sharded trainer (then a collective, on every rank)."""
+    tensors = {f"model.{k}": _whole(v) for k, v in policy.state_dict().items()}
+    masters, inner = optimizer.export()
+    tensors.update({f"master.{i}": m.detach() for i, m in enumerate(masters)})
     layout: dict[str, dict] = {}
     for index, entry in inner["state"].items():
         keys, scalars = [], {}
@@ -64,8 +70,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write(tmp: Path, policy, optimizer, step: int, rng: random.Random, config) -> None:
-    tensors, optimizer_record = _tensors(policy, optimizer)
+def _write(tmp: Path, tensors: dict, optimizer_record: dict, step: int, rng: random.Random, config) -> None:
     planned = [PlannedTensor(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
     with StreamingSafetensorsWriter(tmp / TENSORS_FILE, planned, sync=True) as writer:
         for name, t in tensors.items():
@@ -85,9 +90,16 @@ def _write(tmp: Path, policy, optimizer, step: int, rng: random.Random, config) 
         os.fsync(f.fileno())
 
 
-def save_state(directory: str | Path, policy, optimizer, step: int, rng: random.Random, config=None) -> Path:
-    """Write the state after ``step`` as the directory's new current version."""
-    return savedir.write_version(directory, step, lambda tmp: _write(tmp, policy, optimizer, step, rng, config))
+def save_state(directory: str | Path, policy, optimizer, step: int, rng: random.Random, config=None,
+               write: bool = True) -> Path | None:
+    """Write the state after ``step`` as the directory's new current version. Across
+    ranks every rank calls it (the shards are gathered) and only the one with ``write``
+    writes."""
+    tensors, optimizer_record = _tensors(policy, optimizer)
+    if not write:
+        return None
+    return savedir.write_version(directory, step,
+                                 lambda tmp: _write(tmp, tensors, optimizer_record, step, rng, config))
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -211,7 +223,8 @@ def load_state(directory: str | Path, policy, optimizer, rng: random.Random, sou
                f"tensor master.{i} is {t.dtype} {list(t.shape)}, not float32 {list(p.shape)}")
         masters.append(t)
     inner = _optimizer_state(record, tensors, optimizer, saved.path / RECORD_FILE)
-    policy.load_state_dict(model, strict=False)
+    if not getattr(optimizer, "writes_params_on_load", False):  # a sharded optimizer sets them from the masters
+        policy.load_state_dict(model, strict=False)
     try:
         optimizer.load_state_dict({"master": masters, "inner": inner})
     except (ValueError, KeyError, TypeError, RuntimeError) as err:

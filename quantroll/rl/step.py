@@ -6,6 +6,11 @@ minibatch: for each micro-batch: logprobs -> PPO loss -> correction -> KL -> agg
 
 ``--micro-batch-size`` bounds the sequences in one forward pass (memory at long
 responses); the minibatch's loss and gradient do not depend on it, beyond float rounding.
+
+Across ranks (quantroll/dist/trainer_rows.py) each rank takes its share of every
+minibatch's rows and the gradients sum over ranks (FSDP2); the old logprobs, routes and
+per-minibatch statistics are gathered, so every rank sees the whole batch's numbers and
+the metrics are those of one process. ``WholeBatch`` is the one-process case.
 """
 
 from __future__ import annotations
@@ -57,6 +62,30 @@ class _Batch:
         return replay_from_engine([routes[i] for i in rows], prompts, responses, self.moe_layers, self.top_k)
 
 
+class WholeBatch:
+    """One process: every row is this process's own and there is nothing to gather."""
+
+    lockstep = False  # a rank may stop a minibatch early (no collective waits for it)
+
+    def mine(self, rows: list[int]) -> list[int]:
+        return rows
+
+    def gather_rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def gather_routes(self, routes: list[torch.Tensor]) -> list[torch.Tensor]:
+        return routes
+
+    def sum(self, values: list[float]) -> list[float]:
+        return values
+
+    def all_true(self, flag: bool) -> bool:
+        return flag
+
+    def share(self, tokens: torch.Tensor) -> float:
+        return float(tokens.mean()) if tokens.numel() else 0.0
+
+
 def _parts(rows: list[int], size: int | None) -> list[list[int]]:
     return [rows[i: i + size] for i in range(0, len(rows), size)] if size else [rows]
 
@@ -77,29 +106,33 @@ def _logprobs_no_grad(model, data: _Batch, temperature: float, parts, routes=Non
     return torch.cat(logps), torch.cat(masks), (natural if record else None)
 
 
-def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: RolloutBatch) -> dict:
+def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: RolloutBatch, rows=None) -> dict:
+    """``rows``: which rows are this process's and how to gather (WholeBatch by default)."""
+    rows_of = rows or WholeBatch()
     model_cfg = policy.config
     data = _Batch(batch, model_cfg)
     n = len(data.prompts)
     moe = bool(model_cfg.moe_layers)
     metrics: dict = {}
     t0 = time.perf_counter()
-    micro = _parts(list(range(n)), cfg.micro_batch_size)
+    micro = _parts(rows_of.mine(list(range(n))), cfg.micro_batch_size)
     # -- old logprobs: the trainer's own, before any update of this step ------------------
     engine_routes = [r.routed_experts for r in batch.results] if moe else None
     replayed = engine_routes if moe and cfg.use_rollout_routing_replay else None
     old_logp, mask, natural = _logprobs_no_grad(policy, data, cfg.rollout_temperature, micro, replayed,
                                                 record=moe and replayed is None)
+    old_logp, mask = rows_of.gather_rows(old_logp), rows_of.gather_rows(mask)
     if moe:
         if natural is None:  # the old logprobs replayed the engine's choices: the trainer's own, for the metric
             natural = _logprobs_no_grad(policy, data, cfg.rollout_temperature, micro, record=True)[2]
+        natural = rows_of.gather_routes(natural)
         for j, share in enumerate(routing_agreement(torch.cat(natural), torch.cat([r.long() for r in engine_routes]))):
             metrics[f"routing_agreement_layer{model_cfg.moe_layers[j]}"] = share
         if cfg.use_routing_replay and replayed is None:
             replayed = natural
     ref_logp = None
     if cfg.use_kl_loss and ref_policy is not None:
-        ref_logp = _logprobs_no_grad(ref_policy, data, cfg.rollout_temperature, micro, replayed)[0]
+        ref_logp = rows_of.gather_rows(_logprobs_no_grad(ref_policy, data, cfg.rollout_temperature, micro, replayed)[0])
     rollout_logp = batch.rollout_logprobs()
     metrics.update(mismatch_metrics(old_logp, rollout_logp, mask))
     metrics["by_response_len"] = mismatch_by_length(old_logp, rollout_logp, mask)
@@ -115,7 +148,11 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
         over = denominators(mask[minibatch])
         optimizer.zero_grad()
         loss_value, kl_value, finite, clipped_tokens = 0.0, 0.0, True, []
-        for rows in _parts(minibatch, cfg.micro_batch_size):
+        if rows_of.lockstep and correction.enabled:  # the correction's statistics of the whole minibatch
+            whole = mask[minibatch]
+            corr.append(correct(torch.zeros_like(whole), old_logp[minibatch], rollout_logp[minibatch], whole,
+                                correction)[2])
+        for rows in _parts(rows_of.mine(minibatch), cfg.micro_batch_size):
             prompts, responses = data.rows(rows)
             logp, sub_mask = response_logprobs(policy, prompts, responses, cfg.rollout_temperature,
                                                data.replay(replayed, rows))
@@ -135,22 +172,25 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
                 kl_value += float(kl)
             if not math.isfinite(float(loss.detach())):
                 finite = False
-                break
-            loss.backward()
+                if not rows_of.lockstep:
+                    break
+            loss.backward()  # across ranks a non-finite loss still runs its backward: FSDP2's collectives wait for it
             optimizer.accumulate()
             loss_value += float(loss.detach())
             clipped_tokens.append(clipped[sub_mask.bool()].float())
-            corr.append(corr_metrics)
+            if not rows_of.lockstep:
+                corr.append(corr_metrics)
+        finite = rows_of.all_true(finite)
         if not finite or not math.isfinite(optimizer.grad_norm()):
             optimizer.zero_grad()
             metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0) + 1
             continue
         norms.append(optimizer.step(cfg.max_grad_norm))
+        loss_value, kl_value = rows_of.sum([loss_value, kl_value])
         losses.append(loss_value)
         if ref_logp is not None and cfg.kl_loss_coef:
             kls.append(kl_value)
-        tokens = torch.cat(clipped_tokens)
-        clipfracs.append(float(tokens.mean()) if tokens.numel() else 0.0)
+        clipfracs.append(rows_of.share(torch.cat(clipped_tokens)))
     metrics.update({
         "loss": _mean(losses), "pg_clipfrac": _mean(clipfracs), "grad_norm": _mean(norms),
         "train_time": time.perf_counter() - t0,

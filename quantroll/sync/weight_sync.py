@@ -26,6 +26,10 @@ class SyncTiming:
     load_s: float
     version: int
 
+    def metrics(self) -> dict[str, float]:
+        """The metrics line's entries for this update."""
+        return {"weight_quantize_time": self.quantize_s, "weight_load_time": self.load_s, "weight_version": self.version}
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -33,8 +37,13 @@ def _sync(device: torch.device) -> None:
 
 
 class WeightSync:
-    def __init__(self, engine):
+    def __init__(self, engine, direct: bool = True):
+        """direct: on one CUDA device, quantize straight into the engine's buffers
+        (quantroll/sync/direct.py); False keeps the quantize-then-load path everywhere."""
         self.engine = engine
+        self.direct = direct
+        self._direct = None
+        self._direct_key: tuple = ()
         self.format = engine.format
         # modules the engine stores quantized, by checkpoint name (fused parents excluded)
         self.quantized = set(engine.quantized_layers())
@@ -93,10 +102,34 @@ class WeightSync:
             return list(self._plan.outputs)
         return self._plan.run(check_finite=True)
 
+    def _direct_update(self, named: Mapping[str, torch.Tensor]):
+        """The copy-speed path (quantroll/sync/direct.py) for these tensors, or None where it
+        does not apply (every CPU run, NVFP4, tensors on another device)."""
+        from quantroll.sync.direct import DirectUpdate, direct_applies
+
+        if not self.direct or not direct_applies(self.engine, named):
+            return None
+        key = tuple((n, t.data_ptr(), tuple(t.shape), t.dtype) for n, t in named.items())
+        if self._direct is None or key != self._direct_key:
+            self._direct = None  # free the old graphs first
+            self._direct = DirectUpdate(self.engine, named)
+            self._direct_key = key
+        return self._direct
+
     @torch.no_grad()
     def push(self, named: Mapping[str, torch.Tensor]) -> SyncTiming:
         """Quantize and load one update; returns the two times and the new weight version."""
         device = self.engine.device
+        direct = self._direct_update(named)
+        if direct is not None:  # quantize into the engine's buffers: "load" is the BF16 copy
+            _sync(device)
+            t0 = time.perf_counter()
+            direct.quantize()
+            _sync(device)
+            t1 = time.perf_counter()
+            version = direct.copy()
+            _sync(device)
+            return SyncTiming(t1 - t0, time.perf_counter() - t1, version)
         _sync(device)
         t0 = time.perf_counter()
         update = self.quantize(named)

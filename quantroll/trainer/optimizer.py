@@ -65,6 +65,11 @@ class MasterWeightAdamW:
     def state_dict(self) -> dict:
         return {"master": [m.detach().clone() for m in self.master], "inner": self.inner.state_dict()}
 
+    def export(self) -> tuple[list[torch.Tensor], dict]:
+        """(FP32 master weights, AdamW's state_dict) as a save stores them: whole tensors.
+        A sharded optimizer (quantroll/dist/optimizer.py) gathers its shards here."""
+        return list(self.master), self.inner.state_dict()
+
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
             for m, saved, p in zip(self.master, state["master"], self.params):

@@ -1,0 +1,103 @@
+"""The few collectives quantroll needs beyond FSDP2's own, on plain tensors (no pickle:
+what crosses between ranks is tensors and UTF-8 text, as in every file quantroll reads).
+
+Every function here must be called by every rank of the group, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from quantroll.errors import NonFiniteError, QuantrollError
+from quantroll.dist.context import DistContext
+
+T = TypeVar("T")
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class PeerFailed(QuantrollError):
+    """Another rank failed with a one-line error; it prints the line, this rank stays quiet
+    (``quiet``) so that a failure is said once, not once per rank."""
+
+    quiet = True
+
+
+def all_gather_varlen(ctx: DistContext, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's 1-D tensor (lengths may differ, dtype must not), in rank order."""
+    local = tensor.reshape(-1).to(ctx.device)
+    sizes = torch.zeros(ctx.world_size, dtype=torch.int64, device=ctx.device)
+    _gather_single(sizes, torch.tensor([local.numel()], dtype=torch.int64, device=ctx.device))
+    sizes = sizes.tolist()
+    width = max(sizes)
+    padded = torch.zeros(width, dtype=local.dtype, device=ctx.device)
+    padded[: local.numel()] = local
+    out = torch.empty(ctx.world_size * width, dtype=local.dtype, device=ctx.device)
+    _gather_single(out, padded)
+    return [out[r * width: r * width + n].cpu() for r, n in enumerate(sizes)]
+
+
+def all_gather_rows(ctx: DistContext, rows: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's rows in rank order (each rank the same shape)."""
+    local = rows.contiguous().to(ctx.device)
+    out = torch.empty((ctx.world_size * local.shape[0], *local.shape[1:]), dtype=local.dtype, device=ctx.device)
+    _gather_single(out, local)
+    return out.to(rows.device)
+
+
+def all_sum(ctx: DistContext, values: list[float]) -> list[float]:
+    """Elementwise sums over ranks, in float64."""
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_true(ctx: DistContext, flag: bool) -> bool:
+    t = torch.tensor([0 if flag else 1], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(t)
+    return int(t.item()) == 0
+
+
+def text_to_tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8) if text else torch.zeros(0, dtype=torch.uint8)
+
+
+def tensor_to_text(t: torch.Tensor) -> str:
+    return bytes(t.cpu().tolist()).decode("utf-8")
+
+
+def broadcast_text(ctx: DistContext, text: str | None, src: int = 0) -> str:
+    """``text`` from rank ``src`` (ignored elsewhere) to every rank."""
+    data = text_to_tensor(text or "") if ctx.rank == src else torch.zeros(0, dtype=torch.uint8)
+    n = torch.tensor([data.numel()], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(n, src)
+    buf = data.to(ctx.device) if ctx.rank == src else torch.empty(int(n.item()), dtype=torch.uint8, device=ctx.device)
+    dist.broadcast(buf, src)
+    return tensor_to_text(buf)
+
+
+def agree(ctx: DistContext, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on every rank; if it raised a QuantrollError on any, raise on all: the
+    first failing rank's own error there, PeerFailed (quiet) on the others. Without this a
+    rank that refuses (a bad flag, a mismatched weight) leaves the others waiting in their
+    next collective until the timeout."""
+    result, failure = None, None
+    try:
+        result = fn()
+    except QuantrollError as err:
+        failure = err
+    messages = all_gather_varlen(ctx, text_to_tensor("" if failure is None else f"{type(failure).__name__}\n{failure}"))
+    failed = [(r, tensor_to_text(m)) for r, m in enumerate(messages) if m.numel()]
+    if not failed:
+        return result
+    first, text = failed[0]
+    if first == ctx.rank:
+        raise failure
+    kind, _, message = text.partition("\n")
+    if kind == "NonFiniteError":
+        raise NonFiniteError(f"rank {first}: {message}")
+    raise PeerFailed(f"rank {first}: {message}")

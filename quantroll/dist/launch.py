@@ -1,0 +1,72 @@
+"""One rank of ``quantroll train`` across processes: what ``run_training`` does in one
+process, with the checks agreed between ranks and the outputs written by rank 0 only.
+
+Started by torchrun (``torchrun --nproc-per-node N -m quantroll train ...``) or by the Ray
+launcher (quantroll/dist/ray_launch.py); both give every rank the same flags. Every rank
+loads the engine and the trainer, then shards the trainer; rank 0 alone holds the locks
+of the outputs, writes the metrics, the saves and the export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import replace
+
+from quantroll.dist.context import DistContext, destroy_process_group, init_process_group
+from quantroll.dist.liveness import Heartbeat, Stopped, stop_on_sigterm
+from quantroll.dist.placement import Ranks
+from quantroll.dist.trainer_rows import check_divisible
+from quantroll.rl.config import TrainConfig
+
+
+def _store():
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def run_rank(cfg: TrainConfig, ctx: DistContext, progress: bool = True, log=print,
+             bucket_bytes: int | None = None) -> list[dict]:
+    from quantroll.rl.checkpoints import resolve_checkpoints
+    from quantroll.rl.claim import Claim, claim_outputs
+    from quantroll.rl.loop import _check_prompt_lengths, _train
+    from quantroll.rl.preflight import check_outputs
+    from quantroll.rl.rollout import build_task
+
+    stop_on_sigterm()
+    init_process_group(ctx)
+    store = _store()
+    beat = Heartbeat(store, ctx.rank)
+    print(f"quantroll: rank {ctx.rank} of {ctx.world_size} (pid {os.getpid()}) on {ctx.device}, {ctx.backend}",
+          file=sys.stderr, flush=True)
+    place = Ranks(ctx, store, bucket_bytes)
+    quiet = log if ctx.is_source else (lambda *args, **kwargs: None)
+    # the conversion (--rollout-precision) is made by every rank into its own temporary directory,
+    # except rank 0's, which goes to --convert-dir when given
+    cfg = replace(cfg, device=str(ctx.device), convert_dir=cfg.convert_dir if ctx.is_source else None)
+    finished = False
+    try:
+        def prepare():
+            check_divisible(cfg.rollout_batch_size * cfg.n_samples_per_prompt, cfg.global_batch_size, ctx.world_size)
+            if ctx.is_source:
+                check_outputs(cfg)
+            task, eval_problems = build_task(cfg)
+            _check_prompt_lengths(cfg, task, eval_problems)
+            return task, eval_problems
+
+        task, eval_problems = place.agree(prepare)
+        with contextlib.ExitStack() as stack:
+            claim = place.agree(lambda: stack.enter_context(claim_outputs(cfg, quiet)) if ctx.is_source
+                                else Claim(None, False))
+            engine_dir, trainer_dir = place.agree(lambda: stack.enter_context(resolve_checkpoints(cfg)))
+            history = _train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, quiet, place)
+        finished = True
+        return history
+    except Stopped:  # stopped outside any stage (start-up, between stages)
+        raise place.failure("the run") from None
+    finally:
+        beat.stop()
+        if finished:  # after a failure a peer may be gone: leave the group to the process's exit
+            destroy_process_group()

@@ -1,0 +1,137 @@
+"""Ranks as Ray actors, placed with Miles' flags: ``--actor-num-nodes``,
+``--actor-num-gpus-per-node``, ``--rollout-num-gpus``, ``--colocate``.
+
+Ray is an optional extra (``pip install -e '.[ray]'``); torchrun needs nothing beyond
+torch. The driver (the ``quantroll train`` process) starts a local Ray cluster when none
+is given (``ray.init()``; ``RAY_ADDRESS`` joins one), reserves one bundle per rank in a
+placement group (one GPU each on CUDA, a CPU share on a CPU), hosts the rendezvous store
+itself (so it outlives any rank: quantroll/dist/liveness.py reads the heartbeats there),
+and starts one actor per rank with the variables torchrun would set. Each actor then runs
+exactly what a torchrun rank runs.
+
+Placement built today: colocated (``--colocate``), every rank one trainer shard and one
+engine on its GPU, so ``--rollout-num-gpus`` equals the trainer's GPUs. Engines on GPUs
+of their own are another step (the weight broadcast already sends to any group).
+
+Failures: an actor that dies is named by the driver (rank, pid, Ray's reason), the other
+actors are stopped, and the run exits 1; a one-line error of any rank is said once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from quantroll.dist.context import STORE_ENV
+from quantroll.errors import QuantrollError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 1
+    rollout_num_gpus: int | None = None
+    colocate: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    def __post_init__(self):
+        for flag, value in (("actor-num-nodes", self.actor_num_nodes),
+                            ("actor-num-gpus-per-node", self.actor_num_gpus_per_node)):
+            if value < 1:
+                raise QuantrollError(f"--{flag} must be >= 1, got {value}")
+        if not self.colocate:
+            raise QuantrollError("engines on GPUs of their own are not built yet: add --colocate (each trainer rank "
+                                 "holds one engine on its GPU)")
+        if self.rollout_num_gpus is not None and self.rollout_num_gpus != self.world_size:
+            raise QuantrollError(f"--rollout-num-gpus {self.rollout_num_gpus} with --colocate must equal the "
+                                 f"trainer's {self.world_size} GPUs (--actor-num-nodes x --actor-num-gpus-per-node)")
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise QuantrollError("--actor-num-nodes/--actor-num-gpus-per-node/--rollout-num-gpus/--colocate place the "
+                             "ranks with Ray, which is not installed: pip install -e '.[ray]' (or start the ranks "
+                             "with torchrun --nproc-per-node N)") from None
+    return ray
+
+
+def launch(target: Callable[[], T], placement: RayPlacement, device: str, log=print,
+           env: dict[str, str] | None = None) -> T:
+    """Run ``target()`` on every rank (a Ray actor each); returns rank 0's result."""
+    import torch
+
+    from quantroll.dist.placement import RankFailure
+
+    ray = import_ray()
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    cuda = torch.device(device).type == "cuda"
+    world = placement.world_size
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    bundle = {"GPU": 1, "CPU": 1} if cuda else {"CPU": min(1.0, cpus / world)}
+    group = placement_group([bundle] * world, strategy="PACK")
+    ray.get(group.ready(), timeout=600)
+    host = ray.util.get_node_ip_address()
+    store = torch.distributed.TCPStore(host, 0, world, is_master=True, wait_for_workers=False)
+
+    @ray.remote
+    class Rank:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def run(self, variables: dict[str, str], fn):
+            os.environ.update(variables)
+            return fn()
+
+    actors = [Rank.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                           scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
+                           ).remote() for r in range(world)]
+    pids = ray.get([a.pid.remote() for a in actors])
+    futures = {}
+    for rank, actor in enumerate(actors):
+        variables = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0" if cuda else str(rank),
+                     "MASTER_ADDR": host, "MASTER_PORT": str(store.port), STORE_ENV: f"{host}:{store.port}",
+                     **(env or {})}
+        futures[actor.run.remote(variables, target)] = rank
+    log(f"ray: {world} rank(s) as actors (pids {', '.join(map(str, pids))}), "
+        f"{'one GPU' if cuda else 'a CPU share'} each, colocated trainer + engine")
+    pending, result = list(futures), None
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            rank = futures[done[0]]
+            try:
+                value = ray.get(done[0])
+            except ray.exceptions.RayActorError as err:
+                reason = " ".join(str(err).split())[:300]
+                raise RankFailure(f"rank {rank} (Ray actor, pid {pids[rank]}) died: {reason}; the run is stopped: "
+                                  "resume it with --load from the last save") from None
+            except QuantrollError as err:
+                if getattr(err, "quiet", False):
+                    continue  # another rank says what happened
+                raise _plain(err) from None
+            if rank == 0:
+                result = value
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        ray.util.remove_placement_group(group)
+    return result
+
+
+def _plain(err: QuantrollError) -> QuantrollError:
+    """The rank's error without Ray's wrapper (its traceback text), keeping the exit status."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, QuantrollError) else err

@@ -1,0 +1,203 @@
+"""Weight sync across processes: the trainer's shards -> every engine, in the engine's format.
+
+Per FSDP2 unit (one decoder layer, then embedding/norm, then lm_head), on every rank:
+
+    unshard (all-gather of this layer's BF16 weights)        weight_gather_time
+    source rank: quantize with the one-process sync's rules  weight_quantize_time
+    broadcast codes + scales (and the BF16 tensors) in       weight_broadcast_time
+      buckets of at most ``bucket_bytes``
+    every engine: load the bucket in place                   weight_load_time
+    reshard
+
+so the extra memory is one layer's full weights plus one bucket. The source quantizes
+with ``quantroll.sync.WeightSync.quantize`` itself (the checkpoint's rules: format,
+MXFP8 scale rule, NVFP4 shared global scales, the Triton plan on a GPU), so every engine
+ends bitwise equal to an engine updated by the one-process sync from the same weights.
+BF16 tensors travel as bfloat16 (on a CPU the trainer's float32 tensors hold BF16
+values: checked, then cast exactly), quantized weights as their codes and scales: on a
+Qwen3 that is ~58% of the BF16 bytes (embeddings, lm_head and norms stay BF16).
+
+The layout of every bucket follows from the engine's own tensors, so a receiver needs no
+metadata from the source: only a status word per unit (so that a non-finite weight or
+any other refusal at the source stops every rank, not only the source) and the bytes.
+An update is loaded bucket by bucket (each bucket all or nothing) and its version moves
+once, at the end; an update that fails midway stops the run, so a half-updated engine
+is never sampled from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from quantroll.dist.buckets import DEFAULT_BUCKET_BYTES, Bucket, layout, pack_into, views
+from quantroll.dist.collectives import PeerFailed, broadcast_text
+from quantroll.dist.context import DistContext
+from quantroll.dist.fsdp import ShardUnit
+from quantroll.errors import NonFiniteError, QuantrollError
+from quantroll.formats import QuantizedTensor
+from quantroll.sync import WeightSync
+
+WIRE_DTYPE = torch.bfloat16
+OK, NON_FINITE, REFUSED = 0, 1, 2
+PARTS = ("data", "scale", "global")
+
+
+@dataclass(frozen=True)
+class BroadcastTiming:
+    gather_s: float
+    quantize_s: float
+    broadcast_s: float
+    load_s: float
+    bytes_sent: int  # payload bytes the source broadcast this update
+    bf16_bytes: int  # what the same tensors take in BF16 (the ratio is the wire's saving)
+    version: int
+
+    def metrics(self) -> dict[str, float]:
+        return {"weight_gather_time": self.gather_s, "weight_quantize_time": self.quantize_s,
+                "weight_broadcast_time": self.broadcast_s, "weight_load_time": self.load_s,
+                "weight_update_bytes": float(self.bytes_sent), "weight_update_bf16_bytes": float(self.bf16_bytes),
+                "weight_version": self.version}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class BroadcastWeightSync:
+    """The update of ``engine`` (this rank's) from the sharded ``policy``; every rank calls
+    ``push`` together. ``src``: the rank that quantizes and sends."""
+
+    def __init__(self, engine, policy, units: list[ShardUnit], ctx: DistContext, src: int = 0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.engine, self.policy, self.units, self.ctx, self.src = engine, policy, units, ctx, src
+        self.quantized = engine.quantized_layers()
+        state = engine.state()
+        self.layouts = [layout(self._groups(unit, state), bucket_bytes) for unit in units]
+        self.bf16_bytes = sum(self._numel(n, state) * 2 for u in units for n in u.names)
+        size = max((b.nbytes for buckets in self.layouts for b in buckets), default=0)
+        self.buffer = torch.empty(size, dtype=torch.uint8, device=ctx.device)
+        # one-process quantizers, one per unit (each keeps its own GPU plan across updates)
+        self.quantizers = [WeightSync(engine) for _ in units] if ctx.rank == src else []
+
+    def _numel(self, name: str, state: dict) -> int:
+        layer = self.quantized.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
+        return layer.out_features * layer.in_features if layer is not None else state[name].numel()
+
+    def _groups(self, unit: ShardUnit, state: dict) -> list[list[tuple[str, torch.dtype, tuple[int, ...]]]]:
+        """What the engine holds for each of the unit's tensors, as it travels."""
+        groups = []
+        for name in unit.names:
+            module = name.removesuffix(".weight")
+            if name.endswith(".weight") and module in self.quantized:
+                q = self.quantized[module].quantized_weight()
+                parts = [("data", q.data), ("scale", q.scale), ("global", q.global_scale)]
+                groups.append([(f"{name}:{p}", t.dtype, tuple(t.shape)) for p, t in parts if t is not None])
+            elif name in state:
+                groups.append([(name, WIRE_DTYPE, tuple(state[name].shape))])
+            else:
+                raise QuantrollError(f"the trainer's {name} has no counterpart in the engine; the two must hold the "
+                                     "same model")
+        return groups
+
+    # -- the source's side ---------------------------------------------------------------
+    def _payload(self, index: int) -> dict[str, torch.Tensor]:
+        """The unit's update as the wire carries it (the unit is unsharded)."""
+        named = {n: self.policy.get_parameter(n).detach() for n in self.units[index].names}
+        out = {}
+        for name, value in self.quantizers[index].quantize(named).items():
+            if isinstance(value, QuantizedTensor):
+                out[f"{name}:data"], out[f"{name}:scale"] = value.data, value.scale
+                if value.global_scale is not None:
+                    out[f"{name}:global"] = value.global_scale
+            else:
+                wire = value.to(self.ctx.device, WIRE_DTYPE)
+                if value.dtype != WIRE_DTYPE and not torch.equal(wire.to(value.dtype), value.to(self.ctx.device)):
+                    raise QuantrollError(f"the trainer's {name} holds values that are not BF16; the optimizer must "
+                                         "round its weights to BF16 (MasterWeightAdamW's weight_dtype)")
+                out[name] = wire
+        return out
+
+    def _status(self, status: int, message: str = "") -> None:
+        """Send (source) or receive the unit's status; a failure at the source raises on every rank."""
+        word = torch.tensor([status], dtype=torch.int64, device=self.ctx.device)
+        dist.broadcast(word, self.src)
+        status = int(word.item())
+        if status == OK:
+            return
+        text = broadcast_text(self.ctx, message, self.src)
+        if self.ctx.rank == self.src:
+            return  # the source raises its own error
+        if status == NON_FINITE:
+            name = text.partition("'")[2].partition("'")[0] or None
+            raise NonFiniteError(f"rank {self.src}: {text}", tensor=name)
+        raise PeerFailed(f"rank {self.src}: {text}")
+
+    # -- every rank ----------------------------------------------------------------------
+    def _load(self, data: torch.Tensor, bucket: Bucket) -> None:
+        parts = views(data, bucket)
+        entries, quantized = [], {}
+        for key, t in parts.items():
+            name, _, part = key.partition(":")
+            if part:
+                quantized.setdefault(name, {})[part] = t
+            else:
+                entries.append((name, t))
+        for name, p in quantized.items():
+            layer = self.quantized[name.removesuffix(".weight")]
+            ref = layer.quantized_weight()
+            entries.append((name, QuantizedTensor(p["data"], p["scale"], ref.format, ref.shape, ref.block,
+                                                  p.get("global"))))
+        self.engine.load_weights(entries, commit=False)
+
+    @torch.no_grad()
+    def push(self) -> BroadcastTiming:
+        device, is_src = self.ctx.device, self.ctx.rank == self.src
+        times = dict(gather=0.0, quantize=0.0, broadcast=0.0, load=0.0)
+        sent = 0
+
+        def lap(key: str, since: float) -> float:
+            _sync(device)
+            now = time.perf_counter()
+            times[key] += now - since
+            return now
+
+        for index, unit in enumerate(self.units):
+            t = time.perf_counter()
+            unit.module.unshard()
+            try:
+                t = lap("gather", t)
+                payload = None
+                if is_src:
+                    status, message = OK, ""
+                    try:
+                        payload = self._payload(index)
+                    except NonFiniteError as err:
+                        status, message, failure = NON_FINITE, str(err), err
+                    except Exception as err:  # noqa: BLE001 - said to every rank, then raised here
+                        status, message, failure = REFUSED, f"{type(err).__name__}: {err}", err
+                    t = lap("quantize", t)
+                    self._status(status, message)
+                    if status != OK:
+                        raise failure
+                else:
+                    self._status(OK)
+                for bucket in self.layouts[index]:
+                    data = self.buffer[: bucket.nbytes]
+                    if is_src:
+                        pack_into(self.buffer, bucket, payload)
+                    dist.broadcast(data, self.src)
+                    sent += bucket.nbytes
+                    t = lap("broadcast", t)
+                    self._load(data, bucket)
+                    t = lap("load", t)
+                del payload
+            finally:
+                unit.module.reshard()
+        version = self.engine.load_weights([], commit=True)
+        return BroadcastTiming(times["gather"], times["quantize"], times["broadcast"], times["load"], sent,
+                               self.bf16_bytes, version)

@@ -1,0 +1,51 @@
+"""A rank killed in the middle of a torchrun training (CPU, gloo, 2 ranks) stops the run
+with a line naming it, and ``--load`` resumes from the last save: in the end the metrics
+file holds every step exactly once, in order."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tests.dist.launch import popen, torchrun
+
+pytestmark = pytest.mark.slow
+
+STEPS = 5
+
+
+def _train_args(tmp_path, *extra):
+    return ["-m", "quantroll", "train", "--num-rollout", str(STEPS), "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4", "--save", str(tmp_path / "save"),
+            "--save-interval", "1", "--metrics-file", str(tmp_path / "m.jsonl"), *extra]
+
+
+def _lines(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_killed_rank_is_named_and_load_resumes_without_lost_or_repeated_steps(tmp_path):
+    log = tmp_path / "run.log"
+    proc = popen(2, _train_args(tmp_path), log)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_lines(tmp_path / "m.jsonl")) < 2:  # two steps done (and saved)
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the run did not reach step 2"
+            time.sleep(0.2)
+        pid = int(re.search(r"quantroll: rank 1 of 2 \(pid (\d+)\)", log.read_text()).group(1))
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode != 0
+    assert re.search(r"quantroll train: error: rank 1 died \(no heartbeat\), seen by rank 0 during", text), text[-4000:]
+    done = torchrun(2, _train_args(tmp_path, "--load", str(tmp_path / "save")))
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = [json.loads(line)["step"] for line in _lines(tmp_path / "m.jsonl")]
+    assert steps == list(range(STEPS))

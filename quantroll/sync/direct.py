@@ -9,11 +9,11 @@ Here, when trainer and engine share one CUDA device:
   (``QuantizePlan`` with ``outs=`` the engine's own code and scale buffers: the codes are
   written once, where the engine reads them; fused q/k/v and gate/up parts are row views
   of the fused buffers, so those update too);
-- every BF16 tensor (embedding, norms, lm_head, BF16-kept layers) is one
-  ``torch._foreach_copy_``, captured in a second graph;
-- the checks are batched: the quantizer's per-weight finiteness flags, and one
-  ``_foreach_norm`` over the BF16 sources (a NaN or Inf makes its norm non-finite), read
-  back in one host sync.
+- every BF16 tensor (embedding, norms, lm_head, BF16-kept layers) is copied by a kernel
+  that also flags a source holding NaN/Inf in the same read (kernels/copy_check.py),
+  captured in a second graph;
+- the checks are batched: the quantizer's per-weight finiteness flags, and the copy's
+  flags, read back in one host sync each.
 
 The price: the check comes after the writes, so an update holding NaN/Inf leaves the
 engine with a broken update; it raises NonFiniteError naming the tensor and the run stops
@@ -39,7 +39,16 @@ def direct_applies(engine, named: Mapping[str, torch.Tensor]) -> bool:
         return False
     if (engine.format.name if engine.format is not None else None) not in DIRECT_FORMATS:
         return False
-    return all(t.device == engine.device and t.dtype == torch.bfloat16 and t.is_contiguous() for t in named.values())
+    device = _indexed(engine.device)  # "cuda" and "cuda:0" are one device; torch.device's == says not
+    return all(_indexed(t.device) == device and t.dtype == torch.bfloat16 and t.is_contiguous()
+               for t in named.values())
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA device with its index (the current device's where none is given)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class DirectUpdate:
@@ -69,7 +78,7 @@ class DirectUpdate:
         self.to_invalidate = [layers[n.removesuffix(".weight")] for n in q_names
                               if layers[n.removesuffix(".weight")].backend == "emulated"]
         self.plan = QuantizePlan(q_src, engine.format, q_names, outs=q_out) if q_src else None
-        self.norms = None
+        self.flags = torch.zeros(len(plain_src), dtype=torch.int32, device=engine.device)
         self.copy_graph = None
         if plain_src:
             self._copy()  # eager once (warm-up), then captured
@@ -80,8 +89,9 @@ class DirectUpdate:
             self.copy_graph = graph
 
     def _copy(self) -> None:
-        self.norms = torch.stack(torch._foreach_norm(self.plain_src))
-        torch._foreach_copy_(self.plain_dst, self.plain_src)
+        from quantroll.kernels.copy_check import copy_and_flag
+
+        copy_and_flag(self.plain_src, self.plain_dst, self.flags)
 
     def quantize(self) -> None:
         """Quantize every quantized weight into the engine (raises on NaN/Inf: the run stops)."""
@@ -92,9 +102,9 @@ class DirectUpdate:
         """Copy the BF16 tensors into the engine, check them, bump the version."""
         if self.copy_graph is not None:
             self.copy_graph.replay()
-            ok = torch.isfinite(self.norms).cpu()
-            if not bool(ok.all()):
-                name = self.plain_names[int((~ok).nonzero()[0])]
+            bad = self.flags.cpu()
+            if bool(bad.any()):
+                name = self.plain_names[int(bad.nonzero()[0])]
                 raise NonFiniteError(f"weight update: '{name}' holds NaN/Inf (written into the engine: the run must "
                                      "stop)", tensor=name)
         for layer in self.to_invalidate:

@@ -68,6 +68,8 @@ CASES = [
      dict(P_PAD=2048, E_PAD=256, BLOCK_M=16, ROWS=1024, BLOCKS=32), dict(num_warps=4)),
     ("moe_triton", "moe_route_kernel", {"logits_ptr": "bf16", "idx_ptr": "i64", "w_ptr": "bf16"},
      dict(TOP_K=8, K_PAD=8, E_PAD=128, NORM=True), dict(num_warps=1)),
+    ("copy_check_triton", "copy_flag_kernel", {"src_ptr": "bf16", "dst_ptr": "bf16", "flag_ptr": "i32"},
+     dict(BLOCK=8192), dict(num_warps=8)),
     ("moe_triton", "moe_combine_kernel", {"y_ptr": "bf16", "w_ptr": "bf16", "out_ptr": "bf16"},
      dict(TOP_K=8, BLOCK=1024), {}),
 ]

@@ -8,15 +8,10 @@ kernel and cuBLAS BF16, on Qwen3-8B's layer shapes; correctness first.
 2. Time (GPU time per call in a CUDA graph over 8 distinct weights, median of 20) each
    variant at M = 1, 16, 32, 64, the Triton kernel's shipped tiles and cuBLAS BF16;
    print the best variant per token-tile count and the per-layer-set totals.
-3. With --ab: the 8B FP8 decode step with every decode GEMM of <= --max-m rows on the
-   Triton kernel ("triton", the reference run), on the CUDA kernel launched early with its
-   producers releasing it ("cuda", shipped), and launched the ordinary way ("cuda-plain"):
-   the tokens and logprobs of each against the first, then the steps at --batches. With
-   the timings, the variants are those the sweep just chose.
+3. Say where the sweep's choice differs from the shipped ``fp8_gemv.CHOICE`` (the engine
+   A/B of the early launch is a GPU test: tests/kernels/test_fp8_gemv.py).
 
-   With --ab-choice: the 8B step with the shipped CHOICE against the sweep's (--batches).
-
-    python bench/gemv_cuda.py [--ab | --ab-choice] [--batches 1,16,32,64] [--layers N] [--ms 1,16] [--json out.json]
+    python bench/gemv_cuda.py [--ms 1,16] [--skip-timings] [--json out.json]
 """
 import argparse
 import dataclasses
@@ -30,7 +25,7 @@ from quantroll.bench.shapes import EIGHT_B_GEMMS
 from quantroll.formats import get_format
 from quantroll.kernels import fp8_gemv
 from quantroll.kernels.fp8_linear import decode_config, fp8_gemm_decode, quantize_activation_fp8
-from tests.numerics import excess_over_bf16_rounding
+from quantroll.bench.numerics import excess_over_bf16_rounding
 
 FP8 = get_format("fp8")
 SHAPES = EIGHT_B_GEMMS  # Qwen3-8B: qkv, o, gate_up, down as (N, K)
@@ -138,36 +133,9 @@ def timings(ms=(1, 16, 32, 64)):
     return rows, choice
 
 
-def engine_ab(batches, layers, max_m):
-    """The 8B FP8 step with the Triton decode GEMM, the CUDA one launched early, and the
-    CUDA one launched plainly (bench/switch_ab.py's machinery)."""
-    from bench.switch_ab import run_variants
-
-    gemv = "quantroll.kernels.fp8_gemv"
-    variants = [("triton", [(gemv, "MAX_M", 0)]),
-                ("cuda", [(gemv, "MAX_M", max_m)]),
-                ("cuda-plain", [(gemv, "MAX_M", max_m), (gemv, "EARLY_LAUNCH", False)])]
-    run_variants(variants, [name for name, _ in variants[1:]], "qwen3-8b", layers, batches)
-
-
-def choice_ab(batches, layers, shipped: dict, swept: dict):
-    """The 8B FP8 step with the shipped CHOICE against the one the sweep just made (the
-    variants may differ in warps, so in the order of the sums: compared by logprobs)."""
-    from bench.switch_ab import run_variants
-
-    gemv = "quantroll.kernels.fp8_gemv"
-    run_variants([("shipped", [(gemv, "CHOICE", shipped)]), ("swept", [(gemv, "CHOICE", {**shipped, **swept})])],
-                 ["swept"], "qwen3-8b", layers, batches)
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
-    p.add_argument("--ab", action="store_true")
-    p.add_argument("--ab-choice", action="store_true", help="the 8B step with the shipped CHOICE against the sweep's")
-    p.add_argument("--batches", default="1,16,32,64")
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--max-m", type=int, default=16)
     p.add_argument("--skip-timings", action="store_true")
     p.add_argument("--ms", default="1,16,32,64", help="token rows to time")
     args = p.parse_args()
@@ -178,13 +146,10 @@ def main():
     shipped = dict(fp8_gemv.CHOICE)
     if not args.skip_timings:
         rows, choice = timings(tuple(int(v) for v in args.ms.split(",")))
-        if args.ab_choice and not bad:
-            choice_ab(args.batches, args.layers, shipped, choice)
-        fp8_gemv.CHOICE.update(choice)
+        changed = {key: value for key, value in choice.items() if shipped.get(key) != value}
+        print(f"the sweep's choice differs from fp8_gemv.CHOICE at {changed or 'no entry'}")
         if args.json:
             json.dump({"rows": rows, "choice": {f"{t},{w}": v for (t, w), v in choice.items()}}, open(args.json, "w"), indent=1)
-    if args.ab and not bad:
-        engine_ab(args.batches, args.layers, args.max_m)
     raise SystemExit(1 if bad else 0)
 
 

@@ -66,7 +66,7 @@ def main() -> None:
             print(f"{b:5d} {c:6d} {kv:9s} {splits:6d} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep:
                 for bs, w, st in itertools.product((64, 128), (4, 8), (1, 2, 3)):
-                    tiles = dataclasses.replace(paged_attention.TILES, decode_block_s=bs, decode_warps=w,
+                    tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
                                                 decode_stages=st)
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles)

@@ -137,10 +137,9 @@ class Engine:
             sched = replace(sched, decode_steps=8 if self.device.type == "cuda" else 1)
         self.scheduler_config = sched
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
-        if invariant:
-            self.model.use_kernels_(self.kernels)  # q/k/v and gate/up stay apart, as the trainer computes them
-        else:
+        if not invariant:  # batch-invariant: q/k/v and gate/up stay apart, as the trainer computes them
             self.model.fuse_projections_()
+        self.model.use_kernels_(self.kernels)  # after fusing: the fused linears take it too
         if self.gpu_kernels and fused_kernels:
             self.model.enable_fused_kernels_()
         if self.format is not None and self.format.name == "fp8" and self.gpu_kernels:
@@ -335,6 +334,8 @@ class Engine:
             "prefill_tokens_saved": sched.prefill_tokens_saved, "peak_blocks_used": self._blocks.peak_used,
             "num_blocks": self._blocks.usable_blocks, "block_size": self._blocks.block_size,
             "kv_cache_gb": self._kv.nbytes / 2**30, "graph_captures": self._runner.captures,
+            "kernels": {"batch_invariant": True} if self.kernels.batch_invariant
+            else {"gpu": self.gpu_kernels, **(self.kernels.gpu.describe() if self.gpu_kernels else {})},
         })
         if steps:
             stats["decode_step_ms"] = stats["decode_ms"] / steps

@@ -7,11 +7,12 @@ reads the weights with 16-byte loads straight into mma.sync's registers and sums
 groups of a block's warps in shared memory, so it needs no split-K scratch, counters or
 second launch (see the source for the layout).
 
-``fp8_linear.fp8_gemm`` takes it for M <= ``MAX_M`` where ``supports`` holds and the
-kernel could be built (nvcc present), and logs once which decode path it uses.
+``fp8_linear.fp8_gemm`` takes it where the GEMM table (gemm_plan.py) gives it the rows,
+``supports`` holds and the kernel could be built (nvcc present), and logs once which
+decode path it uses.
 
 Launched early (programmatic dependent launch, Hopper and newer): the kernels that
-produce a decode GEMM's input (RMSNorm, attention, silu*up; ``release_producers``)
+produce a decode GEMM's input (RMSNorm, silu*up; ``release_producers``)
 release it as they start, so that its blocks request their first weight bytes while the
 producer runs, then wait for it (griddepcontrol.wait) before reading the activation.
 """
@@ -110,38 +111,21 @@ def supports(aq: torch.Tensor, wq: torch.Tensor, out_dtype: torch.dtype) -> bool
     return supports_shape(aq.shape[0], wq.shape[0], aq.shape[1], out_dtype) and rows_loadable(aq, wq)
 
 
-# Decode GEMMs of at most this many rows take this kernel where it can be built; 0: off.
-# Measured on the H200 (bench/gemv_cuda.py, 2026-12-01): per Qwen3-8B layer set 57.6 us
-# against the Triton kernel's 65.4 at M = 1 and 66.1 against 71.8 at M = 16; slower than
-# Triton from M = 17 on (the 32- and 64-row tiles), which keeps those batches.
-MAX_M = 16
-
-# Launch early (programmatic dependent launch): the kernel requests its first weight bytes
-# while the kernel before it finishes, then waits for it (griddepcontrol.wait).
-EARLY_LAUNCH = True
-
-
-# The producers that release the decode GEMM after them at their start: "norm" (residual
-# add + RMSNorm + quantize), "attention" (decode attention + quantize), "silu" (silu * up +
-# quantize). Left out, a producer lets its GEMM launch only as it finishes.
-RELEASING_PRODUCERS = frozenset({"norm", "attention", "silu"})
-
-
-def release_producers(device: torch.device, producer: str) -> bool:
-    """Whether ``producer`` (one of "norm", "attention", "silu") should release the decode
-    GEMM it feeds at its start (``griddepcontrol.launch_dependents``): only when it is this
-    kernel, launched early, on Hopper or newer, outside Triton's interpreter (``usable`` is
-    False there), and the producer is in ``RELEASING_PRODUCERS``. Releasing is harmless for
-    a successor launched the ordinary way (it still waits for the producer to finish). The
-    producers pass it as their RELEASE constexpr."""
-    if producer not in ("norm", "attention", "silu"):
+def release_producers(device: torch.device, producer: str, kernels) -> bool:
+    """Whether ``producer`` ("norm" or "silu") should release the decode GEMM it feeds at its
+    start (``griddepcontrol.launch_dependents``): only when ``kernels`` (an EngineKernels)
+    gives this kernel some rows, launches it early and names the producer, on Hopper or
+    newer, outside Triton's interpreter (``usable`` is False there). Releasing is harmless
+    for a successor launched the ordinary way (it still waits for the producer to finish).
+    The producers pass it as their RELEASE constexpr."""
+    if producer not in ("norm", "silu"):
         raise ValueError(f"release_producers: unknown producer {producer!r}")
-    return (producer in RELEASING_PRODUCERS and bool(MAX_M and EARLY_LAUNCH) and usable(device)
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (producer in kernels.releasing_producers and kernels.early_launch and kernels.cuda_decode_rows > 0
+            and usable(device) and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor | None = None,
-             early: bool | None = None) -> torch.Tensor:
+             early: bool = True) -> torch.Tensor:
     """y [M, N] bf16 = (aq * a_s) @ (wq * w_s)^T; ``supports(aq, wq, bf16)`` must hold."""
     m, k = aq.shape
     n = wq.shape[0]
@@ -159,7 +143,7 @@ def fp8_gemv(aq, a_s, wq, w_s, cfg: GemvConfig | None = None, out: torch.Tensor 
     module.launch(cfg.kernel, (n // cfg.rows, 1, 1), (32 * cfg.warps, 1, 1),
                   aq, aq.stride(0), a_s, a_s.stride(0), a_s.stride(1), wq, wq.stride(0), w_s, w_s.stride(0),
                   w_s.stride(1), y, y.stride(0), m, k,
-                  early=(EARLY_LAUNCH if early is None else early) and torch.cuda.get_device_capability(aq.device)[0] >= 9)
+                  early=early and torch.cuda.get_device_capability(aq.device)[0] >= 9)
     return y
 
 

@@ -152,8 +152,10 @@ def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dty
     return plan.choose(m, n, k, torch.device(device), out_dtype).kernel
 
 
-def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GEMMS) -> torch.Tensor:
-    """The FP8 GEMM for an activation of M rows, by ``plan``."""
+def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GEMMS, early: bool = True
+             ) -> torch.Tensor:
+    """The FP8 GEMM for an activation of M rows, by ``plan``; ``early``: the CUDA decode
+    kernel's programmatic dependent launch (EngineKernels.early_launch)."""
     m, k = aq.shape
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
@@ -163,7 +165,7 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GE
         rows = rows[1:]  # unaligned rows: the next row's kernel (the CUDA kernel loads 16 bytes at a time)
     row = rows[0]
     if row.kernel == "cuda decode":
-        return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s)
+        return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s, early=early)
     if row.kernel == "triton decode":
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, row.tiles)
     if row.kernel == "cublas":
@@ -174,12 +176,14 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GE
 def fp8_linear_forward(layer, x) -> torch.Tensor:
     """QLinear backend: real FP8 GEMMs on the layer's block-FP8 buffers."""
     shape = x.shape
+    choices = layer.kernels.gpu
     if isinstance(x, Fp8Activation):
-        y = fp8_gemm(x.codes, x.scales, layer.weight, layer.weight_scale, x.dtype)
+        y = fp8_gemm(x.codes, x.scales, layer.weight, layer.weight_scale, x.dtype, choices.fp8_gemms,
+                     choices.early_launch)
     else:
         x2d = x.reshape(-1, shape[-1])
         y = fp8_gemm(*quantize_activation_fp8(x2d if x2d.is_contiguous() else x2d.contiguous()), layer.weight,
-                     layer.weight_scale, x.dtype)
+                     layer.weight_scale, x.dtype, choices.fp8_gemms, choices.early_launch)
     if layer.bias is not None:
         y = y + layer.bias
     return y.reshape(*shape[:-1], layer.out_features)

@@ -11,21 +11,11 @@ from __future__ import annotations
 import torch
 
 from quantroll.kernels import fp8_gemv
+from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS, EngineKernels
 from quantroll.kernels.launch import next_pow2
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
 
-# The model asks for producer-quantized activations only while this is True; tests turn it
-# off to check that both paths give the same bits.
-FUSE_ACTIVATION_QUANT = True
 FP8_GROUP = 128  # the 1x128 activation groups of block FP8
-
-
-# Warps per row of add_rmsnorm (one program per row). bench/norm_quant.py on the H200
-# (2026-12-01, hidden 4096, per call): FP8 out 3.71 -> 3.28 us at 16 rows and 3.91 -> 3.46
-# at 64 with 16 warps instead of 8; BF16 out 2.51 / 2.68 vs 2.58 / 2.68 (a tie). The same
-# count for both outputs, so that the BF16 norm under the FP8 codes is the one the unfused
-# path quantizes (the reduction order of the RMS mean follows the warps).
-NORM_WARPS = 16
 
 
 def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,11 +27,13 @@ def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tens
 
 
 def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, quantize: bool = False,
-                keep_bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor | Fp8Activation]:
+                keep_bf16: bool = False, kernels: EngineKernels = DEFAULT_ENGINE_KERNELS
+                ) -> tuple[torch.Tensor, torch.Tensor | Fp8Activation]:
     """(x + delta, rmsnorm(x + delta)); with delta None: (x, rmsnorm(x)). Rows of the last dim.
     With ``quantize`` the norm comes back as an Fp8Activation (last dim a multiple of 128),
     with ``keep_bf16`` too that activation also carries the BF16 norm as ``source`` (one
-    launch writes both: a MoE block's router reads BF16, its FP8 experts the codes)."""
+    launch writes both: a MoE block's router reads BF16, its FP8 experts the codes).
+    ``kernels``: warps per row, and whether to release the decode GEMM after it."""
     from quantroll.kernels.fused_triton import add_rmsnorm_kernel
 
     h = x.shape[-1]
@@ -54,13 +46,15 @@ def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tenso
     add_rmsnorm_kernel[(x2.shape[0],)](x2, d2, weight, res, y, q, s, h, eps, x2.stride(0), d2.stride(0), res.stride(0),
                                        y.stride(0), q.stride(0), s.stride(0), s.stride(1), HAS_DELTA=delta is not None,
                                        QUANT=quantize, BLOCK=next_pow2(h, 1), STORE_Y=store_y,
-                                       num_warps=NORM_WARPS, RELEASE=fp8_gemv.release_producers(x.device, "norm"))
+                                       num_warps=kernels.norm_warps,
+                                       RELEASE=fp8_gemv.release_producers(x.device, "norm", kernels))
     if quantize:
         return res.view(x.shape), Fp8Activation(q, s, x.shape, x.dtype, y.view(x.shape) if keep_bf16 else None)
     return res.view(x.shape), y.view(x.shape)
 
 
-def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Activation:
+def silu_mul(gate_up: torch.Tensor, quantize: bool = False, kernels: EngineKernels = DEFAULT_ENGINE_KERNELS
+             ) -> torch.Tensor | Fp8Activation:
     """gate_up [..., 2I] -> bf16(silu(gate)) * up [..., I]; with ``quantize`` as an
     Fp8Activation (I a multiple of 128)."""
     from quantroll.kernels.fused_triton import silu_mul_kernel
@@ -74,7 +68,7 @@ def silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp
     block = 1024  # a multiple of 128: each program quantizes whole groups
     silu_mul_kernel[(g2.shape[0], (inter + block - 1) // block)](
         g2, y, q, s, inter, g2.stride(0), y.stride(0), q.stride(0), s.stride(0), s.stride(1), QUANT=quantize, BLOCK=block,
-        RELEASE=fp8_gemv.release_producers(gate_up.device, "silu"))
+        RELEASE=fp8_gemv.release_producers(gate_up.device, "silu", kernels))
     if quantize:
         return Fp8Activation(q, s, shape, gate_up.dtype)
     return y.view(shape)

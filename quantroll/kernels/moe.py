@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS, EngineKernels
+
 BLOCK_M = 16
 
 
@@ -96,10 +98,12 @@ def grouped_gemm(a, a_scale, w, w_scale, sorted_ids, block_expert, num_pairs, to
 
 
 def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, stacks: dict,
-                            quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                            quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            kernels: EngineKernels = DEFAULT_ENGINE_KERNELS) -> torch.Tensor:
     """x [T, H]; stacks: gate_up (or gate and up) and down weights [E, out, in] (+ "*_scale"
     for FP8), see SparseMoE.stack_experts_ -> [T, H]. ``quantized``: x's FP8 codes and
-    1x128 scales when its producer made them (FP8 stacks only; else quantized here)."""
+    1x128 scales when its producer made them (FP8 stacks only; else quantized here).
+    ``kernels``: the choices of the silu * up launch."""
     t, top_k = topk_ids.shape
     num_experts = stacks["down"].shape[0]
     pairs = t * top_k
@@ -116,7 +120,7 @@ def grouped_experts_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
 
         gate_up = grouped_gemm(xq, xs, stacks["gate_up"], stacks.get("gate_up_scale"), sorted_ids, block_expert, pairs,
                                top_k, True, x.dtype)
-        inter = silu_mul(gate_up, quantize=fp8)
+        inter = silu_mul(gate_up, quantize=fp8, kernels=kernels)
         iq, i_s = (inter.codes, inter.scales) if fp8 else (inter, None)
     else:
         gate = grouped_gemm(xq, xs, stacks["gate"], stacks.get("gate_scale"), sorted_ids, block_expert, pairs, top_k,

@@ -23,14 +23,12 @@ class PagedTiles:
     max_splits: int = 16
 
 
-TILES = PagedTiles()
-# Per cache dtype, measured on the H200 (bench/paged_attention.py --sweep, 1.7B heads, batch
-# 16-256, 2026-12-02): BF16 64 keys / 3 stages at 0.96-1.0x its bytes from batch 64; FP8 128
-# keys / 2 stages at 1.9x (2.8x with the BF16 tiles).
-TILES_BY_CACHE = {False: TILES, True: PagedTiles(decode_block_s=128, decode_stages=2)}
+def _tiles(cache) -> PagedTiles:
+    """The cache's kernel choice for its dtype (KernelConfig.gpu, kernels/choices.py)."""
+    return cache.kernels.gpu.attention_tiles(cache.quantized)
 
 
-def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedTiles = TILES) -> int:
+def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedTiles = PagedTiles()) -> int:
     """How many programs share one sequence's positions: enough to give every SM one
     (sequence, KV head, split) program when the batch alone cannot; fixed per batch size,
     so that a captured graph keeps its grid as contexts grow."""
@@ -50,8 +48,8 @@ def _pools(cache, layer: int):
 def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None,
                      splits: int | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per sequence) -> [B, H, D]; ``tiles`` default: the cache
-    dtype's (TILES_BY_CACHE); ``splits`` default: decode_splits."""
-    tiles = tiles or TILES_BY_CACHE[cache.quantized]
+    dtype's (EngineKernels.attention_tiles); ``splits`` default: decode_splits."""
+    tiles = tiles or _tiles(cache)
     from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
 
     b, h, d = q.shape
@@ -79,8 +77,9 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     return out
 
 
-def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles = TILES) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None) -> torch.Tensor:
     """q [N, H, D] (the flattened queries of the batch's sequences) -> [N, H, D]."""
+    tiles = tiles or _tiles(cache)
     from quantroll.kernels.paged_attention_triton import paged_prefill_kernel
 
     n, h, d = q.shape

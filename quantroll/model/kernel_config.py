@@ -12,9 +12,10 @@ nothing is switched behind a caller's back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quantroll.errors import QuantrollError
+from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS, EngineKernels
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,13 @@ class KernelConfig:
     orders; model/invariant.py). gemm_rows: rows of that one GEMM shape (every product is
     cut into tiles of exactly this many rows, the last one zero-padded). attention_elements:
     the most float32 elements one chunk of the invariant attention materializes (queries are
-    independent, so the chunking never changes a value, only the memory it takes)."""
+    independent, so the chunking never changes a value, only the memory it takes). gpu: the
+    GPU kernels' choices (kernels/choices.py), used where batch_invariant is False."""
 
     batch_invariant: bool = False
     gemm_rows: int = 16
     attention_elements: int = 1 << 24
+    gpu: EngineKernels = field(default=DEFAULT_ENGINE_KERNELS)
 
     def __post_init__(self):
         for name in ("gemm_rows", "attention_elements"):

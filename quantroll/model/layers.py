@@ -54,7 +54,7 @@ class RMSNorm(torch.nn.Module):
         if self.fused and x.is_cuda:
             from quantroll.kernels.fused import add_rmsnorm
 
-            return add_rmsnorm(x, None, self.weight, self.eps)[1]
+            return add_rmsnorm(x, None, self.weight, self.eps, kernels=self.kernels.gpu)[1]
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -74,7 +74,7 @@ def takes_fp8_activation(layer: QLinear | None) -> bool:
         return False
     from quantroll.kernels import fused
 
-    return layer.in_features % fused.FP8_GROUP == 0 and fused.FUSE_ACTIVATION_QUANT
+    return layer.in_features % fused.FP8_GROUP == 0 and layer.kernels.gpu.fuse_activation_quant
 
 
 def _on_gpu(x) -> bool:
@@ -155,7 +155,8 @@ class MLP(torch.nn.Module):
         if self.gate_up_proj is not None and self.fused and _on_gpu(x):
             from quantroll.kernels.fused import silu_mul
 
-            return self.down_proj(silu_mul(self.gate_up_proj(x), quantize=takes_fp8_activation(self.down_proj)))
+            return self.down_proj(silu_mul(self.gate_up_proj(x), quantize=takes_fp8_activation(self.down_proj),
+                                           kernels=self.kernels.gpu))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

@@ -79,7 +79,7 @@ class SparseMoE(torch.nn.Module):
         grouped block-FP8 experts then skip their own activation-quantization launch."""
         from quantroll.kernels import fused
 
-        return (self.stacks is not None and "down_scale" in self.stacks and fused.FUSE_ACTIVATION_QUANT
+        return (self.stacks is not None and "down_scale" in self.stacks and self.kernels.gpu.fuse_activation_quant
                 and self.gate.in_features % fused.FP8_GROUP == 0)
 
     def route(self, x: torch.Tensor, routing: Routing | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +166,7 @@ class SparseMoE(torch.nn.Module):
         if self.stacks is not None:
             from quantroll.kernels.moe import grouped_experts_forward
 
-            return grouped_experts_forward(flat, idx, weights, self.stacks, quantized).reshape(shape)
+            return grouped_experts_forward(flat, idx, weights, self.stacks, quantized, self.kernels.gpu).reshape(shape)
         out = torch.zeros_like(flat)
         for e in torch.unique(idx).tolist():
             token, slot = torch.where(idx == e)

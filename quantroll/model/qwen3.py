@@ -55,6 +55,7 @@ class Qwen3Model(torch.nn.Module):
         self.layers = torch.nn.ModuleList(DecoderLayer(cfg, i, fmt_for, dtype, device) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.rotary = Rotary(cfg, device)
+        self.kernels: KernelConfig = DEFAULT_KERNELS
 
         self.fused = False  # residual adds fused into the next RMSNorm (GPU; set by the engine)
 
@@ -72,16 +73,16 @@ class Qwen3Model(torch.nn.Module):
         a norm feeding a real-FP8 linear also quantizes its output (one launch fewer)."""
         from quantroll.kernels.fused import add_rmsnorm
 
-        delta = None
+        delta, gpu = None, self.kernels.gpu
         for layer in self.layers:
             x, h = add_rmsnorm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps,
-                               quantize=takes_fp8_activation(layer.self_attn.qkv_proj))
+                               quantize=takes_fp8_activation(layer.self_attn.qkv_proj), kernels=gpu)
             a = layer.self_attn(h, cos, sin, attend)
             quantize, keep_bf16 = layer.mlp_input()
             x, h = add_rmsnorm(x, a, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
-                               quantize=quantize, keep_bf16=keep_bf16)
+                               quantize=quantize, keep_bf16=keep_bf16, kernels=gpu)
             delta = layer.mlp(h, routing) if isinstance(layer.mlp, SparseMoE) else layer.mlp(h)
-        return add_rmsnorm(x, delta, self.norm.weight, self.norm.eps)[1]
+        return add_rmsnorm(x, delta, self.norm.weight, self.norm.eps, kernels=gpu)[1]
 
 
 class Qwen3ForCausalLM(torch.nn.Module):

@@ -1,13 +1,12 @@
 """Shared machinery of the tests that turn a kernel switch on and off and compare: a call
 counter for a module function, the fused forward of a model on CPU tensors (the GPU
-path, run under Triton's interpreter), and FP8 engines generating with a switch on and
-off on the device."""
+path, run under Triton's interpreter), and FP8 engines generating with different kernel
+choices (EngineKernels) on the device."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 
 import torch
 
@@ -55,35 +54,22 @@ def fused_forward(inner, shape: tuple[int, int], vocab: int) -> torch.Tensor:
         return inner._forward_fused(x, cos, sin, causal_attend, None)
 
 
-def engine_results_by_switch(module_name: str, name: str, values=(False, True), max_new_tokens: int = 12,
-                             shape: str = "qwen3-8b") -> dict:
-    """{value: results} of FP8 engines on one random 2-layer model of ``shape`` (GPU), each
-    built and run with ``quantroll.kernels.<module_name>.<name>`` = value: 3 prompts of
-    72, 31 and 64 tokens, temperature 1, a fixed seed."""
-    runs = engine_results_with([[(module_name, name, value)] for value in values], max_new_tokens, shape)
-    return dict(zip(values, runs))
-
-
-def engine_results_with(settings: list[list[tuple[str, str, object]]], max_new_tokens: int = 12,
-                        shape: str = "qwen3-8b") -> list:
-    """engine_results_by_switch for any values (dicts too): one run per entry of
-    ``settings``, each a list of (module under quantroll.kernels, name, value) set for it."""
+def engine_results_by_kernels(choices: list, max_new_tokens: int = 12, shape: str = "qwen3-8b") -> list:
+    """Results of FP8 engines on one random 2-layer model of ``shape`` (GPU), one per
+    EngineKernels of ``choices``: 3 prompts of 72, 31 and 64 tokens, temperature 1, a
+    fixed seed."""
     from quantroll.bench.shapes import random_model, shape_config
     from quantroll.engine import Engine, SamplingParams
     from quantroll.formats import get_format
+    from quantroll.model.kernel_config import KernelConfig
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config(shape, 2), vocab_size=4096)
     model = random_model(cfg, "cuda", fmt=fp8)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
-    runs = []
-    for run in settings:
-        with contextlib.ExitStack() as stack:
-            for module_name, name, value in run:
-                stack.enter_context(switched(importlib.import_module(f"quantroll.kernels.{module_name}"), name, value))
-            runs.append(Engine.from_model(model, fp8, "cuda").generate(prompts, params))
-    return runs
+    return [Engine.from_model(model, fp8, "cuda", kernels=KernelConfig(gpu=gpu)).generate(prompts, params)
+            for gpu in choices]
 
 
 def assert_same_generations(a: list, b: list) -> None:

@@ -141,21 +141,23 @@ def check_model_interpreted() -> None:
     """The fused forward of a tiny FP8 model on CPU tensors (they stand in for the GPU:
     the MLP's device test is forced), prefill- and decode-shaped: the same bits with the
     fusion on or off, and only o_proj quantizing its own input when on."""
-    from quantroll.kernels import fused
+    from quantroll.kernels.choices import EngineKernels
     from quantroll.model import layers
+    from quantroll.model.kernel_config import KernelConfig
     from quantroll.model.layers import causal_attend
 
     layers._on_gpu = lambda x: True
     calls = count_act_quant_launches(setattr)
     # own launches per layer without / with the fusion; at 320, gate/up do not fuse (nor quantize ahead)
     for intermediate, launches in ((384, {False: 4, True: 1}), (320, {False: 5, True: 4})):
-        inner = tiny_fp8_model("cpu", intermediate).model
+        lm = tiny_fp8_model("cpu", intermediate)
+        inner = lm.model
         for shape in ((1, 6), (3, 1)):
             ids = torch.randint(0, 320, shape, generator=torch.Generator().manual_seed(sum(shape)))
             positions = torch.arange(shape[1]).expand(shape)
             outs = {}
             for fuse in (False, True):
-                fused.FUSE_ACTIVATION_QUANT = fuse
+                lm.use_kernels_(KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
                 calls[0] = 0
                 with torch.no_grad():
                     x = inner.embed_tokens(ids)
@@ -163,7 +165,6 @@ def check_model_interpreted() -> None:
                     outs[fuse] = inner._forward_fused(x, cos, sin, causal_attend, None)
                 assert calls[0] == 2 * launches[fuse], (intermediate, shape, fuse, calls[0])
             assert torch.equal(outs[True], outs[False]), (intermediate, shape)
-    fused.FUSE_ACTIVATION_QUANT = True
 
 
 # -- tests -----------------------------------------------------------------------------
@@ -172,7 +173,8 @@ def check_model_interpreted() -> None:
 def test_consumer_rule():
     """Only a block-FP8 linear on the fp8 backend with whole 1x128 input groups takes one."""
     from quantroll.formats import get_format
-    from quantroll.kernels import fused
+    from quantroll.kernels.choices import EngineKernels
+    from quantroll.model.kernel_config import KernelConfig
     from quantroll.model.layers import takes_fp8_activation
     from quantroll.model.linear import QLinear
 
@@ -188,11 +190,8 @@ def test_consumer_rule():
     mx = QLinear(256, 128, fmt=get_format("mxfp8"))
     mx.backend = "fp8"
     assert not takes_fp8_activation(mx)
-    fused.FUSE_ACTIVATION_QUANT = False
-    try:
-        assert not takes_fp8_activation(fp8)
-    finally:
-        fused.FUSE_ACTIVATION_QUANT = True
+    fp8.kernels = KernelConfig(gpu=EngineKernels(fuse_activation_quant=False))
+    assert not takes_fp8_activation(fp8)
 
 
 @needs_triton
@@ -223,20 +222,22 @@ def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkey
     from quantroll.bench.shapes import random_model, shape_config
     from quantroll.engine import Engine, SamplingParams
     from quantroll.formats import get_format
-    from quantroll.kernels import fused
+    from quantroll.kernels.choices import EngineKernels
+    from quantroll.model.kernel_config import KernelConfig
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
     model = random_model(cfg, "cuda", fmt=fp8)
-    engine = Engine.from_model(model, fp8, "cuda", fp8_kernels=True, cuda_graphs=graphs)
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 172))]
     calls = count_act_quant_launches(monkeypatch.setattr)
     results, launches = {}, {}
     for fuse in (False, True):
-        monkeypatch.setattr(fused, "FUSE_ACTIVATION_QUANT", fuse)
+        engine = Engine.from_model(model, fp8, "cuda", fp8_kernels=True, cuda_graphs=graphs,
+                                   kernels=KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
         calls[0] = 0
         results[fuse] = engine.generate(prompts, params)
+        assert engine.last_stats["kernels"]["fuse_activation_quant"] is fuse
         launches[fuse] = calls[0]
     for a, b in zip(results[False], results[True]):
         assert a.tokens == b.tokens

@@ -347,20 +347,23 @@ def test_weight_sync_gpu_path_equals_the_reference():
         assert torch.equal(layer.weight.view(torch.uint8), FP8.quantize_weight(named[name], name).data.view(torch.uint8))
 
 
-def test_fp8_engine_prefills_prompts_of_any_length(monkeypatch):
+def test_fp8_engine_prefills_prompts_of_any_length():
     """Prompts of 1, 12 and 23 tokens: the prefill GEMMs get row counts that are not a
     multiple of 4, which cuBLAS' blockwise FP8 GEMM refuses unpadded (the engine crashed
     there before fp8_gemm_scaled_mm padded them). The tokens and logprobs must agree with
     an engine whose prefill runs the Triton GEMM instead (accumulation differs only): same
     first tokens, logprobs within the spread that accumulation gives a random model."""
-    from quantroll.kernels import gemm_plan
+    from quantroll.kernels.choices import EngineKernels
+    from quantroll.kernels.gemm_plan import FP8_GEMMS, GemmPlan
+    from quantroll.model.kernel_config import KernelConfig
 
     model = random_model(_small(), DEV, fmt=FP8)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=(), seed=9)
     prompts = [[5], list(range(10, 22)), list(range(40, 63))]
     cublas = Engine.from_model(model, FP8, DEV).generate(prompts, params)
-    monkeypatch.setattr(gemm_plan, "scaled_mm_supports", lambda m, n, k: False)
-    triton_prefill = Engine.from_model(model, FP8, DEV).generate(prompts, params)
+    no_cublas = GemmPlan(tuple(r for r in FP8_GEMMS.rows if r.kernel != "cublas"))
+    triton_prefill = Engine.from_model(model, FP8, DEV, kernels=KernelConfig(gpu=EngineKernels(fp8_gemms=no_cublas))
+                                       ).generate(prompts, params)
     for a, b in zip(cublas, triton_prefill):
         assert len(a.tokens) == 8
         assert a.tokens[:4] == b.tokens[:4]

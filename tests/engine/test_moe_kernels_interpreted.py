@@ -150,8 +150,10 @@ def check_fused_model() -> None:
     stand in for the GPU) gives the same bits with the producers' quantization on or off;
     on, the post-attention norm quantizes for the experts (and keeps BF16 for the router),
     so only o_proj quantizes its own input: 1 launch per layer instead of 3."""
-    from quantroll.kernels import fp8_linear, fused
+    from quantroll.kernels import fp8_linear
+    from quantroll.kernels.choices import EngineKernels
     from quantroll.model import layers
+    from quantroll.model.kernel_config import KernelConfig
     from tests.engine.switches import counting, fused_forward, switched
 
     model = _moe_model(256, fp8=True)
@@ -165,8 +167,8 @@ def check_fused_model() -> None:
             outs = {}
             for fuse in (False, True):
                 calls[0] = 0
-                with switched(fused, "FUSE_ACTIVATION_QUANT", fuse):
-                    outs[fuse] = fused_forward(model.model, shape, 64)
+                model.use_kernels_(KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
+                outs[fuse] = fused_forward(model.model, shape, 64)
                 assert calls[0] == (1 if fuse else 3), (shape, fuse, calls[0])
             assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), shape
 

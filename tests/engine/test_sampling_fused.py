@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.numerics import float32_sum_bound
+from quantroll.bench.numerics import float32_sum_bound
 from tests.interpreted import needs_triton, run_interpreted
 
 from quantroll.engine.sampling import SamplingParams, _sample_torch, gumbel_noise, reported_logprobs, sample

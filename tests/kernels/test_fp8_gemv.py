@@ -3,12 +3,15 @@ its outputs against float64 (each BF16 output float64's value rounded, up to flo
 summation slack), run to run, under CUDA-graph replay, launched early or not, and in the
 engine (issue 3's logits criterion with every decode GEMM on it)."""
 
+import dataclasses
 import re
 
 import pytest
 import torch
 
 from quantroll.kernels import cuda_jit, fp8_gemv
+from quantroll.kernels.choices import EngineKernels
+from quantroll.kernels.gemm_plan import GemmPlan
 
 
 def test_variants_list_matches_the_instances_in_the_source():
@@ -56,26 +59,32 @@ def test_launch_structs_have_the_driver_layout():
             cuda_jit._LaunchConfig.num_attrs.offset) == (32, 40, 48)
 
 
-def test_producers_release_only_for_the_cuda_gemm_on_a_gpu(monkeypatch):
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
-    for producer in ("norm", "attention", "silu"):
-        assert fp8_gemv.release_producers(torch.device("cpu"), producer) is False
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 0)
-    assert not fp8_gemv.release_producers(torch.device("cuda", 0), "norm")
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
-    monkeypatch.setattr(fp8_gemv, "EARLY_LAUNCH", False)
-    assert not fp8_gemv.release_producers(torch.device("cuda", 0), "norm")
+def _without_cuda_decode(kernels: EngineKernels) -> EngineKernels:
+    rows = tuple(r for r in kernels.fp8_gemms.rows if r.kernel != "cuda decode")
+    return dataclasses.replace(kernels, fp8_gemms=GemmPlan(rows))
+
+
+def test_producers_release_only_for_the_cuda_gemm_on_a_gpu():
+    kernels = EngineKernels()
+    for producer in ("norm", "silu"):
+        assert fp8_gemv.release_producers(torch.device("cpu"), producer, kernels) is False
+    assert not fp8_gemv.release_producers(torch.device("cuda", 0), "norm", _without_cuda_decode(kernels))
+    assert not fp8_gemv.release_producers(torch.device("cuda", 0), "norm",
+                                          dataclasses.replace(kernels, early_launch=False))
     with pytest.raises(ValueError, match="unknown producer 'rope'"):
-        fp8_gemv.release_producers(torch.device("cpu"), "rope")
+        fp8_gemv.release_producers(torch.device("cpu"), "rope", kernels)
+    with pytest.raises(ValueError, match="unknown"):
+        EngineKernels(releasing_producers=frozenset({"attention"}))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_producer_left_out_of_the_releasing_set_does_not_release(monkeypatch):
-    if not fp8_gemv.release_producers(torch.device("cuda"), "attention"):
+def test_a_producer_left_out_of_the_releasing_set_does_not_release():
+    kernels = EngineKernels()
+    if not fp8_gemv.release_producers(torch.device("cuda"), "silu", kernels):
         pytest.skip("no early release on this GPU (needs Hopper and the CUDA decode GEMM)")
-    monkeypatch.setattr(fp8_gemv, "RELEASING_PRODUCERS", frozenset({"norm", "silu"}))
-    assert not fp8_gemv.release_producers(torch.device("cuda"), "attention")
-    assert fp8_gemv.release_producers(torch.device("cuda"), "norm")
+    only_norm = dataclasses.replace(kernels, releasing_producers=frozenset({"norm"}))
+    assert not fp8_gemv.release_producers(torch.device("cuda"), "silu", only_norm)
+    assert fp8_gemv.release_producers(torch.device("cuda"), "norm", only_norm)
 
 
 def test_cpu_tensors_never_take_the_cuda_kernel():
@@ -136,7 +145,7 @@ def _operands(m, n, k, seed=0):
 def _excess_over_rounding(aq, a_s, wq, y) -> float:
     """excess_over_bf16_rounding on the dequantized FP8 operands."""
     from quantroll.formats import get_format
-    from tests.numerics import excess_over_bf16_rounding
+    from quantroll.bench.numerics import excess_over_bf16_rounding
 
     a = aq.double() * a_s.double().repeat_interleave(128, dim=1)[:, :aq.shape[1]]
     return excess_over_bf16_rounding(y, a, get_format("fp8").dequantize(wq).double())
@@ -194,16 +203,18 @@ def test_graph_replay_after_a_kernel_that_writes_the_input():
 
 @gpu
 @pytest.mark.gpu
-def test_fp8_gemm_takes_it_up_to_the_switch(monkeypatch):
+def test_fp8_gemm_takes_it_for_the_rows_the_table_gives_it(monkeypatch):
     from quantroll.kernels import fp8_linear
 
     calls = []
     real = fp8_gemv.fp8_gemv
     monkeypatch.setattr(fp8_gemv, "fp8_gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    monkeypatch.setattr(fp8_gemv, "MAX_M", 16)
     for m in (1, 16, 17, 100):
         aq, a_s, wq = _operands(m, 512, 512)
         fp8_linear.fp8_gemm(aq, a_s, wq.data, wq.scale)
+    assert calls == [1, 16]
+    aq, a_s, wq = _operands(8, 512, 512)
+    fp8_linear.fp8_gemm(aq, a_s, wq.data, wq.scale, plan=_without_cuda_decode(EngineKernels()).fp8_gemms)
     assert calls == [1, 16]
 
 
@@ -214,7 +225,7 @@ def test_early_launch_changes_no_bits_in_the_engine():
     never what it computes: the same tokens and logprobs, bit for bit, as ordinary
     launches (3 prompts, CUDA graphs)."""
     pytest.importorskip("triton")
-    from tests.engine.switches import assert_same_generations, engine_results_by_switch
+    from tests.engine.switches import assert_same_generations, engine_results_by_kernels
 
-    results = engine_results_by_switch("fp8_gemv", "EARLY_LAUNCH")
-    assert_same_generations(results[False], results[True])
+    plain, early = engine_results_by_kernels([EngineKernels(early_launch=False), EngineKernels()])
+    assert_same_generations(plain, early)

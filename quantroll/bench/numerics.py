@@ -1,4 +1,4 @@
-"""Error bounds shared by the GPU GEMM checks (tests and benches): what a float32-accurate
+"""Error bounds shared by the GPU GEMM checks (the tests and the benches): what a float32-accurate
 kernel with a BF16 output may differ from the float64 product."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from quantroll.engine import Engine, SamplingParams
 from quantroll.rl.evaluate import greedy_trainer
 from quantroll.tasks.arithmetic import ArithmeticTask
 from quantroll.trainer.policy import load_policy
-from quantroll.trainer.sft import decode, encode, held_out_problems
+from quantroll.sft import decode, encode, held_out_problems
 
 MAX_NEW = 5
 

@@ -103,7 +103,7 @@ def build_hf_quant_config(qc: dict) -> dict:
 
 def read_quantization_config(qc: dict, where: str = "config.json") -> QuantSpec:
     """The format (with MXFP8's scale rule) and rules recorded in a quantization_config."""
-    from quantroll.model.config import JsonFields
+    from quantroll.jsonfields import JsonFields
 
     method = qc.get("quant_method")
     ours = qc.get("quantroll") or {}

@@ -18,6 +18,7 @@ from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES, resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
+from quantroll.tasks.tokenizer import load_tokenizer
 
 
 def register(subparsers) -> None:
@@ -37,15 +38,6 @@ def register(subparsers) -> None:
                    help="device to run on (default: cuda if available, else cpu)")
     p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.set_defaults(func=run)
-
-
-def load_tokenizer(checkpoint: Path):
-    path = checkpoint / "tokenizer.json"
-    if not path.is_file():
-        raise QuantrollError(f"{path} not found; `generate` needs the checkpoint's tokenizer.json")
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path))
 
 
 def run(args: argparse.Namespace) -> int:

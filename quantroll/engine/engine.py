@@ -62,7 +62,7 @@ def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, .
     if gen.is_file():
         import json
 
-        from quantroll.model.config import JsonFields
+        from quantroll.jsonfields import JsonFields
 
         try:
             raw = json.loads(gen.read_text())

@@ -27,7 +27,7 @@ def fp8_gemm_scaled_mm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16) -> torch.Tens
     refuses (not a multiple of ``SCALED_MM_ROWS``) on rows padded up to one, cut back after."""
     m = aq.shape[0]
     if m % SCALED_MM_ROWS:
-        from quantroll.kernels.fp8_linear import fp8_activation_buffers  # (fp8_linear imports this module)
+        from quantroll.kernels.fp8_activation import fp8_activation_buffers
 
         padded = -(-m // SCALED_MM_ROWS) * SCALED_MM_ROWS
         codes, scales = fp8_activation_buffers(padded, aq.shape[1], aq.device)

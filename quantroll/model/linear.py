@@ -9,7 +9,7 @@ weight update can copy into them in place, and computes through a backend:
   dequantize activation and weight, multiply in float32. Exact numerics of the format
   on any device; used on CPU, on GPUs without the format, and as the reference that
   the fast kernels are tested against.
-- faster backends (real FP8 GEMMs) register in ``BACKENDS`` from quantroll.kernels.
+- faster backends (real FP8 GEMMs) register in ``kernels.backends.BACKENDS``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from quantroll.formats import Format, QuantizedTensor
+from quantroll.kernels.backends import BACKENDS
 from quantroll.model import invariant
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 
 Backend = Callable[["QLinear", torch.Tensor], torch.Tensor]
-BACKENDS: dict[str, Backend] = {}
 
 
 def emulated_forward(layer: "QLinear", x: torch.Tensor) -> torch.Tensor:

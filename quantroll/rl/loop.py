@@ -63,7 +63,7 @@ def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
 
 
 def _tokenizer(checkpoint: str | Path):
-    from quantroll.commands.generate import load_tokenizer
+    from quantroll.tasks.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(Path(checkpoint))
@@ -84,9 +84,9 @@ def run_training(cfg: TrainConfig, progress: bool = True, log=print) -> list[dic
     from quantroll.rl.preflight import check_outputs
 
     if (ctx := from_environ(cfg.device)) is not None:  # a rank of a torchrun / Ray run
-        from quantroll.dist.launch import run_rank
+        from quantroll.rl.ranks import run_rank
 
-        return run_rank(cfg, ctx, progress, log)
+        return run_rank(cfg, ctx, _train, _check_prompt_lengths, progress, log)
     check_outputs(cfg)
     task, eval_problems = build_task(cfg)
     _check_prompt_lengths(cfg, task, eval_problems)

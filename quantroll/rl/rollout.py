@@ -39,7 +39,7 @@ def build_task(cfg) -> tuple[object, list | None]:
     out of training, never in the pool."""
     from quantroll.tasks.base import PoolTask
     from quantroll.tasks.data import read_problems
-    from quantroll.trainer.sft import DEFAULT_EVAL_SIZE, held_out_problems
+    from quantroll.sft import DEFAULT_EVAL_SIZE, held_out_problems
 
     task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
                      cfg.custom_rm_path)

@@ -6,6 +6,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from quantroll.errors import QuantrollError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -66,3 +68,20 @@ class PoolTask:
 
     def reward(self, response: str, label: str) -> float:
         return self.base.reward(response, label)
+
+
+def held_out_problems(task: Task, n: int, seed: int) -> list[Problem]:
+    """``n`` distinct evaluation problems, from a stream separate from training's."""
+    return distinct_problems(task, random.Random(f"quantroll-sft-eval-{seed}"), n, tries_per_problem=100)
+
+
+def training_problems(task: Task, rng: random.Random, n: int, exclude: set[str]) -> list[Problem]:
+    """``n`` problems whose prompts are not in ``exclude`` (the held-out set)."""
+    out = []
+    for _ in range(1000 * n):
+        if len(out) == n:
+            return out
+        p = task.sample(rng)
+        if p.prompt not in exclude:
+            out.append(p)
+    raise QuantrollError("the held-out set covers (nearly) every problem of the task; lower eval_size")

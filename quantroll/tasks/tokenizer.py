@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantroll.errors import QuantrollError
+
 PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|bos|>"
 SPECIALS = (PAD, EOS, BOS)
 CHARS = tuple(chr(c) for c in range(32, 127))
@@ -16,6 +18,23 @@ CHARS = tuple(chr(c) for c in range(32, 127))
 
 def char_vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+
+
+_VOCAB = char_vocab()
+_INVERSE = {i: t for t, i in _VOCAB.items()}
+
+
+def encode(text: str) -> list[int]:
+    """Character token ids of ``text`` (what the checkpoint's tokenizer.json gives)."""
+    try:
+        return [_VOCAB[c] for c in text]
+    except KeyError as err:
+        raise QuantrollError(f"character {err.args[0]!r} of {text!r} is not in the character tokenizer") from None
+
+
+def decode(ids: list[int]) -> str:
+    """Text of token ids; special tokens spelled out (EOS as ``<|endoftext|>``)."""
+    return "".join(_INVERSE.get(i, "") for i in ids)
 
 
 def build_char_tokenizer():
@@ -39,3 +58,14 @@ def write_char_tokenizer(directory: str | Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": PAD, "bos_token": BOS,
         "model_max_length": 2048, "clean_up_tokenization_spaces": False,
     }, indent=2) + "\n")
+
+
+def load_tokenizer(checkpoint: Path):
+    """The checkpoint's ``tokenizer.json`` (any HF tokenizer the ``tokenizers`` library
+    reads); a missing file is a one-line error naming it."""
+    path = Path(checkpoint) / "tokenizer.json"
+    if not path.is_file():
+        raise QuantrollError(f"{path} not found; the checkpoint needs its tokenizer.json")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))

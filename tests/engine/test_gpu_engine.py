@@ -174,7 +174,7 @@ def test_engine_decode_logprobs_are_as_close_to_float32_as_a_bf16_full_forward(f
     from quantroll.builtin import builtin_checkpoint
     from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
     from quantroll.model.loader import load_model
-    from quantroll.trainer.sft import encode
+    from quantroll.sft import encode
 
     path = builtin_checkpoint()
     if fmt != "bf16":

@@ -15,7 +15,7 @@ from quantroll.rl.loop import run_training
 from quantroll.tasks.arithmetic import ArithmeticTask
 from quantroll.tasks.base import PoolTask
 from quantroll.trainer.optimizer import MasterWeightAdamW
-from quantroll.trainer.sft import held_out_problems
+from quantroll.sft import held_out_problems
 
 TINY = dict(num_rollout=2, rollout_batch_size=4, n_samples_per_prompt=2)
 

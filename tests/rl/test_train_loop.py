@@ -91,7 +91,7 @@ def test_every_step_splits_the_gap_by_response_length(ckpts):
 
 
 def test_held_out_eval_at_step_0_every_interval_and_the_last_step(ckpts):
-    from quantroll.commands.generate import load_tokenizer
+    from quantroll.tasks.tokenizer import load_tokenizer
     from quantroll.engine import Engine
     from quantroll.rl.evaluate import evaluate
     from quantroll.rl.rollout import build_task

@@ -13,7 +13,7 @@ from quantroll.tasks.arithmetic import ArithmeticTask
 from quantroll.tasks.base import Problem
 from quantroll.tasks.tokenizer import EOS, PAD, char_vocab
 from quantroll.trainer.policy import load_policy, response_logprobs
-from quantroll.trainer.sft import (IGNORE, STATS_FILE, build_batch, decode, encode, held_out_problems, lr_at,
+from quantroll.sft import (IGNORE, STATS_FILE, build_batch, decode, encode, held_out_problems, lr_at,
                                    sft_example, sft_loss, teacher_forced_correct, train_sft, training_problems,
                                    warm_start)
 

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from quantroll.builtin import TinyQwen3, write_tiny_qwen3
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask
-from quantroll.tasks.base import Problem, Task, distinct_problems
-from quantroll.tasks.tokenizer import EOS, PAD, char_vocab
+from quantroll.tasks.base import Problem, Task, held_out_problems, training_problems  # noqa: F401 (users' names)
+from quantroll.tasks.tokenizer import EOS, PAD, char_vocab, decode, encode  # noqa: F401
 from quantroll.trainer.export import save_hf_checkpoint
 from quantroll.trainer.optimizer import MasterWeightAdamW
 from quantroll.trainer.policy import load_policy
@@ -61,23 +61,9 @@ DEFAULT_VAL_SIZE = 128
 STATS_FILE = "quantroll_sft.json"
 
 _VOCAB = char_vocab()
-_INVERSE = {i: t for t, i in _VOCAB.items()}
 
 
 # -- tokens ---------------------------------------------------------------------------
-def encode(text: str) -> list[int]:
-    """Character token ids of ``text`` (what the checkpoint's tokenizer.json gives)."""
-    try:
-        return [_VOCAB[c] for c in text]
-    except KeyError as err:
-        raise QuantrollError(f"character {err.args[0]!r} of {text!r} is not in the character tokenizer") from None
-
-
-def decode(ids: list[int]) -> str:
-    """Text of token ids; special tokens spelled out (EOS as ``<|endoftext|>``)."""
-    return "".join(_INVERSE.get(i, "") for i in ids)
-
-
 def sft_example(problem: Problem) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids = answer ids + EOS)."""
     return encode(problem.prompt), encode(problem.label) + [_VOCAB[EOS]]
@@ -105,24 +91,6 @@ def sft_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) ->
     """Token-mean cross-entropy (float32) over the labelled positions of the batch."""
     logits = model(ids).float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
-
-
-# -- problems ---------------------------------------------------------------------------
-def held_out_problems(task: Task, n: int, seed: int) -> list[Problem]:
-    """``n`` distinct evaluation problems, from a stream separate from training's."""
-    return distinct_problems(task, random.Random(f"quantroll-sft-eval-{seed}"), n, tries_per_problem=100)
-
-
-def training_problems(task: Task, rng: random.Random, n: int, exclude: set[str]) -> list[Problem]:
-    """``n`` problems whose prompts are not in ``exclude`` (the held-out set)."""
-    out = []
-    for _ in range(1000 * n):
-        if len(out) == n:
-            return out
-        p = task.sample(rng)
-        if p.prompt not in exclude:
-            out.append(p)
-    raise QuantrollError("the held-out set covers (nearly) every problem of the task; lower eval_size")
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int, schedule: str) -> float:

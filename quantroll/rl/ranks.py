@@ -27,11 +27,12 @@ def _store():
     return _get_default_store()
 
 
-def run_rank(cfg: TrainConfig, ctx: DistContext, progress: bool = True, log=print,
+def run_rank(cfg: TrainConfig, ctx: DistContext, train, check_prompt_lengths, progress: bool = True, log=print,
              bucket_bytes: int | None = None) -> list[dict]:
+    """``train`` and ``check_prompt_lengths``: the loop's own steps (rl/loop.py passes them, so
+    that this module, which the loop dispatches to, does not import the loop back)."""
     from quantroll.rl.checkpoints import resolve_checkpoints
     from quantroll.rl.claim import Claim, claim_outputs
-    from quantroll.rl.loop import _check_prompt_lengths, _train
     from quantroll.rl.preflight import check_outputs
     from quantroll.rl.rollout import build_task
 
@@ -53,7 +54,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, progress: bool = True, log=prin
             if ctx.is_source:
                 check_outputs(cfg)
             task, eval_problems = build_task(cfg)
-            _check_prompt_lengths(cfg, task, eval_problems)
+            check_prompt_lengths(cfg, task, eval_problems)
             return task, eval_problems
 
         task, eval_problems = place.agree(prepare)
@@ -61,7 +62,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, progress: bool = True, log=prin
             claim = place.agree(lambda: stack.enter_context(claim_outputs(cfg, quiet)) if ctx.is_source
                                 else Claim(None, False))
             engine_dir, trainer_dir = place.agree(lambda: stack.enter_context(resolve_checkpoints(cfg)))
-            history = _train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, quiet, place)
+            history = train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, quiet, place)
         finished = True
         return history
     except Stopped:  # stopped outside any stage (start-up, between stages)

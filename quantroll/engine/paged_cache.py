@@ -202,24 +202,9 @@ class PagedKVCache:
     def reference_attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [N, H, D] (flattened) -> [N, H, D]: each sequence's queries against its keys
         0 .. its own position, gathered through its block table, in one masked SDPA."""
-        b = self.batch
-        s = b.block_tables.shape[0]
-        dev = q.device
-        starts = b.query_starts if b.query_starts is not None else torch.arange(s + 1, device=dev, dtype=torch.int32)
-        q_lens = (starts[1:] - starts[:-1]).long()
-        ctx = b.context_lens.long()
-        keys = torch.arange(b.max_context, device=dev)
-        table = b.block_tables.long().gather(1, (keys // self.block_size).clamp(max=b.block_tables.shape[1] - 1)
-                                             .expand(s, -1))
-        slots = table * self.block_size + keys % self.block_size  # [S, max_context]
-        k, v = self.gather(layer, slots, q.dtype)  # [S, C, Hkv, D]
-        known = (keys[None, :] < ctx[:, None])[:, :, None, None]
-        k, v = torch.where(known, k, 0), torch.where(known, v, 0)  # slots never written may hold anything
-        rows = torch.arange(b.max_query, device=dev)
-        valid = rows[None, :] < q_lens[:, None]  # [S, Tq]
-        index = (starts[:-1, None].long() + rows[None, :]).clamp(max=q.shape[0] - 1)
-        qp = q[index]  # [S, Tq, H, D]
-        query_pos = (ctx - q_lens)[:, None] + rows[None, :]  # absolute positions of the queries
+        k, v, qp, query_pos, valid = self._gathered(layer, q)  # [S, C, Hkv, D] x 2, [S, Tq, H, D], [S, Tq] x 2
+        keys = torch.arange(k.shape[1], device=q.device)
+        ctx = self.batch.context_lens.long()
         mask = keys[None, None, :] <= query_pos[:, :, None]
         mask &= keys[None, None, :] < ctx[:, None, None]
         mask |= ~valid[:, :, None] & (keys[None, None, :] == 0)  # padded queries: any key, never used

@@ -186,7 +186,7 @@ __device__ __forceinline__ void stream_rows(const uint8_t* w, long long k, uint3
   }
 
 // (Weights stored tile-major, each warp's K group one contiguous 2 KB read, measured slower:
-// 57.7 against 54.3 us per layer set, docs/PERFORMANCE.md session 14; removed.)
+// 57.7 against 54.3 us per layer set, docs/history.md; removed.)
 QUANTROLL_STREAM_ROWS(1, 4)
 QUANTROLL_STREAM_ROWS(1, 8)
 QUANTROLL_STREAM_ROWS(2, 4)

@@ -6,7 +6,7 @@ barrier between them (what a persistent decode layer pays: each GEMM needs all o
 before), and with each block requesting its first loads of the next matrix before the
 barrier. Pure loads (bench/persistent_stream.cu), no arithmetic: the floor under the
 decode GEMMs' per-layer times with per-GEMM launches, and what one launch per layer could
-at most save on the weight stream (docs/PERFORMANCE.md, sessions 12 and 14).
+at most save on the weight stream (docs/history.md: nothing, against early launches).
 
 GPU time per layer set in a CUDA graph over 2 weight copies (386 MB, past L2), median of 20;
 per shape (the row-tiled loads) over 8 copies of that shape.

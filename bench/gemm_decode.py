@@ -10,7 +10,7 @@ MMA's accumulation shows, not BF16 output rounding).
     python bench/gemm_decode.py [--json out.json] [--quick]
 
 (Its --bf16 study of a BF16 decode GEMM went with that kernel, removed 2026-12-01: cuBLAS
-was as fast or faster for the BF16 step; docs/PERFORMANCE.md.)
+was as fast or faster for the BF16 step; docs/history.md.)
 """
 import argparse
 import itertools

@@ -1,7 +1,7 @@
 """How a QuantizedTensor is stored in a checkpoint, per format (and how to read it back).
 
 The names and dtypes are the contract with engines that already read these
-checkpoints (DESIGN.md, "Reference facts"):
+checkpoints (README, "Checkpoint layouts"):
 
   fp8    X.weight F8_E4M3 [N, K]     X.weight_scale_inv F32 [ceil(N/128), ceil(K/128)]
   mxfp8  X.weight F8_E4M3 [N, K]     X.weight_scale_inv U8 (E8M0) [N, ceil(K/32)]

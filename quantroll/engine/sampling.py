@@ -1,7 +1,7 @@
 """Sampling and the logprob the engine reports, as pure tensor functions.
 
 The reported logprob of a token is ``log_softmax(logits / T)`` over the full
-vocabulary, taken before top-p / top-k truncation (DESIGN.md): truncation changes
+vocabulary, taken before top-p / top-k truncation (docs/ARCHITECTURE.md): truncation changes
 what is sampled, never the number the trainer compares against. With T = 0
 (greedy) the reported logprob is taken at T = 1.
 

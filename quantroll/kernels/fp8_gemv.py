@@ -53,7 +53,7 @@ class GemvConfig:
 
 
 # Every variant cuda/fp8_gemv.cu instantiates (keep the two lists equal: a test checks).
-# Measured and removed (2026-12-01; figures in the git history of docs/PERFORMANCE.md, session 8): weights staged through
+# Measured and removed (2026-12-01; docs/history.md, figures in the git history of docs/PERFORMANCE.md): weights staged through
 # shared memory with cp.async (slower everywhere) and a whole-sector load layout (a tie).
 VARIANTS = tuple(GemvConfig(*v) for v in (
     (1, 1, 8, 1, 1), (1, 2, 8, 1, 1), (1, 2, 8, 2, 0), (1, 1, 8, 2, 0), (1, 2, 4, 2, 0), (1, 2, 4, 1, 1),

@@ -45,7 +45,7 @@ def _exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def mismatch_metrics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """The DESIGN "Mismatch metrics" of one batch of ``[B, T]`` response tokens.
+    """The mismatch metrics (README, "Training") of one batch of ``[B, T]`` response tokens.
 
     - ``train_rollout_logprob_abs_diff`` = mean |r|.
     - ``train_rollout_kl`` = mean(exp(r) - 1 - r): the k3 estimate of KL(rollout ||
@@ -117,7 +117,7 @@ def routing_agreement(train_experts: torch.Tensor, rollout_experts: torch.Tensor
     """Per MoE layer, the share of tokens whose top-k expert SETS agree.
 
     Inputs are ``[N, L, k]`` expert indices (N token positions, L MoE layers, top-k),
-    as the engine records them (DESIGN: routed experts ``[P + R - 1, layers, top_k]``)
+    as the engine records them (docs/ARCHITECTURE.md: routed experts ``[P + R - 1, layers, top_k]``)
     and as the trainer's router picks them. Order within the k is ignored (the engines
     may list the same experts in another order), so both are sorted before comparing.
     Returns L floats in [0, 1]; with N = 0 every layer gives 1.0 (nothing disagrees).

@@ -8,7 +8,7 @@ so it is either truncated (TIS: ``w = clamp(ratio, c, C)`` multiplies the loss) 
 tokens whose ratio lies outside ``[c, C]`` are dropped from the loss (mask mode, IcePop
 / MIS) while the kept ones use the ratio.
 
-One signature for every variant (DESIGN, "Contracts worth fixing early")::
+One signature for every variant (docs/ARCHITECTURE.md, "Contracts")::
 
     correct(pg_loss, train_logp, rollout_logp, mask, cfg) -> (pg_loss, mask, metrics)
 
@@ -51,7 +51,7 @@ from quantroll.trainer.losses import LOG_RATIO_CLAMP, as_bool_mask, check_same_s
 MODES = ("truncate", "mask")
 LEVELS = ("token", "sequence", "geometric")
 # Default (c, C) per mode. TIS's c = 0 never masks anything low, so mask mode has its
-# own defaults, the bounds IcePop used (DESIGN, "Corrections").
+# own defaults, the bounds IcePop used.
 DEFAULT_BOUNDS = {"truncate": (0.0, 2.0), "mask": (0.5, 5.0)}
 
 

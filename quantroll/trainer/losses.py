@@ -136,8 +136,8 @@ def aggregate(
 
     ``denom_mask`` defaults to ``mask``. Mask-mode corrections pass the original
     response mask here and the reduced mask as ``mask``: tokens outside ``[c, C]``
-    leave the numerator while the denominator keeps the original token count (DESIGN,
-    "Corrections"). ``over``: the denominators of the batch this one is a micro-batch of
+    leave the numerator while the denominator keeps the original token count
+    (docs/ARCHITECTURE.md, "Contracts"). ``over``: the denominators of the batch this one is a micro-batch of
     (default: this batch's own). With nothing to average the result is a 0 that stays
     attached to the graph, so ``backward()`` still works and gives zero gradients.
 

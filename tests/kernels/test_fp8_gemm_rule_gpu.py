@@ -2,7 +2,7 @@
 on the device: at every M bucket, on the Qwen3-8B, 1.7B and 30B-A3B layer shapes and the
 30B-A3B grouped experts.
 
-The rule (DESIGN.md, issue 21): on the same quantized operands, the kernel's float32 output
+The rule (issue 21; docs/PERFORMANCE.md, "FP8 GEMMs"): on the same quantized operands, the kernel's float32 output
 against float64 of the same dequantized product, as relative Frobenius error, is at most
 1.5x what cuBLAS blockwise (torch._scaled_mm, float32 out) gives on those operands, and at
 most 2e-4 where cuBLAS does not take the shape. The CUDA decode kernel writes BF16 only:

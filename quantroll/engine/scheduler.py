@@ -158,10 +158,14 @@ class Scheduler:
                 self._preempt(victim)
                 if victim is seq:
                     break
-        batch = [s for s in self.running if not s.prefilling] + self.held
+        decoding = [s for s in self.running if not s.prefilling]
+        batch = decoding + self.held
         if not batch:
             return None
-        return Decode(tuple(batch), steps)
+        # no more steps than the longest remaining budget: a chunk past every sequence's cap
+        # computes only rows that are thrown away (16 steps for 11 tokens at 8 per chunk)
+        longest = max((s.remaining for s in decoding if s.status is Status.RUNNING), default=steps)
+        return Decode(tuple(batch), max(1, min(steps, longest)))
 
     def _preempt(self, seq: Sequence) -> None:
         if self.on_preempt is not None:

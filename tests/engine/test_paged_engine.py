@@ -50,8 +50,11 @@ def test_a_pool_so_small_it_must_preempt_gives_the_same_samples(tiny_qwen3_dir, 
 def test_decode_chunks_of_several_steps_equal_single_steps(tiny_qwen3_dir):
     params = SamplingParams(temperature=1.0, max_new_tokens=11, seed=8)
     one = engine(tiny_qwen3_dir, decode_steps=1).generate(PROMPTS, params)
-    eight = engine(tiny_qwen3_dir, decode_steps=8).generate(PROMPTS, params)
+    chunked = engine(tiny_qwen3_dir, decode_steps=8)
+    eight = chunked.generate(PROMPTS, params)
     same(eight, one)
+    # no chunk runs past every sequence's cap: 10 decode steps for 11 tokens, not 16
+    assert chunked.last_stats["decode_steps"] == 10
     greedy = engine(tiny_qwen3_dir).generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=11))
     stopped = SamplingParams(temperature=0, max_new_tokens=11, stop_token_ids=(greedy[1].tokens[2],))
     a = engine(tiny_qwen3_dir, decode_steps=1).generate(PROMPTS, stopped)

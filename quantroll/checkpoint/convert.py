@@ -152,7 +152,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig) -> 
         layout = _output_layout(reader, the_plan, fmt)
         qc = build_quantization_config(fmt, the_plan, rules)
         with atomic_directory(dst, cfg.force) as tmp:
-            shared = shared_amaxes(reader, the_plan) if fmt.name == "nvfp4" else {}
+            shared = shared_amaxes(reader, the_plan) if fmt.shared_global_scale else {}
             _write_shards(reader, the_plan, fmt, layout, shared, tmp, cfg.progress)
             _write_metadata(reader, layout, qc, tmp)
         bytes_in = sum(i.nbytes for i in reader.tensors.values())

@@ -48,19 +48,6 @@ def build_quantization_config(fmt: Format, plan: Plan, rules: PlanRules) -> dict
     return fmt.quantization_config(plan.modules_to_not_convert(), provenance)
 
 
-def build_hf_quant_config(qc: dict) -> dict:
-    """ModelOpt's separate hf_quant_config.json (NVFP4 only), which older vLLM reads."""
-    return {
-        "producer": qc["producer"],
-        "quantization": {
-            "quant_algo": "NVFP4",
-            "kv_cache_quant_algo": None,
-            "group_size": 16,
-            "exclude_modules": qc["exclude_modules"],
-        },
-    }
-
-
 def read_quantization_config(qc: dict, where: str = "config.json") -> QuantSpec:
     """The format (with MXFP8's scale rule) and rules recorded in a quantization_config."""
     from quantroll.model.config import JsonFields

@@ -215,6 +215,11 @@ class Format:
         are the modules kept in BF16, ``provenance`` quantroll's own record."""
         raise NotImplementedError
 
+    def sidecar_files(self, qc: dict) -> dict[str, dict]:
+        """Extra JSON files (name -> content) some readers of this format expect beside
+        config.json; ``qc`` is the quantization_config written."""
+        return {}
+
     @classmethod
     def from_quantization_config(cls, qc: dict, ours: dict, where: str) -> "Format":
         """The format a quantization_config with this quant_method describes (checked)."""

@@ -83,6 +83,11 @@ class NVFP4(Format):
                 "exclude_modules": skipped, "producer": {"name": "quantroll", "version": __version__},
                 "quantroll": provenance}
 
+    def sidecar_files(self, qc: dict) -> dict[str, dict]:
+        """ModelOpt's separate hf_quant_config.json, which older vLLM reads."""
+        return {"hf_quant_config.json": {"producer": qc["producer"], "quantization": {
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": qc["exclude_modules"]}}}
+
     @classmethod
     def from_quantization_config(cls, qc: dict, ours: dict, where: str) -> "NVFP4":
         algo = qc.get("quant_algo")

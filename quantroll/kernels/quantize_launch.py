@@ -23,10 +23,13 @@ Launch = Callable[[Format, Sequence[torch.Tensor], Sequence[QuantizedTensor], to
 @dataclass(frozen=True)
 class GpuQuantizer:
     """launch(fmt, xs, records, flags, overlap, cfg): queue every kernel (xs contiguous).
-    bad_flag: flags[i] >= bad_flag marks weight i as holding NaN/Inf."""
+    bad_flag: flags[i] >= bad_flag marks weight i as holding NaN/Inf.
+    direct:   the kernels can write straight into the engine's buffers under one CUDA
+              graph (the direct one-GPU weight update, sync/direct.py)."""
 
     launch: Launch
     bad_flag: int = 1
+    direct: bool = False
 
 
 GPU_QUANTIZERS: dict[str, GpuQuantizer] = {}
@@ -89,7 +92,7 @@ def _launch_nvfp4(fmt, xs, records, flags, overlap, cfg) -> None:
 
 
 GPU_QUANTIZERS.update({
-    "fp8": GpuQuantizer(_launch_fp8),
-    "mxfp8": GpuQuantizer(_launch_mxfp8),
+    "fp8": GpuQuantizer(_launch_fp8, direct=True),
+    "mxfp8": GpuQuantizer(_launch_mxfp8, direct=True),
     "nvfp4": GpuQuantizer(_launch_nvfp4, bad_flag=_INF_BITS),  # pass 1 writes the amax bits: Inf and above is bad
 })

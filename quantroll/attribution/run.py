@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from quantroll.errors import QuantrollError
+from quantroll.formats import format_names
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class AttributeConfig:
                 raise QuantrollError(f"--{flag} must be >= 1, got {value}")
         if not self.seeds:
             raise QuantrollError("--seeds is empty; give e.g. 1,2,3")
-        if self.precision == "bf16" or self.precision not in ("fp8", "mxfp8", "nvfp4"):
-            raise QuantrollError(f"--precision {self.precision}: attribute a low precision, one of fp8, mxfp8, nvfp4")
+        if self.precision == "bf16" or self.precision not in format_names():
+            raise QuantrollError(f"--precision {self.precision}: attribute a low precision, one of {', '.join(format_names())}")
         if self.target_gap is not None and not self.target_gap >= 0:
             raise QuantrollError(f"--target-gap must be a number >= 0, got {self.target_gap}")
         if not 0 <= self.target_fraction < 1:

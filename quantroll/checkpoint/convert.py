@@ -20,7 +20,7 @@ from tqdm import tqdm
 from quantroll.checkpoint.atomic import atomic_directory, check_destination
 from quantroll.checkpoint.layout import stored_tensors, to_stored
 from quantroll.checkpoint.plan import KEEP, QUANTIZE, Plan, PlanRules, plan
-from quantroll.checkpoint.quant_config import build_hf_quant_config, build_quantization_config
+from quantroll.checkpoint.quant_config import build_quantization_config
 from quantroll.checkpoint.quantize import quantize_for_checkpoint, tensor_amax
 from quantroll.checkpoint.reader import CONFIG, INDEX_FILE, CheckpointReader
 from quantroll.checkpoint.safetensors_header import QUANTIZED_DTYPES, SOURCE_FLOAT_DTYPES
@@ -152,9 +152,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig) -> 
         layout = _output_layout(reader, the_plan, fmt)
         qc = build_quantization_config(fmt, the_plan, rules)
         with atomic_directory(dst, cfg.force) as tmp:
-            shared = shared_amaxes(reader, the_plan) if fmt.name == "nvfp4" else {}
+            shared = shared_amaxes(reader, the_plan) if fmt.shared_global_scale else {}
             _write_shards(reader, the_plan, fmt, layout, shared, tmp, cfg.progress)
-            _write_metadata(reader, layout, qc, tmp)
+            _write_metadata(reader, fmt, layout, qc, tmp)
         bytes_in = sum(i.nbytes for i in reader.tensors.values())
     bytes_out = sum(p.nbytes for planned in layout.values() for p in planned)
     return ConvertResult(dst, the_plan, qc, bytes_in, bytes_out)
@@ -180,7 +180,8 @@ def _write_shards(reader, the_plan, fmt, layout, shared, out: Path, progress: bo
                     bar.update(1)
 
 
-def _write_metadata(reader: CheckpointReader, layout: dict[str, list[PlannedTensor]], qc: dict, out: Path) -> None:
+def _write_metadata(reader: CheckpointReader, fmt: Format, layout: dict[str, list[PlannedTensor]], qc: dict,
+                    out: Path) -> None:
     config = dict(reader.config)
     config["quantization_config"] = qc
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
@@ -190,8 +191,10 @@ def _write_metadata(reader: CheckpointReader, layout: dict[str, list[PlannedTens
             "weight_map": dict(sorted((p.name, shard) for shard, planned in layout.items() for p in planned)),
         }
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    if qc.get("quant_method") == "modelopt":
-        (out / HF_QUANT_CONFIG).write_text(json.dumps(build_hf_quant_config(qc), indent=2) + "\n")
+    sidecars = fmt.sidecar_files(qc)  # NVFP4: ModelOpt's hf_quant_config.json
+    for name, content in sidecars.items():
+        (out / name).write_text(json.dumps(content, indent=2) + "\n")
     for f in sorted(reader.path.iterdir()):
-        if f.is_file() and f.name not in (CONFIG, INDEX_FILE, HF_QUANT_CONFIG) and not f.name.endswith(_WEIGHT_SUFFIXES):
+        if (f.is_file() and f.name not in (CONFIG, INDEX_FILE, HF_QUANT_CONFIG, *sidecars)
+                and not f.name.endswith(_WEIGHT_SUFFIXES)):
             shutil.copy2(f, out / f.name)

@@ -247,7 +247,7 @@ def plan(
                 reason = LAST_LAYERS
             elif not rules.allow_partial_blocks and not fmt.divides(shape):
                 reason, detail = PARTIAL_BLOCKS, f"{shape} vs block {fmt.weight_block}"
-            elif fmt.name == "nvfp4" and shape[1] % 2:
+            elif fmt.stored.elements_per_byte > 1 and shape[1] % fmt.stored.elements_per_byte:  # packed codes (NVFP4: two a byte) need an even K
                 reason, detail = ODD_IN_FEATURES, f"{shape}"
         decisions[name] = Decision(name, module, KEEP if reason else QUANTIZE, reason, detail)
 

@@ -17,12 +17,13 @@ from quantroll.formats import Format, QuantizedTensor
 def quantize_for_checkpoint(
     fmt: Format, w: torch.Tensor, name: str, shared_amax: torch.Tensor | float | None = None
 ) -> QuantizedTensor:
-    """``fmt.quantize_weight(w, name)``, with NVFP4's global scale taken from ``shared_amax``.
+    """``fmt.quantize_weight(w, name)``, with the global scale of a format whose fused
+    siblings share one (``fmt.shared_global_scale``: NVFP4) taken from ``shared_amax``.
 
-    ``shared_amax`` (NVFP4 only) is max |x| over the tensor's scale group, as float32;
+    ``shared_amax`` (those formats only) is max |x| over the tensor's scale group, as float32;
     it must be >= amax(w). None means the tensor's own amax.
     """
-    if shared_amax is None or fmt.name != "nvfp4":
+    if shared_amax is None or not fmt.shared_global_scale:
         return fmt.quantize_weight(w, name)
     return fmt.quantize_weight(w, name, global_amax=shared_amax)
 

@@ -121,7 +121,7 @@ def _kept_reasons(ckpt: QuantizedCheckpoint) -> dict[str, str]:
     shapes = {name: ckpt.reader.tensors[name].shape for name in ckpt.plain_tensors()}
     for module in ckpt.quantized:
         q = ckpt.reader.tensors[f"{module}.weight"].shape
-        shapes[f"{module}.weight"] = (q[0], q[1] * 2) if ckpt.format.name == "nvfp4" else q
+        shapes[f"{module}.weight"] = ckpt.format.stored.logical_shape(tuple(q))
     decisions = plan(shapes, ckpt.format, ckpt.spec.rules, num_hidden_layers(ckpt.config)).decisions
     kept = {}
     for name in ckpt.plain_tensors():

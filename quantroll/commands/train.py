@@ -14,7 +14,7 @@ from quantroll.builtin import BUILTIN_MODELS
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
-from quantroll.formats import FORMAT_NAMES
+from quantroll.formats import FORMAT_NAMES, format_for_recipe, recipe_values
 from quantroll.rl.config import TrainConfig
 
 
@@ -113,10 +113,10 @@ def register(subparsers) -> None:
     c.add_argument("--use-routing-replay", action="store_true", help="record routing in the old-logprob pass and "
                    "replay it in training (MoE)")
     q = p.add_argument_group("unified low precision (modes 2-4)")
-    q.add_argument("--fp8-recipe", default=None, choices=["blockwise", "mxfp8"], help="trainer forward in block FP8 "
+    q.add_argument("--fp8-recipe", default=None, choices=recipe_values("--fp8-recipe"), help="trainer forward in block FP8 "
                    "(mode 2) or MXFP8 (mode 3), backward in BF16")
     q.add_argument("--fp8-format", default="e4m3", choices=["e4m3"], help="FP8 element format")
-    q.add_argument("--fp4-recipe", default=None, choices=["nvfp4"], help="trainer forward in NVFP4 (mode 4)")
+    q.add_argument("--fp4-recipe", default=None, choices=recipe_values("--fp4-recipe"), help="trainer forward in NVFP4 (mode 4)")
     t = p.add_argument_group("true on-policy")
     t.add_argument("--true-on-policy-mode", action="store_true", help="batch-invariant kernels in the engine and "
                    "the trainer's forward, so that every sampled token's rollout logprob equals the trainer's bit for "
@@ -155,7 +155,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.fp8_recipe and args.fp4_recipe:
         raise QuantrollError(f"--fp8-recipe {args.fp8_recipe} and --fp4-recipe {args.fp4_recipe} both given; the "
                              "trainer runs one recipe, pick one")
-    recipe = {"blockwise": "fp8", "mxfp8": "mxfp8", None: None}[args.fp8_recipe] or args.fp4_recipe
+    recipe = format_for_recipe("--fp8-recipe", args.fp8_recipe) or format_for_recipe("--fp4-recipe", args.fp4_recipe)
     return TrainConfig(
         hf_checkpoint=args.hf_checkpoint, ref_load=args.ref_load, builtin_model=args.builtin_model,
         rollout_precision=args.rollout_precision, convert_dir=args.convert_dir,

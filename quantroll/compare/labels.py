@@ -8,12 +8,12 @@ here once so that tables, plots and the recommendation can never disagree on a n
 from __future__ import annotations
 
 from quantroll.compare.matrix import CORRECTIONS, PRECISIONS, UNIFIED_MODES
+from quantroll.formats import display_name
 
 PRECISION_ORDER = PRECISIONS
 CORRECTION_ORDER = CORRECTIONS
-_FORMAT_NAMES = {"fp8": "block FP8", "mxfp8": "MXFP8", "nvfp4": "NVFP4"}
-# the mode numbers are the CLI's (matrix.UNIFIED_MODES); only the display names live here
-_UNIFIED = {precision: f"mode {number}: {_FORMAT_NAMES[precision]}" for number, precision in UNIFIED_MODES.items()}
+# the mode numbers are the CLI's (matrix.UNIFIED_MODES); the display names are the formats' own
+_UNIFIED = {precision: f"mode {number}: {display_name(precision)}" for number, precision in UNIFIED_MODES.items()}
 BASELINE_MODE = "bf16"
 
 
@@ -26,7 +26,7 @@ def mode_label(precision: str, unified: bool, kv_cache_dtype: str = "bf16", bf16
     if not unified:
         exceptions = " with BF16 exceptions" if bf16_exceptions else ""
         return f"mode 1: {precision}{' + fp8 KV' if kv else ''} rollout{exceptions}, BF16 train"
-    return (_UNIFIED.get(precision, f"unified {precision}") + (", fp8 KV in the engine" if kv else "")
+    return (_UNIFIED.get(precision, f"unified {display_name(precision)}") + (", fp8 KV in the engine" if kv else "")
             + (", BF16 exceptions" if bf16_exceptions else ""))
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantroll.errors import QuantrollError
+from quantroll.formats import FORMAT_NAMES, recipe_args
 
-PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
+PRECISIONS = ("bf16",) + FORMAT_NAMES
 KV_CACHE_DTYPES = ("bf16", "fp8")  # the engine's KV cache; the trainer always attends in its own precision
 CORRECTIONS = ("none", "tis", "mask", "r3")
 # mode -> the precision it quantizes the trainer's forward in (mode 1 applies to every low precision)
@@ -21,7 +22,6 @@ CORRECTION_ARGS = {
     "mask": ("--use-tis", "--tis-mode", "mask"),
     "r3": ("--use-rollout-routing-replay",),
 }
-RECIPE_ARGS = {"fp8": ("--fp8-recipe", "blockwise"), "mxfp8": ("--fp8-recipe", "mxfp8"), "nvfp4": ("--fp4-recipe", "nvfp4")}
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class RunSpec:
         args = ["--seed", str(self.seed), "--rollout-max-response-len", str(self.response_len)]
         args += list(CORRECTION_ARGS[self.correction])
         if self.unified:
-            args += list(RECIPE_ARGS[self.precision])
+            args += list(recipe_args(self.precision))  # the format's own train flag
         if self.sweep:
             args += ["--rollout-ignore-eos"]
         if self.kv_cache_dtype == "fp8":

@@ -21,6 +21,7 @@ from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.compare.matrix import RunSpec
 from quantroll.compare.rundata import read_metrics
+from quantroll.formats import get_format
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
     written = read_metrics(metrics)[0]
     # the engine labels its precision ("fp8 (emulated)"); a run that wrote nothing falls back on the format
     record["emulated"] = any("emulated" in str(r.get("rollout_precision", "")) for r in written) if written \
-        else spec.precision in ("mxfp8", "nvfp4")
+        else spec.precision != "bf16" and get_format(spec.precision).emulated_only
     if code == 0 and len(written) >= steps:
         record["status"] = "done"
     else:

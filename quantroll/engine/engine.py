@@ -142,7 +142,7 @@ class Engine:
         self.model.use_kernels_(self.kernels)  # after fusing: the fused linears take it too
         if self.gpu_kernels and fused_kernels:
             self.model.enable_fused_kernels_()
-        if self.format is not None and self.format.name == "fp8" and self.gpu_kernels:
+        if self.format is not None and not self.format.emulated_only and self.gpu_kernels:
             from quantroll.kernels.fp8_linear import fp8_hardware_available
 
             if fp8_kernels is None:

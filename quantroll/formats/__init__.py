@@ -2,34 +2,36 @@
 
 ``get_format("fp8")`` (block-wise FP8, 128x128), ``get_format("mxfp8", scale_rule=...)``
 and ``get_format("nvfp4")`` all offer quantize_weight / quantize_activation /
-dequantize / ulp. They run on any device torch supports; the GPU kernels in
-``quantroll.kernels`` must reproduce them bit for bit.
+dequantize / ulp, and carry their facts (stored layout, quantization_config, display
+and recipe names, fused-sibling rules, hardware support: formats/base.Format). They run
+on any device torch supports; the GPU kernels in ``quantroll.kernels`` must reproduce
+them bit for bit. A new format is one module here plus one ``register_format`` line.
 """
 
 from __future__ import annotations
 
-from quantroll.errors import QuantrollError
 from quantroll.formats.base import Format, QuantizedTensor, invalid_values
 from quantroll.formats.fp8_block import BlockFP8
 from quantroll.formats.mxfp8 import MXFP8, SCALE_RULES
 from quantroll.formats.nvfp4 import NVFP4
+from quantroll.formats.registry import (
+    display_name,
+    format_class,
+    format_for_recipe,
+    format_from_quantization_config,
+    format_names,
+    get_format,
+    recipe_args,
+    recipe_values,
+    register_format,
+    registered,
+)
 
-FORMAT_NAMES = ("fp8", "mxfp8", "nvfp4")
+for _cls in (BlockFP8, MXFP8, NVFP4):
+    register_format(_cls)
 
+FORMAT_NAMES = format_names()  # the built-in formats, for the CLI's choices
 
-def get_format(name: str, scale_rule: str | None = None) -> Format:
-    """The format called ``name``; ``scale_rule`` applies to MXFP8 only."""
-    if name == "fp8":
-        fmt: Format = BlockFP8()
-    elif name == "mxfp8":
-        fmt = MXFP8(scale_rule or "ceil")
-    elif name == "nvfp4":
-        fmt = NVFP4()
-    else:
-        raise QuantrollError(f"unknown format '{name}'; choose one of {', '.join(FORMAT_NAMES)}")
-    if scale_rule is not None and name != "mxfp8":
-        raise QuantrollError(f"--scale-rule applies to mxfp8 only, not to '{name}'")
-    return fmt
-
-
-__all__ = ["Format", "QuantizedTensor", "invalid_values", "BlockFP8", "MXFP8", "NVFP4", "get_format", "FORMAT_NAMES", "SCALE_RULES"]
+__all__ = ["Format", "QuantizedTensor", "invalid_values", "BlockFP8", "MXFP8", "NVFP4", "get_format", "FORMAT_NAMES",
+           "SCALE_RULES", "register_format", "registered", "format_names", "format_class", "display_name",
+           "format_from_quantization_config", "recipe_args", "format_for_recipe", "recipe_values"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quantroll.errors import NonFiniteError, QuantrollError
+from quantroll.formats.stored import CONSTANT, DATA, GLOBAL_SCALE, SCALE, StoredLayout, StoredTensor
 
 
 @dataclass(frozen=True)
@@ -146,16 +147,87 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class Format:
-    """A block-scaled number format. Subclasses define the scale and element rules.
+    """A block-scaled number format. Subclasses define the scale and element rules, and
+    carry the facts the rest of quantroll asks of a format (so that no caller tests a
+    format's name): how it is stored, how config.json names it, how fused siblings share
+    scales, what a reader calls it and whether hardware runs it.
 
     weight_block: block shape of a weight's scales, (rows, cols) of [out, in].
     act_group:    group size along K of an activation's dynamic scales.
+    stored:       the stored tensors' rules (formats/stored.py)
+    display_name: the name reports print ("block FP8")
+    recipe_flag:  the train flag and value that quantize the trainer's forward in it
+                  (None: no unified mode)
+    quant_method: config.json's quantization_config.quant_method
+    reads_as:     what an error names when a checkpoint's quant_method is not known
+    scale_rules:  the scale rules it takes (the first is the default; () for none)
+    shared_global_scale: fused siblings (q/k/v, gate/up) share one per-tensor scale
+    fused_gemm:   fused siblings' weights stack into one GEMM when each part's rows fill
+                  whole scale blocks (per-tensor scales never stack)
+    emulated_only: no tensor-core GEMM serves it on Hopper (the emulated path runs it)
     """
 
     name: str = ""
     weight_block: tuple[int, int] = (1, 1)
     act_group: int = 1
-    emulated_only: bool = False  # no tensor-core path on Hopper
+    stored: StoredLayout
+    display_name: str = ""
+    recipe_flag: tuple[str, str] | None = None
+    quant_method: str = ""
+    reads_as: str = ""
+    scale_rules: tuple[str, ...] = ()
+    shared_global_scale: bool = False
+    fused_gemm: bool = False
+    emulated_only: bool = True
+
+    # -- facts: storage and config.json -----------------------------------------------
+    def stored_tensors(self, shape: tuple[int, int]) -> list[StoredTensor]:
+        """The tensors that store a weight of logical ``shape``, in the order written."""
+        return self.stored.tensors(tuple(shape), self.weight_block)
+
+    def to_stored(self, q: QuantizedTensor) -> dict[str, torch.Tensor]:
+        """The tensors to write for ``q``, keyed by suffix, in stored_tensors order."""
+        values = {DATA: lambda: q.data, SCALE: lambda: q.scale,
+                  GLOBAL_SCALE: lambda: q.global_scale.reshape(()).to(torch.float32)}
+        return {t.suffix: values[t.role]() if t.role != CONSTANT else torch.tensor(t.value, dtype=t.dtype)
+                for t in self.stored_tensors(q.shape)}
+
+    def from_stored(self, tensors: dict[str, torch.Tensor], module: str) -> QuantizedTensor:
+        """Rebuild a QuantizedTensor from its stored tensors (by suffix), checking dtypes and shapes."""
+        data, scale = tensors["weight"], tensors[self.stored.scale_suffix]
+        expect = [self.stored.data_dtype, self.stored.scale_dtype]
+        if data.dim() != 2 or [data.dtype, scale.dtype] != expect:
+            raise QuantrollError(
+                f"module '{module}' stores {data.dtype}/{scale.dtype}, not the {self.name} layout {expect[0]}/{expect[1]}"
+            )
+        shape = self.stored.logical_shape(tuple(data.shape))
+        if tuple(scale.shape) != num_blocks(shape, self.weight_block):
+            raise QuantrollError(
+                f"module '{module}': scale shape {tuple(scale.shape)} does not match weight {shape} in "
+                f"{self.weight_block[0]}x{self.weight_block[1]} blocks"
+            )
+        g = self.stored.global_suffix
+        gscale = None if g is None else tensors[g].to(torch.float32).reshape(())
+        return QuantizedTensor(data, scale, self.name, shape, self.weight_block, gscale)
+
+    def quantization_config(self, skipped: list[str], provenance: dict) -> dict:
+        """config.json's quantization_config for a checkpoint in this format; ``skipped``
+        are the modules kept in BF16, ``provenance`` quantroll's own record."""
+        raise NotImplementedError
+
+    def sidecar_files(self, qc: dict) -> dict[str, dict]:
+        """Extra JSON files (name -> content) some readers of this format expect beside
+        config.json; ``qc`` is the quantization_config written."""
+        return {}
+
+    @classmethod
+    def from_quantization_config(cls, qc: dict, ours: dict, where: str) -> "Format":
+        """The format a quantization_config with this quant_method describes (checked)."""
+        return cls()
+
+    def can_stack(self, rows: list[int]) -> bool:
+        """True when parts with these output rows can run as one GEMM over stacked weights."""
+        return self.fused_gemm and all(r % self.weight_block[0] == 0 for r in rows)
 
     def quantize_weight(self, w: torch.Tensor, name: str = "weight") -> QuantizedTensor:
         check_input(w, name, weight=True)

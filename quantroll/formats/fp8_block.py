@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from quantroll.errors import QuantrollError
 from quantroll.formats.base import Format, QuantizedTensor, block_amax, expand_blocks
+from quantroll.formats.stored import StoredLayout
 from quantroll.formats.elements import E4M3_MAX, FP32_TINY, div_exact, e4m3_ulp, to_e4m3
 
 
@@ -29,6 +31,31 @@ class BlockFP8(Format):
     name = "fp8"
     weight_block = (128, 128)
     act_group = 128
+    stored = StoredLayout(torch.float8_e4m3fn, torch.float32, "weight_scale_inv")
+    display_name = "block FP8"
+    recipe_flag = ("--fp8-recipe", "blockwise")
+    quant_method = reads_as = "fp8"
+    fused_gemm = True  # q/k/v and gate/up stack when their rows fill 128-row blocks
+    emulated_only = False  # FP8 tensor-core GEMMs on Hopper (quantroll.kernels)
+
+    def quantization_config(self, skipped: list[str], provenance: dict) -> dict:
+        """DeepSeek-V3 / Qwen3-FP8's block: what vLLM, SGLang and transformers read."""
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128], "modules_to_not_convert": skipped, "quantroll": provenance}
+
+    @classmethod
+    def from_quantization_config(cls, qc: dict, ours: dict, where: str) -> "BlockFP8":
+        raw_block = qc.get("weight_block_size") or []
+        if not isinstance(raw_block, list):
+            raise QuantrollError(f"{where}: quantization_config.weight_block_size must be a list like [128, 128], "
+                                 f"got {raw_block!r}")
+        block = list(raw_block)
+        if block != [128, 128] or qc.get("fmt", "e4m3") != "e4m3":
+            raise QuantrollError(
+                f"{where}: fp8 checkpoint with weight_block_size {block or None} and fmt {qc.get('fmt')!r}; "
+                "quantroll reads block-wise e4m3 with [128, 128] blocks only"
+            )
+        return cls()
 
     def _quantize_2d(self, x: torch.Tensor, block: tuple[int, int]) -> QuantizedTensor:
         scale = fp8_block_scale(block_amax(x, block))

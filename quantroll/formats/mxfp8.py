@@ -20,6 +20,7 @@ import torch
 
 from quantroll.errors import QuantrollError
 from quantroll.formats.base import Format, QuantizedTensor, block_amax, expand_blocks
+from quantroll.formats.stored import StoredLayout
 from quantroll.formats.elements import (
     E8M0_MAX_EXP,
     E8M0_MIN_EXP,
@@ -52,7 +53,11 @@ class MXFP8(Format):
     name = "mxfp8"
     weight_block = (1, 32)
     act_group = 32
-    emulated_only = True
+    stored = StoredLayout(torch.float8_e4m3fn, torch.uint8, "weight_scale_inv")  # E8M0 scale bytes
+    display_name = "MXFP8"
+    recipe_flag = ("--fp8-recipe", "mxfp8")
+    quant_method = reads_as = "mxfp8"
+    scale_rules = SCALE_RULES
 
     def __init__(self, scale_rule: str = "ceil"):
         if scale_rule not in SCALE_RULES:
@@ -61,6 +66,17 @@ class MXFP8(Format):
 
     def __repr__(self) -> str:
         return f"MXFP8(scale_rule={self.scale_rule!r})"
+
+    def quantization_config(self, skipped: list[str], provenance: dict) -> dict:
+        """The MXFP8 block, with the scale rule so that an update re-quantizes the same way."""
+        return {"quant_method": "mxfp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [1, 32],
+                "scale_fmt": "ue8m0", "scale_rule": self.scale_rule, "modules_to_not_convert": skipped,
+                "quantroll": provenance}
+
+    @classmethod
+    def from_quantization_config(cls, qc: dict, ours: dict, where: str) -> "MXFP8":
+        # A checkpoint made elsewhere does not record its rule; Miles/TE/SGLang round up.
+        return cls(qc.get("scale_rule") or ours.get("scale_rule") or "ceil")
 
     def _quantize_2d(self, x: torch.Tensor, block: tuple[int, int]) -> QuantizedTensor:
         s = mx_scale_exponent(block_amax(x, block), self.scale_rule)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 
 from quantroll.errors import QuantrollError
+from quantroll import __version__
 from quantroll.formats.base import Format, QuantizedTensor, block_amax, check_input, expand_blocks
+from quantroll.formats.stored import StoredLayout
 from quantroll.formats.elements import (
     E2M1_MAX,
     E4M3_MAX,
@@ -32,6 +34,18 @@ from quantroll.formats.elements import (
     pack_nibbles,
     to_e4m3,
     unpack_nibbles,
+)
+
+
+# ModelOpt's static activation global scale, found by calibration. quantroll quantizes
+# activations dynamically (global = amax(x) / 2688 per call) and never reads it; it writes
+# 1.0, the neutral value, only so that ModelOpt readers find the tensor.
+NVFP4_INPUT_SCALE = 1.0
+NVFP4_NOTE = (
+    "weights use the ModelOpt NVFP4 layout with weight_scale_2 shared within fused q/k/v and gate/up; "
+    "input_scale is a placeholder 1.0: quantroll quantizes activations dynamically (global amax/2688 per call) "
+    "and ignores it, while engines that apply it as a static calibrated scale (vLLM/SGLang ModelOpt path) will "
+    "quantize activations differently, so only quantroll reproduces quantroll's NVFP4 numerics"
 )
 
 
@@ -55,7 +69,31 @@ class NVFP4(Format):
     name = "nvfp4"
     weight_block = (1, 16)
     act_group = 16
-    emulated_only = True
+    stored = StoredLayout(torch.uint8, torch.float8_e4m3fn, "weight_scale", elements_per_byte=2,
+                          global_suffix="weight_scale_2", constants=(("input_scale", NVFP4_INPUT_SCALE),))
+    display_name = "NVFP4"
+    recipe_flag = ("--fp4-recipe", "nvfp4")
+    quant_method, reads_as = "modelopt", "modelopt NVFP4"
+    shared_global_scale = True  # vLLM/SGLang keep one weight_scale_2 per fused q/k/v and gate/up GEMM
+
+    def quantization_config(self, skipped: list[str], provenance: dict) -> dict:
+        """ModelOpt's NVFP4 block (the ``exclude_modules`` spelling of the kept modules)."""
+        provenance = {**provenance, "activation_scheme": "dynamic", "input_scale": NVFP4_INPUT_SCALE, "note": NVFP4_NOTE}
+        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+                "exclude_modules": skipped, "producer": {"name": "quantroll", "version": __version__},
+                "quantroll": provenance}
+
+    def sidecar_files(self, qc: dict) -> dict[str, dict]:
+        """ModelOpt's separate hf_quant_config.json, which older vLLM reads."""
+        return {"hf_quant_config.json": {"producer": qc["producer"], "quantization": {
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": qc["exclude_modules"]}}}
+
+    @classmethod
+    def from_quantization_config(cls, qc: dict, ours: dict, where: str) -> "NVFP4":
+        algo = qc.get("quant_algo")
+        if algo != "NVFP4" or qc.get("group_size", 16) != 16:
+            raise QuantrollError(f"{where}: modelopt quant_algo {algo!r}; quantroll reads NVFP4 with group_size 16 only")
+        return cls()
 
     def quantize_weight(self, w: torch.Tensor, name: str = "weight", global_amax: torch.Tensor | None = None) -> QuantizedTensor:
         """As Format.quantize_weight; ``global_amax`` shares one global scale across the

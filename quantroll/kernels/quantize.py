@@ -29,7 +29,6 @@ not exact).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 
@@ -38,9 +37,9 @@ import torch
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import Format, QuantizedTensor, get_format
 from quantroll.formats.base import check_input
+from quantroll.kernels.quantize_launch import gpu_quantizer
 
 GPU_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_INF_BITS = 0x7F800000
 
 
 def triton_available() -> bool:
@@ -58,7 +57,7 @@ def _interpreting() -> bool:
 
 def _resolve(fmt: Format | str) -> Format:
     fmt = get_format(fmt) if isinstance(fmt, str) else fmt
-    if fmt.name not in ("fp8", "mxfp8", "nvfp4"):
+    if gpu_quantizer(fmt) is None:
         raise QuantrollError(f"no GPU quantize path for format '{fmt.name}'")
     return fmt
 
@@ -66,17 +65,15 @@ def _resolve(fmt: Format | str) -> Format:
 def output_layout(shape: tuple[int, int], fmt: Format | str) -> dict:
     """Shapes and dtypes of (data, scale, global_scale) for a weight of ``shape``.
 
-    The same as the reference's outputs; global_scale is None for fp8 and mxfp8.
+    The format's stored tensors (``Format.stored``); global_scale is None for formats
+    without one (fp8, mxfp8).
     """
     fmt = _resolve(fmt)
-    n, k = shape
-    if fmt.name == "fp8":
-        return {"data": ((n, k), torch.float8_e4m3fn), "scale": ((math.ceil(n / 128), math.ceil(k / 128)), torch.float32),
-                "global_scale": None}
-    if fmt.name == "mxfp8":
-        return {"data": ((n, k), torch.float8_e4m3fn), "scale": ((n, math.ceil(k / 32)), torch.uint8), "global_scale": None}
-    return {"data": ((n, math.ceil(k / 2)), torch.uint8), "scale": ((n, math.ceil(k / 16)), torch.float8_e4m3fn),
-            "global_scale": ((), torch.float32)}
+    lay = {"global_scale": None}
+    for t in fmt.stored_tensors(tuple(shape)):
+        if t.role in ("data", "scale", "global_scale"):
+            lay[t.role] = (t.shape, t.dtype)
+    return {"data": lay["data"], "scale": lay["scale"], "global_scale": lay["global_scale"]}
 
 
 def allocate_quantized(shape: tuple[int, int], fmt: Format | str, device: torch.device | str = "cuda") -> QuantizedTensor:
@@ -149,60 +146,18 @@ def _prepare(weights: Sequence[torch.Tensor], fmt: Format | str, names: Sequence
     return fmt, names, records
 
 
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device: torch.device):
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
-    return _SIDE_STREAMS[device]
-
-
 def _launch_all(fmt: Format, weights: Sequence[torch.Tensor], records: Sequence[QuantizedTensor],
                 flags: torch.Tensor, overlap: bool = True, **cfg) -> None:
-    """Queue every kernel; flags[i] != 0 (fp8, mxfp8) or >= Inf bits (nvfp4) marks a bad weight.
-
-    flags must be zero on entry. NVFP4 needs each weight's amax (pass 1) before its
-    groups (pass 2); pass 2 is arithmetic-heavy and pass 1 is a pure read, so with
-    ``overlap`` (CUDA only) every pass 1 runs on a side stream and each pass 2 waits only
-    for its own weight's amax: pass 1 of the next weights streams while pass 2 computes.
-    """
-    from quantroll.kernels import quantize_triton as qt
-
+    """Queue every kernel the format registered (kernels/quantize_launch.py); flags must
+    be zero on entry and mark a bad weight as ``bad_weights`` reads them."""
     xs = [w if w.is_contiguous() else w.contiguous() for w in weights]
-    if fmt.name == "nvfp4":
-        amax_cfg = cfg.get("absmax", {})
-        cfg = {k: v for k, v in cfg.items() if k != "absmax"}
-        if overlap and xs and xs[0].device.type == "cuda":
-            main = torch.cuda.current_stream(xs[0].device)
-            side = _side_stream(xs[0].device)
-            side.wait_stream(main)
-            done = []
-            with torch.cuda.stream(side):
-                for i, x in enumerate(xs):
-                    qt.launch_absmax(x, flags, i, **amax_cfg)
-                    done.append(torch.cuda.Event())
-                    done[-1].record(side)
-            for i, (x, q) in enumerate(zip(xs, records)):
-                main.wait_event(done[i])
-                qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flags, i, **cfg)
-            main.wait_stream(side)
-        else:  # pass 1 then pass 2 weight by weight: a weight that fits in L2 is read from L2 the second time
-            for i, (x, q) in enumerate(zip(xs, records)):
-                qt.launch_absmax(x, flags, i, **amax_cfg)
-                qt.launch_nvfp4(x, q.data, q.scale, q.global_scale, flags, i, **cfg)
-        return
-    for i, (x, q) in enumerate(zip(xs, records)):
-        if fmt.name == "fp8":
-            qt.launch_fp8(x, q.data, q.scale, flags, i, **cfg)
-        else:
-            qt.launch_mxfp8(x, q.data, q.scale, flags, i, ceil=(fmt.scale_rule == "ceil"), **cfg)
+    gpu_quantizer(fmt).launch(fmt, xs, records, flags, overlap, cfg)
 
 
 def bad_weights(fmt: Format | str, flags: torch.Tensor) -> torch.Tensor:
     """Bool mask of the weights whose flags say NaN/Inf (on the flags' device)."""
     fmt = _resolve(fmt)
-    return flags >= (_INF_BITS if fmt.name == "nvfp4" else 1)
+    return flags >= gpu_quantizer(fmt).bad_flag
 
 
 def raise_if_nonfinite(fmt: Format | str, flags: torch.Tensor, weights: Sequence[torch.Tensor],

@@ -123,7 +123,7 @@ def can_fuse(parts: list[QLinear]) -> bool:
         return False
     if fmt is None:
         return True
-    return fmt.name == "fp8" and all(p.out_features % fmt.weight_block[0] == 0 for p in parts)
+    return fmt.can_stack([p.out_features for p in parts])
 
 
 @torch.no_grad()

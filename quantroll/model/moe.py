@@ -128,7 +128,7 @@ class SparseMoE(torch.nn.Module):
         two), else (or with ``combine_gate_up`` False) they stay apart ("gate", "up")."""
         layers = {proj: [getattr(expert, f"{proj}_proj") for expert in self.experts] for proj in ("gate", "up", "down")}
         first = layers["gate"][0]
-        if first.quantized and first.format.name != "fp8":
+        if first.quantized and first.format.emulated_only:
             return  # the grouped kernel serves BF16 and block FP8; other formats stay emulated
         fields = ["weight", "weight_scale"] if first.quantized else ["weight"]
         groups = [("down", ["down"])]

@@ -23,6 +23,7 @@ import torch
 from quantroll.compute import resolve_compute_dtype
 from quantroll.engine import CacheConfig, Engine, SamplingParams
 from quantroll.errors import QuantrollError
+from quantroll.formats import recipe_args
 from quantroll.metrics.sink import JsonlSink
 from quantroll.metrics.tensorboard import TensorBoardSink
 from quantroll.rl.checkpoints import resolve_checkpoints
@@ -50,12 +51,12 @@ def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
     if not cfg.train_recipe:
         return
     if engine.format is None or engine.format.name != cfg.train_recipe:
-        raise QuantrollError(f"--{'fp4' if cfg.train_recipe == 'nvfp4' else 'fp8'}-recipe {cfg.train_recipe} needs an "
+        raise QuantrollError(f"{recipe_args(cfg.train_recipe)[0]} {cfg.train_recipe} needs an "
                              f"engine checkpoint in that format; --hf-checkpoint holds "
                              f"{engine.format.name if engine.format else 'bf16'}")
     fmt = engine.format
     names = set(engine.quantized_layers())
-    real = (fmt.name == "fp8" and engine.device.type == "cuda" and engine.gpu_kernels)
+    real = (not fmt.emulated_only and engine.device.type == "cuda" and engine.gpu_kernels)
     for module in policy.modules():
         if getattr(module, "name", None) in names:
             module.train_format = fmt

@@ -28,8 +28,8 @@ from collections.abc import Mapping
 import torch
 
 from quantroll.errors import NonFiniteError
+from quantroll.kernels.quantize_launch import gpu_quantizer
 
-DIRECT_FORMATS = (None, "fp8", "mxfp8")
 
 
 def direct_applies(engine, named: Mapping[str, torch.Tensor]) -> bool:
@@ -37,8 +37,8 @@ def direct_applies(engine, named: Mapping[str, torch.Tensor]) -> bool:
     contiguous BF16 sources of the engine's shapes)."""
     if engine.device.type != "cuda" or not engine.gpu_kernels:
         return False
-    if (engine.format.name if engine.format is not None else None) not in DIRECT_FORMATS:
-        return False
+    if engine.format is not None and not getattr(gpu_quantizer(engine.format), "direct", False):
+        return False  # BF16, or a format whose GPU quantizer writes engine buffers in place
     device = _indexed(engine.device)  # "cuda" and "cuda:0" are one device; torch.device's == says not
     return all(_indexed(t.device) == device and t.dtype == torch.bfloat16 and t.is_contiguous()
                for t in named.values())

@@ -17,6 +17,7 @@ import torch
 
 from quantroll.checkpoint.plan import scale_group
 from quantroll.checkpoint.quantize import quantize_for_checkpoint, tensor_amax
+from quantroll.kernels.quantize_launch import gpu_quantizer
 from quantroll.formats import QuantizedTensor
 
 
@@ -48,12 +49,14 @@ class WeightSync:
         # modules the engine stores quantized, by checkpoint name (fused parents excluded)
         self.quantized = set(engine.quantized_layers())
         # on a GPU with triton, quantize every weight of an update by one CUDA-graph replay
-        self._gpu_path = self.format is not None and engine.device.type == "cuda" and engine.gpu_kernels
+        # (formats whose kernels registered a GPU quantizer; the others quantize on the reference)
+        self._gpu_path = (self.format is not None and engine.device.type == "cuda" and engine.gpu_kernels
+                          and gpu_quantizer(self.format) is not None)
         self._plan = None  # QuantizePlan over the trainer's tensors, rebuilt if their storage changes
         self._plan_key: tuple = ()
 
     def _shared_amaxes(self, named: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        if self.format is None or self.format.name != "nvfp4":
+        if self.format is None or not self.format.shared_global_scale:
             return {}
         groups: dict[str, list[str]] = {}
         for name in named:

@@ -29,8 +29,4 @@ def copy_and_flag(srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], fl
             dst.copy_(src)
             flags[i] = (~torch.isfinite(src).all()).to(torch.int32)
         elif n:
-            copy_flag_kernel[(triton_cdiv(n, BLOCK),)](src, dst, flags[i:], n, BLOCK=BLOCK, num_warps=8)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
+            copy_flag_kernel[(-(-n // BLOCK),)](src, dst, flags[i:], n, BLOCK=BLOCK, num_warps=8)

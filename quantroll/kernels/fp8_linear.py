@@ -18,7 +18,7 @@ import torch
 
 from quantroll.kernels import fp8_gemv
 from quantroll.kernels.gemm_plan import (FP8_GEMMS, DecodeGemmConfig, GemmPlan, PrefillGemmConfig,  # noqa: F401
-                                         decode_block_m, kernel_runs)
+                                         decode_block_m)
 from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm
 from quantroll.kernels.counters import counters
 from quantroll.kernels.backends import BACKENDS
@@ -135,10 +135,8 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GE
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
-    rows = [r for r in plan.rows if r.covers(m, n, k) and kernel_runs(r.kernel, m, n, k, aq.device, out_dtype)]
-    if rows[0].kernel == "cuda decode" and not fp8_gemv.supports(aq, wq, out_dtype):
-        rows = rows[1:]  # unaligned rows: the next row's kernel (the CUDA kernel loads 16 bytes at a time)
-    row = rows[0]
+    # rows the CUDA kernel cannot load (it reads 16 bytes at a time) take the next row's kernel
+    row = plan.choose(m, n, k, aq.device, out_dtype, () if fp8_gemv.rows_loadable(aq, wq) else ("cuda decode",))
     if row.kernel == "cuda decode":
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s, early=early)
     if row.kernel == "triton decode":

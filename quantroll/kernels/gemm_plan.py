@@ -124,10 +124,13 @@ class GemmPlan:
         if last is None or last.kernel != "triton prefill" or last.min_m != 1 or last.weight_shape is not None:
             raise ValueError("GemmPlan: the last row must be 'triton prefill' for every M and shape")
 
-    def choose(self, m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16
-               ) -> GemmRow:
+    def choose(self, m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16,
+               exclude: tuple[str, ...] = ()) -> GemmRow:
+        """The first row covering the product whose kernel runs here and is not in ``exclude``
+        (fp8_gemm excludes the CUDA kernel for operands it cannot load)."""
         for row in self.rows:
-            if row.covers(m, n, k) and kernel_runs(row.kernel, m, n, k, device, out_dtype):
+            if (row.kernel not in exclude and row.covers(m, n, k)
+                    and kernel_runs(row.kernel, m, n, k, device, out_dtype)):
                 return row
         raise AssertionError("unreachable: the last row covers every product")
 

@@ -28,8 +28,8 @@ from collections.abc import Mapping
 import torch
 
 from quantroll.errors import NonFiniteError
+from quantroll.kernels.counters import device_key
 from quantroll.kernels.quantize_launch import gpu_quantizer
-
 
 
 def direct_applies(engine, named: Mapping[str, torch.Tensor]) -> bool:
@@ -39,16 +39,9 @@ def direct_applies(engine, named: Mapping[str, torch.Tensor]) -> bool:
         return False
     if engine.format is not None and not getattr(gpu_quantizer(engine.format), "direct", False):
         return False  # BF16, or a format whose GPU quantizer writes engine buffers in place
-    device = _indexed(engine.device)  # "cuda" and "cuda:0" are one device; torch.device's == says not
-    return all(_indexed(t.device) == device and t.dtype == torch.bfloat16 and t.is_contiguous()
+    device = device_key(engine.device)  # "cuda" and "cuda:0" are one device; torch.device's == says not
+    return all(device_key(t.device) == device and t.dtype == torch.bfloat16 and t.is_contiguous()
                for t in named.values())
-
-
-def _indexed(device: torch.device) -> torch.device:
-    """A CUDA device with its index (the current device's where none is given)."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 class DirectUpdate:

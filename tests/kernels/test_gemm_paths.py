@@ -80,3 +80,14 @@ def test_a_plan_must_end_in_the_kernel_that_takes_everything():
         GemmRow("triton decode", tiles=PrefillGemmConfig())
     with pytest.raises(ValueError, match="tiles must be None"):
         GemmRow("cublas", tiles=NATIVE_DECODE)
+
+
+def test_an_excluded_kernel_gives_way_to_the_next_row(gpu, monkeypatch):
+    """fp8_gemm excludes the CUDA kernel for operands it cannot load: the row after it runs."""
+    from quantroll.kernels.gemm_plan import FP8_GEMMS, NARROW_DECODE
+
+    device = gpu((9, 0))
+    monkeypatch.setattr(fp8_gemv, "usable", lambda device: True)
+    assert FP8_GEMMS.choose(16, 4096, 4096, device).kernel == "cuda decode"
+    row = FP8_GEMMS.choose(16, 4096, 4096, device, exclude=("cuda decode",))
+    assert row.kernel == "triton decode" and row.tiles == NARROW_DECODE

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session for the engine: GPU tests first (correctness), then the GEMM studies and
-# the rollout benchmark on the Qwen3-8B and Qwen3-30B-A3B shapes. Logs go to $OUT.
-# Usage (device tool): bash bench/engine_gpu.sh [8b-batches] [moe-layers]
+# the rollout benchmark's default study (8B, 1.7B) and the Qwen3-30B-A3B shape. Logs go to $OUT.
+# Usage (device tool): bash bench/engine_gpu.sh [batches] [moe-layers]
 #   SKIP_GEMM_STUDIES=1   leave out bench/gemm_decode.py and bench/gemm_native_fp8.py
 #   SKIP_TESTS=1          leave out the GPU tests (a second call of the same session)
 #   SKIP_ROLLOUT=1        leave out the shipped-settings rollout benches (8B and MoE)
@@ -22,8 +22,8 @@ if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # skip them to fit one call
   python3 bench/gemm_native_fp8.py --json "$OUT/gemm_native_fp8.json" 2>&1 | grep -v Warn | tail -14
 fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
-python3 -m quantroll bench rollout --shape qwen3-8b --batches "${1:-1,16,64,256}" --repeats 2 --json "$OUT/rollout_8b.json" \
-  2>&1 | tee "$OUT/rollout_8b.log" | grep -v '^{'
+python3 -m quantroll bench rollout ${1:+--batches $1} --repeats 2 --json "$OUT/rollout.json" \
+  2>&1 | tee "$OUT/rollout.log" | grep -v '^{'  # the default study: 8B and 1.7B
 fi
 if [ "${SKIP_ROLLOUT:-0}" != 1 ]; then
 python3 -m quantroll bench rollout --shape qwen3-30b-a3b --layers "${2:-24}" --batches 1,16,64 --repeats 2 \

@@ -21,7 +21,7 @@ import torch
 
 from quantroll.bench.gemm_case import gemm_case
 from quantroll.bench.graph_time import graph_time_us
-from quantroll.bench.rollout import copy_bandwidth
+from quantroll.bench.roofline import copy_bandwidth
 from quantroll.bench.shapes import SHAPES, layer_gemm_shapes
 from quantroll.kernels.fp8_linear import (DecodeGemmConfig, PrefillGemmConfig, fp8_gemm, fp8_gemm_decode,
                                           fp8_gemm_prefill, gemm_path)

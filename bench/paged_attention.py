@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from quantroll.bench.graph_time import graph_time_us
-from quantroll.bench.rollout import copy_bandwidth
+from quantroll.bench.roofline import copy_bandwidth
 from quantroll.bench.shapes import shape_config
 from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache, kv_bytes_per_token
 from quantroll.kernels import paged_attention

@@ -7,17 +7,20 @@ from quantroll.bench.rollout import RolloutResult, decode_gemm_label, format_tab
 from quantroll.bench.shapes import EIGHT_B_GEMMS, layer_gemm_shapes, shape_config
 
 
-def _result(precision, step_ms, weight_bytes, gemm):
-    return RolloutResult("qwen3-8b", 36, precision, 16, 128, 256, 1.0, 16 / step_ms * 1e3, step_ms, 2.0, step_ms / 2.0,
-                         weight_bytes, 1e6, gemm)
+def _result(precision, step_ms, roof_ms, weight_bytes, gemm):
+    return RolloutResult("qwen3-8b", 36, precision, 16, 128, 256, 1.0, 16 / step_ms * 1e3, step_ms, roof_ms,
+                         step_ms / roof_ms, weight_bytes, 1e6, gemm)
 
 
-def test_table_names_the_decode_gemm_and_the_speedup_against_the_byte_ratio():
-    text = format_table(4.2e12, [_result("bfloat16", 5.0, 16e9, "cublas bf16"),
-                                 _result("fp8 (real)", 3.5, 9e9, "cuda decode")])
-    assert "cublas bf16" in text and "cuda decode" in text
-    ideal = (16e9 + 1e6) / (9e9 + 1e6)
-    assert f"fp8/bf16 decode speedup {5.0 / 3.5:.2f}x, byte ratio {ideal:.2f}x" in text
+def test_table_names_the_decode_gemm_and_the_speedup_against_the_roofline_ratio():
+    from quantroll.bench.roofline import Peaks
+
+    text = format_table(Peaks(4.2e12, 7.9e14, 1.5e15), [_result("bfloat16", 5.0, 4.0, 16e9, "cublas bf16"),
+                                                        _result("fp8 (real)", 3.5, 2.5, 9e9, "cuda decode")])
+    assert "cublas bf16" in text and "cuda decode" in text and "GEMM peak bf16 790 / fp8 1500 TFLOP/s" in text
+    bytes_only = (16e9 + 1e6) / (9e9 + 1e6)
+    assert (f"fp8/bf16 decode speedup {5.0 / 3.5:.2f}x, ideal (roofline ratio) {4.0 / 2.5:.2f}x "
+            f"({100 * (5.0 / 3.5) / 1.6:.0f}% of ideal; bytes alone {bytes_only:.2f}x)") in text
 
 
 def test_decode_gemm_label_without_fp8_hardware():
@@ -40,6 +43,9 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
         (["--batches", "1,x"], "--batches takes comma-separated integers"),
         (["--precisions", "bf16,fp4"], "--precisions: unknown ['fp4']; choose from bf16, fp8, mxfp8, nvfp4"),
         (["--layers", "0"], "--layers must be in [1, 36] for qwen3-8b, got 0"),
+        (["--layers", "30"], "--layers must be in [1, 28] for qwen3-1.7b, got 30"),  # the default study's second shape
+        (["--shape", "qwen3-9b"], "--shape: unknown ['qwen3-9b']"),
+        (["--workload", "rl", "--shape", "qwen3-8b,qwen3-1.7b"], "--workload rl takes one --shape"),
         (["--shape", "qwen3-30b-a3b", "--layers", "49"], "--layers must be in [1, 48]"),
         (["--prompt-len", "0"], "--prompt-len must be >= 1"),
         (["--new-tokens", "-3"], "--new-tokens must be >= 1"),
@@ -94,9 +100,9 @@ def test_rl_roofline_sums_each_kernel_at_its_own_bound():
     two steps of two sequences."""
     import dataclasses
 
-    from quantroll.bench.rollout import weight_bytes_per_step
+    from quantroll.bench.roofline import Peaks, weight_bytes_per_step
     from quantroll.bench.shapes import random_model, shape_config
-    from quantroll.bench.workload import Peaks, roofline_ms
+    from quantroll.bench.workload import roofline_ms
 
     cfg = dataclasses.replace(shape_config("qwen3-8b", 1), hidden_size=256, intermediate_size=512,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000)
@@ -113,3 +119,31 @@ def test_rl_roofline_sums_each_kernel_at_its_own_bound():
         want += max(lm / 1e12, 2 * 2 * 1000 * 256 / 1e15)
         want += max(ctx * kv_token / 1e12, 4 * ctx * 4 * 64 / 1e15)
     assert abs(got - want * 1e3) <= 1e-9 * want * 1e3
+
+
+def test_fixed_roofline_averages_the_steps_of_the_fixed_workload():
+    """Step s of P-token prompts and N new tokens reads P + s keys per row (s = 1 .. N-1): the
+    mean of step_roofline_s over those steps, worked by hand for a tiny model (an FP8 step:
+    its linears at the FP8 peak, the lm_head at BF16's)."""
+    import dataclasses
+
+    from quantroll.bench.roofline import Peaks, step_roofline_s, weight_bytes_per_step
+    from quantroll.bench.rollout import mean_step_roofline_ms
+    from quantroll.bench.shapes import random_model
+
+    cfg = dataclasses.replace(shape_config("qwen3-8b", 1), hidden_size=256, intermediate_size=512,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000)
+    model = random_model(cfg, "cpu")
+    peaks = Peaks(bandwidth=1e12, bf16_flops=1e15, fp8_flops=2e15)
+    got = mean_step_roofline_ms(model, batch=3, prompt_len=10, new_tokens=4, kv_per_token=500.0, precision="fp8",
+                                peaks=peaks)
+    lm = 1000 * 256 * 2
+    weights = weight_bytes_per_step(model, 3) - lm
+    params = 256 * (4 + 4) * 64 + 4 * 64 * 256 + 3 * 256 * 512
+    want = []
+    for s in (1, 2, 3):
+        ctx = 3 * (10 + s)
+        want.append(max(weights / 1e12, 2 * 3 * params / 2e15) + max(lm / 1e12, 2 * 3 * 1000 * 256 / 1e15)
+                    + max(ctx * 500.0 / 1e12, 4 * ctx * 4 * 64 / 1e15))
+        assert abs(step_roofline_s(model, 3, ctx, 500.0, "fp8", peaks) - want[-1]) <= 1e-12 * want[-1]
+    assert abs(got - sum(want) / 3 * 1e3) <= 1e-9 * got

@@ -1,12 +1,13 @@
 """``quantroll bench rollout``: prefill and decode speed of BF16 and FP8 engines on real shapes.
 
-For each precision and batch: random prompts of --prompt-len tokens, --new-tokens
+For each shape, precision and batch: random prompts of --prompt-len tokens, --new-tokens
 generated with no stop token (every sequence runs the full length), sampled at T=1.
-Reported: prefill tokens/s, decode tokens/s, the decode step time (CUDA-graph
-replays, median over repeats) and its roofline: the bytes one decode step must read
-(every weight once, lm_head in BF16, each sequence's valid KV cache) over the
-measured device-to-device copy bandwidth. For MoE the weight bytes count the experts
-a step is expected to touch under uniform routing (stated in the output).
+Reported: prefill tokens/s, decode tokens/s, the decode step time (CUDA-graph replays,
+median over repeats) and the step's serial roofline (bench/roofline.py: per kernel,
+max(bytes / measured copy bandwidth, FLOPs / the measured GEMM peak of its precision),
+averaged over the decode steps); per shape and batch, FP8/BF16 against the ideal ratio,
+the ratio of the two rooflines. For MoE the weight bytes count the experts a step is
+expected to touch under uniform routing.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from quantroll.bench.roofline import Peaks, measure_peaks, step_roofline_s, weight_bytes_per_step
 from quantroll.bench.shapes import random_model, shape_config
 from quantroll.engine import Engine, SamplingParams
 from quantroll.formats import get_format
-from quantroll.model.linear import QLinear
+
+DEFAULT_SHAPES = ("qwen3-8b", "qwen3-1.7b")
+DEFAULT_BATCHES = {"qwen3-8b": (1, 16, 64, 128, 256, 512), "qwen3-1.7b": (64, 128, 256, 512),
+                   "qwen3-30b-a3b": (1, 16, 64)}
 
 
 @dataclass
@@ -41,46 +46,23 @@ class RolloutResult:
     decode_gemm: str = ""  # which GEMM a decode step's linear layers took (fp8: fp8_linear.gemm_path)
 
 
-def copy_bandwidth(device, nbytes: int = 4 << 30, repeats: int = 20) -> float:
-    """Device-to-device copy bandwidth, bytes read + written per second (median)."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    del src, dst
-    return nbytes / statistics.median(times)
-
-
-def weight_bytes_per_step(model, batch: int) -> float:
-    cfg = model.config
-    total = 0.0
-    for m in model.modules():
-        if not isinstance(m, QLinear) or m._fused_into:
-            continue  # a fused layer's parts are views into it: counted once, with it
-        n = sum(t.numel() * t.element_size() for t in (m.weight, getattr(m, "weight_scale", None),
-                                                       getattr(m, "weight_global", None)) if t is not None)
-        if ".experts." in m.name:
-            n *= 1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** batch  # P(expert touched)
-        total += n
-    return total + batch * cfg.hidden_size * 2  # embedding rows
-
-
 def kv_bytes_per_step(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     mean_len = prompt_len + 1 + (new_tokens - 2) / 2  # decode steps 1..new-1 read P+1 .. P+new-1 keys
     return batch * mean_len * per_token
 
 
+def mean_step_roofline_ms(model, batch: int, prompt_len: int, new_tokens: int, kv_per_token: float, precision: str,
+                          peaks: Peaks) -> float:
+    """The serial roofline of the fixed workload's decode steps (step s reads P + s keys per
+    row, s = 1 .. new-1), averaged over them."""
+    steps = range(1, max(new_tokens, 2))
+    total = sum(step_roofline_s(model, batch, batch * (prompt_len + s), kv_per_token, precision, peaks) for s in steps)
+    return total / len(steps) * 1e3
+
+
 def bench_one(engine: Engine, shape: str, layers: int, precision: str, batch: int, prompt_len: int, new_tokens: int,
-              bandwidth: float, repeats: int) -> RolloutResult:
+              peaks: Peaks, repeats: int) -> RolloutResult:
     cfg = engine.config
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).tolist()
@@ -94,7 +76,8 @@ def bench_one(engine: Engine, shape: str, layers: int, precision: str, batch: in
     prefill_ms, step_ms = statistics.median(prefill), statistics.median(step)
     wb = weight_bytes_per_step(engine.model, batch)
     kvb = kv_bytes_per_step(cfg, batch, prompt_len, new_tokens)
-    roof_ms = (wb + kvb) / bandwidth * 1e3
+    kind = "fp8" if engine.format is not None and engine.format.name == "fp8" else "bf16"
+    roof_ms = mean_step_roofline_ms(engine.model, batch, prompt_len, new_tokens, engine.kv_bytes_per_token(), kind, peaks)
     return RolloutResult(shape, cfg.num_hidden_layers, precision, batch, prompt_len, new_tokens,
                          batch * prompt_len / prefill_ms * 1e3, batch / step_ms * 1e3, step_ms, roof_ms,
                          step_ms / roof_ms, wb, kvb)
@@ -113,32 +96,36 @@ def decode_gemm_label(precision: str, batch: int, cfg, device: str) -> str:
     return gemm_path(batch, cfg.hidden_size, cfg.hidden_size, torch.device(device))
 
 
-def run_rollout_bench(shape: str, layers: int | None, batches: list[int], precisions: list[str], prompt_len: int,
-                      new_tokens: int, repeats: int, device: str = "cuda") -> tuple[float, list[RolloutResult]]:
-    cfg = shape_config(shape, layers)
-    bandwidth = copy_bandwidth(device)
+def run_rollout_bench(shapes: list[str], layers: int | None, batches: dict[str, list[int]], precisions: list[str],
+                      prompt_len: int, new_tokens: int, repeats: int,
+                      device: str = "cuda") -> tuple[Peaks, list[RolloutResult]]:
+    """Every shape x precision x batch of ``batches[shape]``; the peaks are measured once."""
+    peaks = measure_peaks(device)
     results = []
-    base = random_model(cfg, device)
-    for precision in precisions:
-        if precision == "bf16":
-            model = base
-        else:
-            model = random_model(cfg, device, fmt=get_format(precision), source=base)
-        engine = Engine.from_model(model, None if precision == "bf16" else get_format(precision), device)
-        label = engine.precision
-        for batch in batches:
-            r = bench_one(engine, shape, cfg.num_hidden_layers, label, batch, prompt_len, new_tokens, bandwidth, repeats)
-            r.decode_gemm = decode_gemm_label(precision, batch, cfg, device)
-            print(json.dumps(asdict(r)), flush=True)
-            results.append(r)
-        if model is not base:
-            del engine, model
+    for shape in shapes:
+        cfg = shape_config(shape, layers)
+        base = random_model(cfg, device)
+        for precision in precisions:
+            model = base if precision == "bf16" else random_model(cfg, device, fmt=get_format(precision), source=base)
+            engine = Engine.from_model(model, None if precision == "bf16" else get_format(precision), device)
+            for batch in batches[shape]:
+                r = bench_one(engine, shape, cfg.num_hidden_layers, engine.precision, batch, prompt_len, new_tokens,
+                              peaks, repeats)
+                r.decode_gemm = decode_gemm_label(precision, batch, cfg, device)
+                print(json.dumps(asdict(r)), flush=True)
+                results.append(r)
+            del engine
+            if model is not base:
+                del model
             torch.cuda.empty_cache()
-    return bandwidth, results
+        del base
+        torch.cuda.empty_cache()
+    return peaks, results
 
 
-def format_table(bandwidth: float, results: list[RolloutResult]) -> str:
-    lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)",
+def format_table(peaks: Peaks, results: list[RolloutResult]) -> str:
+    lines = [f"copy bandwidth {peaks.bandwidth / 1e12:.2f} TB/s (read + write), GEMM peak bf16 "
+             f"{peaks.bf16_flops / 1e12:.0f} / fp8 {peaks.fp8_flops / 1e12:.0f} TFLOP/s",
              f"{'shape':14s} {'L':>3s} {'precision':16s} {'batch':>5s} {'prefill tok/s':>13s} {'decode tok/s':>12s} "
              f"{'step ms':>8s} {'roof ms':>8s} {'x roof':>6s}  decode GEMM"]
     for r in results:
@@ -149,8 +136,9 @@ def format_table(bandwidth: float, results: list[RolloutResult]) -> str:
     for (shape, batch, prec), r in sorted(by.items()):
         if prec == "fp8" and (shape, batch, "bfloat16") in by:
             b = by[(shape, batch, "bfloat16")]
-            ideal = (b.weight_bytes_per_step + b.kv_bytes_per_step) / (r.weight_bytes_per_step + r.kv_bytes_per_step)
+            ideal = b.roofline_step_ms / r.roofline_step_ms
+            bytes_only = (b.weight_bytes_per_step + b.kv_bytes_per_step) / (r.weight_bytes_per_step + r.kv_bytes_per_step)
             got = b.decode_step_ms / r.decode_step_ms
-            lines.append(f"{shape} batch {batch}: fp8/bf16 decode speedup {got:.2f}x, byte ratio {ideal:.2f}x "
-                         f"({100 * got / ideal:.0f}% of ideal)")
+            lines.append(f"{shape} batch {batch}: fp8/bf16 decode speedup {got:.2f}x, ideal (roofline ratio) "
+                         f"{ideal:.2f}x ({100 * got / ideal:.0f}% of ideal; bytes alone {bytes_only:.2f}x)")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from quantroll.bench.rollout import copy_bandwidth, weight_bytes_per_step
+from quantroll.bench.roofline import Peaks, measure_peaks, step_roofline_s
 from quantroll.bench.shapes import random_model, shape_config
 from quantroll.engine import CacheConfig, Engine, SamplingParams, SchedulerConfig
 from quantroll.engine.paged_cache import kv_bytes_per_token
@@ -66,63 +66,14 @@ def workload_prompts(w: Workload, vocab: int) -> list[list[int]]:
     return [p for p in distinct for _ in range(w.samples)]  # the samples of a prompt are consecutive, as in RL
 
 
-@dataclass(frozen=True)
-class Peaks:
-    bandwidth: float  # bytes read + written per second (device-to-device copy)
-    bf16_flops: float
-    fp8_flops: float
-
-
-def _median_ms(fn, reps: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def measure_peaks(device: str = "cuda", n: int = 8192) -> Peaks:
-    """Copy bandwidth, and the dense BF16 and FP8 (per-row scaled) GEMM rates on random data."""
-    a = torch.randn(n, n, device=device).to(torch.bfloat16)
-    b = torch.randn(n, n, device=device).to(torch.bfloat16)
-    bf16 = 2 * n**3 / (_median_ms(lambda: a @ b.t()) / 1e3)
-    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
-    sa = torch.ones(n, 1, device=device)
-    sb = torch.ones(1, n, device=device)
-    fp8 = 2 * n**3 / (_median_ms(lambda: torch._scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)) / 1e3)
-    return Peaks(copy_bandwidth(device), bf16, fp8)
-
-
 def roofline_ms(model, trace: list[tuple[int, int, int, int]], kv_per_token: float, precision: str,
                 peaks: Peaks) -> float:
-    """The serial roofline of the decode steps in ``trace`` (model_runner.ModelRunner.trace)."""
-    cfg = model.config
-    lm_bytes = cfg.vocab_size * cfg.hidden_size * 2
-    linear_peak = peaks.fp8_flops if precision == "fp8" else peaks.bf16_flops
-    dense_params = (cfg.hidden_size * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-                    + cfg.num_attention_heads * cfg.head_dim * cfg.hidden_size)
-    if cfg.num_experts:
-        dense_params += cfg.hidden_size * cfg.num_experts  # router
-        mlp_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size * cfg.num_experts_per_tok
-    else:
-        mlp_params = 3 * cfg.hidden_size * cfg.intermediate_size
-    per_token_flops = 2 * (dense_params + mlp_params) * cfg.num_hidden_layers
+    """The serial roofline of the decode steps in ``trace`` (model_runner.ModelRunner.trace),
+    in milliseconds: bench/roofline.step_roofline_s of each step."""
     total = 0.0
     for n, _bucket, steps, ctx_first in trace:
-        weights = weight_bytes_per_step(model, n) - lm_bytes
         for s in range(steps):
-            ctx = ctx_first + s * n  # every row holds one more key per step
-            kv_bytes = ctx * kv_per_token
-            attn_flops = 4 * ctx * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers
-            total += max(weights / peaks.bandwidth, n * per_token_flops / linear_peak)
-            total += max(lm_bytes / peaks.bandwidth, 2 * n * lm_bytes / 2 / peaks.bf16_flops)
-            total += max(kv_bytes / peaks.bandwidth, attn_flops / peaks.bf16_flops)
+            total += step_roofline_s(model, n, ctx_first + s * n, kv_per_token, precision, peaks)  # one key per row per step
     return total * 1e3
 
 

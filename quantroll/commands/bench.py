@@ -22,10 +22,11 @@ def register(subparsers) -> None:
                        "CUDA GPU; results are recorded in docs/PERFORMANCE.md.", formatter_class=HelpFormatter)
     r.add_argument("--workload", default="fixed", choices=["fixed", "rl"], help="fixed batches, or the RL workload "
                    "(default: fixed)")
-    r.add_argument("--shape", default="qwen3-8b", choices=["qwen3-8b", "qwen3-30b-a3b", "qwen3-1.7b"],
-                   help="model shape, random weights (default: qwen3-8b)")
+    r.add_argument("--shape", default=None, help="model shape(s), random weights, comma-separated for fixed: "
+                   "qwen3-8b, qwen3-1.7b, qwen3-30b-a3b (default: qwen3-8b,qwen3-1.7b fixed; qwen3-8b rl)")
     r.add_argument("--layers", type=int, default=None, help="use only N decoder layers (default: all)")
-    r.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes (default: 1,16,64,256)")
+    r.add_argument("--batches", default=None, help="comma-separated batch sizes, for every shape (default: 8B "
+                   "1,16,64,128,256,512; 1.7B 64,128,256,512; 30B-A3B 1,16,64)")
     r.add_argument("--precisions", default="bf16,fp8", help="comma-separated engine precisions (default: bf16,fp8)")
     r.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default: 128 fixed, "
                    "512 rl)")
@@ -45,27 +46,39 @@ def register(subparsers) -> None:
     r.set_defaults(func=run_rollout)
 
 
-def rollout_plan(args: argparse.Namespace) -> tuple[list[int], list[str]]:
-    """(batches, precisions) of a ``bench rollout`` call, every argument checked before any
-    work (a bad --json path would otherwise surface after the whole benchmark)."""
+def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[str]]:
+    """({shape: batches}, precisions) of a ``bench rollout`` call, every argument checked
+    before any work (a bad --json path would otherwise surface after the whole benchmark)."""
+    from quantroll.bench.rollout import DEFAULT_BATCHES, DEFAULT_SHAPES
     from quantroll.bench.shapes import SHAPES
     from quantroll.formats import FORMAT_NAMES
     from quantroll.outputs import check_output_path
 
-    try:
-        batches = [int(b) for b in args.batches.split(",")]
-    except ValueError:
-        raise QuantrollError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
-    if not batches or min(batches) < 1:
-        raise QuantrollError(f"--batches must all be >= 1, got {args.batches!r}")
+    rl = args.workload == "rl"
+    shapes = args.shape.split(",") if args.shape else (["qwen3-8b"] if rl else list(DEFAULT_SHAPES))
+    if unknown := [s for s in shapes if s not in SHAPES]:
+        raise QuantrollError(f"--shape: unknown {unknown}; choose from {', '.join(SHAPES)}")
+    if rl and len(shapes) != 1:
+        raise QuantrollError(f"--workload rl takes one --shape, got {args.shape!r}")
+    args.shapes = shapes
+    if args.batches is None:
+        batches = {s: list(DEFAULT_BATCHES[s]) for s in shapes}
+    else:
+        try:
+            given = [int(b) for b in args.batches.split(",")]
+        except ValueError:
+            raise QuantrollError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
+        if not given or min(given) < 1:
+            raise QuantrollError(f"--batches must all be >= 1, got {args.batches!r}")
+        batches = {s: given for s in shapes}
     precisions = args.precisions.split(",")
     known = ("bf16", *FORMAT_NAMES)
     if unknown := [p for p in precisions if p not in known]:
         raise QuantrollError(f"--precisions: unknown {unknown}; choose from {', '.join(known)}")
-    most = SHAPES[args.shape].num_hidden_layers
-    if args.layers is not None and not 1 <= args.layers <= most:
-        raise QuantrollError(f"--layers must be in [1, {most}] for {args.shape}, got {args.layers}")
-    rl = args.workload == "rl"
+    for shape in shapes:
+        most = SHAPES[shape].num_hidden_layers
+        if args.layers is not None and not 1 <= args.layers <= most:
+            raise QuantrollError(f"--layers must be in [1, {most}] for {shape}, got {args.layers}")
     if args.prompt_len is None:
         args.prompt_len = 512 if rl else 128
     if args.new_tokens is None:
@@ -96,7 +109,7 @@ def run_rollout(args: argparse.Namespace) -> int:
         from quantroll.bench.workload import Workload, format_workload_table, run_workload
 
         w = Workload(args.prompts, args.samples, args.prompt_len, args.mean_len, args.new_tokens)
-        peaks, results = run_workload(args.shape, args.layers, w, precisions, args.kv_cache_dtypes, args.static,
+        peaks, results = run_workload(args.shapes[0], args.layers, w, precisions, args.kv_cache_dtypes, args.static,
                                       args.kv_cache_memory_gb)
         print(format_workload_table(peaks, w, results))
         if args.json:
@@ -106,10 +119,10 @@ def run_rollout(args: argparse.Namespace) -> int:
         return 0
     from quantroll.bench.rollout import format_table, run_rollout_bench
 
-    bandwidth, results = run_rollout_bench(args.shape, args.layers, batches, precisions, args.prompt_len,
-                                           args.new_tokens, args.repeats)
-    print(format_table(bandwidth, results))
+    peaks, results = run_rollout_bench(args.shapes, args.layers, batches, precisions, args.prompt_len,
+                                       args.new_tokens, args.repeats)
+    print(format_table(peaks, results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_bandwidth": bandwidth, "results": [asdict(r) for r in results]}, f, indent=2)
+            json.dump({"peaks": asdict(peaks), "results": [asdict(r) for r in results]}, f, indent=2)
     return 0

@@ -150,6 +150,10 @@ class Engine:
             if fp8_kernels:
                 for layer in self.model.quantized_linears().values():
                     layer.backend = "fp8"
+        if any(layer.backend == "emulated" for layer in self.model.quantized_linears().values()):
+            # exact emulation quantizes activations through the format's own checks, which read
+            # their verdict on the host: not capturable, and a reference path, not a speed one
+            self.use_cuda_graphs = False
         self.default_stop_ids = stop_ids
         if self.gpu_kernels:
             from quantroll.model.moe import SparseMoE

@@ -416,3 +416,25 @@ def test_large_odd_batches_decode_under_graphs_as_eagerly():
     graphed = engine.generate(prompts, params)
     assert engine.last_stats["graph_captures"] == 1
     assert [r.tokens for r in eager] == [r.tokens for r in graphed]
+
+
+@pytest.mark.parametrize("fmt,real", [("fp8", False), ("mxfp8", None), ("nvfp4", None)])
+def test_emulated_formats_run_on_the_gpu_engine_without_graphs(fmt, real, tmp_path):
+    """Exact emulation (forced for block FP8, the only path for MXFP8 / NVFP4 on Hopper) checks
+    each activation on the host, which no CUDA graph can capture: the engine runs those decode
+    steps eagerly instead of failing in capture (it did, 2026-12-02), with the same samples as
+    an engine that was asked for no graphs."""
+    from quantroll.builtin import builtin_checkpoint
+    from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+    from quantroll.sft import encode
+
+    convert_checkpoint(builtin_checkpoint(), tmp_path / fmt, ConvertConfig(format=fmt, progress=False))
+    prompts = [encode(f"{10 + 7 * i}+{23 + 5 * i}=") for i in range(6)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, stop_token_ids=(), seed=5)
+    engine = Engine(tmp_path / fmt, device=DEV, fp8_kernels=real)
+    got = engine.generate(prompts, params)
+    assert engine.last_stats["graph_captures"] == 0 and engine.last_stats["decode_steps"] >= 9
+    eager = Engine(tmp_path / fmt, device=DEV, fp8_kernels=real, cuda_graphs=False).generate(prompts, params)
+    assert [r.tokens for r in got] == [r.tokens for r in eager]
+    assert [r.logprobs for r in got] == [r.logprobs for r in eager]
+    assert all(torch.isfinite(torch.tensor(r.logprobs)).all() for r in got)

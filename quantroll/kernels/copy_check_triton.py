@@ -24,3 +24,24 @@ def copy_flag_kernel(src_ptr, dst_ptr, flag_ptr, n, BLOCK: tl.constexpr):
     bad = tl.max((magnitude >= 0x7F80).to(tl.int32), axis=0)
     if bad > 0:
         tl.atomic_max(flag_ptr, 1)
+
+
+@triton.jit
+def copy_flag_many_kernel(src_table_ptr, dst_table_ptr, sizes_ptr, flag_index_ptr, flag_ptr, BLOCK: tl.constexpr):
+    """The same for many small tensors in one launch: program (b, t) copies block b of tensor
+    t, whose addresses and length come from the tables (int64 addresses, int64 lengths, the
+    int32 index of its flag)."""
+    t = tl.program_id(1)
+    n = tl.load(sizes_ptr + t)
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    if start < n:
+        src = tl.load(src_table_ptr + t).to(tl.pointer_type(tl.bfloat16))
+        dst = tl.load(dst_table_ptr + t).to(tl.pointer_type(tl.bfloat16))
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < n
+        x = tl.load(src + offs, mask=ok, other=0.0)
+        tl.store(dst + offs, x, mask=ok)
+        magnitude = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+        bad = tl.max((magnitude >= 0x7F80).to(tl.int32), axis=0)
+        if bad > 0:
+            tl.atomic_max(flag_ptr + tl.load(flag_index_ptr + t), 1)

@@ -12,8 +12,9 @@ Here, when trainer and engine share one CUDA device:
 - every BF16 tensor (embedding, norms, lm_head, BF16-kept layers) is copied by a kernel
   that also flags a source holding NaN/Inf in the same read (kernels/copy_check.py),
   captured in a second graph;
-- the checks are batched: the quantizer's per-weight finiteness flags, and the copy's
-  flags, read back in one host sync each.
+- the checks are batched: the quantizer's per-weight finiteness flags and the copy's
+  flags are read back together, in the update's one host sync (``run``); the quantize
+  time is the GPU time between two events around its replay, not a second sync.
 
 The price: the check comes after the writes, so an update holding NaN/Inf leaves the
 engine with a broken update; it raises NonFiniteError naming the tensor and the run stops
@@ -72,6 +73,7 @@ class DirectUpdate:
                               if layers[n.removesuffix(".weight")].backend == "emulated"]
         self.plan = QuantizePlan(q_src, engine.format, q_names, outs=q_out) if q_src else None
         self.flags = torch.zeros(len(plain_src), dtype=torch.int32, device=engine.device)
+        self.tables = None
         self.copy_graph = None
         if plain_src:
             self._copy()  # eager once (warm-up), then captured
@@ -84,22 +86,30 @@ class DirectUpdate:
     def _copy(self) -> None:
         from quantroll.kernels.copy_check import copy_and_flag
 
-        copy_and_flag(self.plain_src, self.plain_dst, self.flags)
+        self.tables = copy_and_flag(self.plain_src, self.plain_dst, self.flags, self.tables)
 
-    def quantize(self) -> None:
-        """Quantize every quantized weight into the engine (raises on NaN/Inf: the run stops)."""
+    def run(self) -> tuple[float, int]:
+        """The whole update: both replays, then one host sync that reads every flag (raises
+        NonFiniteError naming the first bad tensor: the run must stop). Returns (the quantize
+        replay's GPU seconds, the new weight version)."""
+        from quantroll.kernels.quantize import bad_weights
+
+        start, mid = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         if self.plan is not None:
-            self.plan.run(check_finite=True)
-
-    def copy(self) -> int:
-        """Copy the BF16 tensors into the engine, check them, bump the version."""
+            self.plan.run(check_finite=False)
+        mid.record()
         if self.copy_graph is not None:
             self.copy_graph.replay()
-            bad = self.flags.cpu()
-            if bool(bad.any()):
-                name = self.plain_names[int(bad.nonzero()[0])]
-                raise NonFiniteError(f"weight update: '{name}' holds NaN/Inf (written into the engine: the run must "
-                                     "stop)", tensor=name)
+        parts = ([bad_weights(self.engine.format, self.plan.flags).to(torch.int32)] if self.plan is not None else [])
+        bad = torch.cat([*parts, self.flags]).cpu()  # the one sync
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            if i < len(self.q_names):
+                self.plan.run(check_finite=True)  # raises the quantizer's own message for that weight
+            name = self.plain_names[i - len(self.q_names)]
+            raise NonFiniteError(f"weight update: '{name}' holds NaN/Inf (written into the engine: the run must "
+                                 "stop)", tensor=name)
         for layer in self.to_invalidate:
             layer.invalidate()
-        return self.engine.load_weights([], commit=True)
+        return start.elapsed_time(mid) / 1e3, self.engine.load_weights([], commit=True)

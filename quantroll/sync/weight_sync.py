@@ -124,15 +124,12 @@ class WeightSync:
         """Quantize and load one update; returns the two times and the new weight version."""
         device = self.engine.device
         direct = self._direct_update(named)
-        if direct is not None:  # quantize into the engine's buffers: "load" is the BF16 copy
+        if direct is not None:  # quantize into the engine's buffers: "load" is the BF16 copy and the checks
             _sync(device)
             t0 = time.perf_counter()
-            direct.quantize()
-            _sync(device)
-            t1 = time.perf_counter()
-            version = direct.copy()
-            _sync(device)
-            return SyncTiming(t1 - t0, time.perf_counter() - t1, version)
+            quantize_s, version = direct.run()
+            total = time.perf_counter() - t0
+            return SyncTiming(quantize_s, max(total - quantize_s, 0.0), version)
         _sync(device)
         t0 = time.perf_counter()
         update = self.quantize(named)

@@ -70,6 +70,9 @@ CASES = [
      dict(TOP_K=8, K_PAD=8, E_PAD=128, NORM=True), dict(num_warps=1)),
     ("copy_check_triton", "copy_flag_kernel", {"src_ptr": "bf16", "dst_ptr": "bf16", "flag_ptr": "i32"},
      dict(BLOCK=8192), dict(num_warps=8)),
+    ("copy_check_triton", "copy_flag_many_kernel", {"src_table_ptr": "i64", "dst_table_ptr": "i64", "sizes_ptr": "i64",
+                                                    "flag_index_ptr": "i32", "flag_ptr": "i32"},
+     dict(BLOCK=8192), dict(num_warps=8)),
     ("moe_triton", "moe_combine_kernel", {"y_ptr": "bf16", "w_ptr": "bf16", "out_ptr": "bf16"},
      dict(TOP_K=8, BLOCK=1024), {}),
 ]

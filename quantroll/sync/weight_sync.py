@@ -110,13 +110,19 @@ class WeightSync:
         does not apply (every CPU run, NVFP4, tensors on another device)."""
         from quantroll.sync.direct import DirectUpdate, direct_applies
 
-        if not self.direct or not direct_applies(self.engine, named):
+        if not self.direct:
             return None
-        key = tuple((n, t.data_ptr(), tuple(t.shape), t.dtype) for n, t in named.items())
-        if self._direct is None or key != self._direct_key:
-            self._direct = None  # free the old graphs first
-            self._direct = DirectUpdate(self.engine, named)
-            self._direct_key = key
+        # the names and storages of the last update: what its graphs were built on. A tensor
+        # re-allocated (moved, cast, replaced through .data) has a new data_ptr, so this key,
+        # cheap enough for every update (the full check of direct_applies is not), finds it.
+        key = (tuple(named), [t.data_ptr() for t in named.values()])
+        if self._direct is not None and key == self._direct_key:
+            return self._direct
+        self._direct = None  # free the old graphs first
+        if not direct_applies(self.engine, named):
+            return None
+        self._direct = DirectUpdate(self.engine, named)
+        self._direct_key = key
         return self._direct
 
     @torch.no_grad()

@@ -147,13 +147,11 @@ def _prepare(weights: Sequence[torch.Tensor], fmt: Format | str, names: Sequence
 
 
 def _launch_all(fmt: Format, weights: Sequence[torch.Tensor], records: Sequence[QuantizedTensor],
-                flags: torch.Tensor, overlap: bool = True, **cfg) -> object:
+                flags: torch.Tensor, overlap: bool = True, **cfg) -> None:
     """Queue every kernel the format registered (kernels/quantize_launch.py); flags must
-    be zero on entry and mark a bad weight as ``bad_weights`` reads them. Returns what the
-    launches read besides their arguments (device tables), which a captured graph's owner
-    must keep alive, or None."""
+    be zero on entry and mark a bad weight as ``bad_weights`` reads them."""
     xs = [w if w.is_contiguous() else w.contiguous() for w in weights]
-    return gpu_quantizer(fmt).launch(fmt, xs, records, flags, overlap, cfg)
+    gpu_quantizer(fmt).launch(fmt, xs, records, flags, overlap, cfg)
 
 
 def bad_weights(fmt: Format | str, flags: torch.Tensor) -> torch.Tensor:
@@ -232,7 +230,7 @@ class QuantizePlan:
         if not self.weights:
             return
         self.flags.zero_()
-        self.launch_tables = _launch_all(self.format, self.weights, self.outputs, self.flags, **self._cfg)  # kept: the graph reads them
+        _launch_all(self.format, self.weights, self.outputs, self.flags, **self._cfg)
 
     def run(self, check_finite: bool = True) -> list[QuantizedTensor]:
         """Quantize the current values into the same output buffers."""

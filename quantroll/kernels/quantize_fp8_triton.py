@@ -10,10 +10,12 @@ from quantroll.kernels.quantize_triton_common import (
     CONFIGS, EXACT, _abs_bits, _cdiv, _clamp448, _div_rn_pos, _div_setup, _interpret, _row_tiles)
 
 
-@triton.jit
-def _fp8_block(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb, pk, pm, BLOCK: tl.constexpr,
-               INTERPRET: tl.constexpr):
-    """Block (pm, pk) of one weight: amax -> scale = amax/448 -> e4m3(x / scale)."""
+@triton.jit(do_not_specialize=["flag_idx", "N"])
+def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb,
+                      BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    """One 128x128 block per program: amax -> scale = amax/448 -> e4m3(x / scale)."""
+    pk = tl.program_id(0)  # block column (consecutive programs walk along the rows' memory)
+    pm = tl.program_id(1)  # block row
     rows = pm * BLOCK + tl.arange(0, BLOCK)
     cols = pk * BLOCK + tl.arange(0, BLOCK)
     mask = (rows < N)[:, None] & (cols < K)[None, :]
@@ -34,30 +36,6 @@ def _fp8_block(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb, pk, pm, BLOC
     q = (q.to(tl.int32, bitcast=True) | (xbits & -2147483648)).to(tl.float32, bitcast=True)  # sign of x
     tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + pm * n_kb + pk, scale)  # scale is [n_mb, n_kb] row-major
-
-
-@triton.jit(do_not_specialize=["flag_idx", "N"])
-def _fp8_block_kernel(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb,
-                      BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
-    """One 128x128 block per program (consecutive programs walk along the rows' memory)."""
-    _fp8_block(x_ptr, q_ptr, s_ptr, flag_ptr, flag_idx, N, K, n_kb, tl.program_id(0), tl.program_id(1),
-               BLOCK, INTERPRET)
-
-
-@triton.jit
-def _fp8_block_many_kernel(table_ptr, program_weight_ptr, flag_ptr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
-    """Every block of many BF16 weights in one launch: program p quantizes block p - first of
-    weight program_weight[p], whose row of the int64 table is (x, q, s addresses, N, K, n_kb,
-    first, flag index). K is a multiple of 16 for every weight (the launcher checks)."""
-    pid = tl.program_id(0)
-    row = table_ptr + tl.load(program_weight_ptr + pid).to(tl.int64) * 8
-    x_ptr = tl.load(row).to(tl.pointer_type(tl.bfloat16))
-    q_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float8e4nv))
-    s_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
-    n, k, n_kb = tl.load(row + 3), tl.multiple_of(tl.load(row + 4), 16), tl.load(row + 5)
-    local = pid - tl.load(row + 6)
-    _fp8_block(x_ptr, q_ptr, s_ptr, flag_ptr, tl.load(row + 7), n, k, n_kb, local % n_kb, local // n_kb,
-               BLOCK, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["flag_idx", "N"])
@@ -98,49 +76,6 @@ def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: 
     grid = (n_kb, _row_tiles(n, 128))
     _fp8_block_kernel[grid](x, data, scale, flags, idx, n, k, n_kb, BLOCK=128, INTERPRET=_interpret(),
                             num_warps=cfg["num_warps"], **EXACT)
-
-
-class Fp8Tables:
-    """The many-weight launch's tables for one list of (weight, output) pairs: a pure function
-    of their addresses and shapes, so a list seen before (a QuantizePlan's eager run, then its
-    graph capture, which may not copy host data) takes the tables it built."""
-
-    def __init__(self, key: tuple, device):
-        rows, owners, first = [], [], 0
-        for i, (x, q, s, n, k) in enumerate(key):
-            n_kb = _cdiv(k, 128)
-            blocks = n_kb * _cdiv(n, 128)
-            rows.append([x, q, s, n, k, n_kb, first, i])
-            owners += [i] * blocks
-            first += blocks
-        self.table = torch.tensor(rows, dtype=torch.int64, device=device)
-        self.program_weight = torch.tensor(owners, dtype=torch.int32, device=device)
-        self.programs = first
-
-
-_TABLES: dict[tuple, Fp8Tables] = {}  # a few recent lists (a plan's eager run, then its capture)
-_TABLES_KEPT = 8
-
-
-def many_applies(xs, records) -> bool:
-    """The one-launch path: BF16 weights with rows of a multiple of 16 elements (aligned loads)."""
-    return len(xs) > 1 and all(x.dtype == torch.bfloat16 and x.shape[1] % 16 == 0 for x in xs)
-
-
-def launch_fp8_many(xs, records, flags: torch.Tensor, **cfg) -> None:
-    """launch_fp8 for every pair in one launch (many_applies must hold): one grid over every
-    128x128 block of every weight, so an update of ~200 small weights is not ~200 launches
-    each too small to fill the GPU. The same block code as launch_fp8: the same bits."""
-    cfg = {**CONFIGS["fp8"], **cfg}
-    key = tuple((x.data_ptr(), q.data.data_ptr(), q.scale.data_ptr(), *x.shape) for x, q in zip(xs, records))
-    key = (flags.device.index, *key)
-    tables = _TABLES.get(key)
-    if tables is None:
-        if len(_TABLES) >= _TABLES_KEPT:
-            _TABLES.pop(next(iter(_TABLES)))
-        tables = _TABLES[key] = Fp8Tables(key[1:], flags.device)
-    _fp8_block_many_kernel[(tables.programs,)](tables.table, tables.program_weight, flags, BLOCK=128,
-                                               INTERPRET=_interpret(), num_warps=cfg["num_warps"], **EXACT)
 
 
 def launch_mxfp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: torch.Tensor, idx: int,

@@ -17,14 +17,12 @@ from quantroll.formats import Format, QuantizedTensor
 
 _INF_BITS = 0x7F800000
 
-Launch = Callable[[Format, Sequence[torch.Tensor], Sequence[QuantizedTensor], torch.Tensor, bool, dict], object]
+Launch = Callable[[Format, Sequence[torch.Tensor], Sequence[QuantizedTensor], torch.Tensor, bool, dict], None]
 
 
 @dataclass(frozen=True)
 class GpuQuantizer:
-    """launch(fmt, xs, records, flags, overlap, cfg): queue every kernel (xs contiguous);
-              returns the device tables the launches read, if any (the caller keeps them
-              alive as long as a graph that captured the launches), else None.
+    """launch(fmt, xs, records, flags, overlap, cfg): queue every kernel (xs contiguous).
     bad_flag: flags[i] >= bad_flag marks weight i as holding NaN/Inf.
     direct:   the kernels can write straight into the engine's buffers under one CUDA
               graph (the direct one-GPU weight update, sync/direct.py)."""
@@ -50,15 +48,11 @@ def _side_stream(device: torch.device):
     return _SIDE_STREAMS[device]
 
 
-def _launch_fp8(fmt, xs, records, flags, overlap, cfg):
+def _launch_fp8(fmt, xs, records, flags, overlap, cfg) -> None:
     from quantroll.kernels import quantize_triton as qt
 
-    if qt.many_applies(xs, records) and not cfg.get("per_weight"):
-        return qt.launch_fp8_many(xs, records, flags, **cfg)
-    cfg = {k: v for k, v in cfg.items() if k != "per_weight"}
     for i, (x, q) in enumerate(zip(xs, records)):
         qt.launch_fp8(x, q.data, q.scale, flags, i, **cfg)
-    return None
 
 
 def _launch_mxfp8(fmt, xs, records, flags, overlap, cfg) -> None:

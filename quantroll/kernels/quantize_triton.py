@@ -46,9 +46,9 @@ gathers their launchers for ``quantroll.kernels.quantize`` and the benchmarks.
 
 from __future__ import annotations
 
-from quantroll.kernels.quantize_fp8_triton import launch_fp8, launch_fp8_many, launch_mxfp8, many_applies
+from quantroll.kernels.quantize_fp8_triton import launch_fp8, launch_mxfp8
 from quantroll.kernels.quantize_nvfp4_triton import e2m1_check, launch_absmax, launch_nvfp4, nvfp4_bf16_path
 from quantroll.kernels.quantize_triton_common import CONFIGS, EXACT, div_check
 
-__all__ = ["CONFIGS", "EXACT", "div_check", "e2m1_check", "launch_absmax", "launch_fp8", "launch_fp8_many", "launch_mxfp8", "many_applies", "launch_nvfp4",
+__all__ = ["CONFIGS", "EXACT", "div_check", "e2m1_check", "launch_absmax", "launch_fp8", "launch_mxfp8", "launch_nvfp4",
            "nvfp4_bf16_path"]

@@ -11,6 +11,7 @@ in quantroll and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import signal
 import sys
@@ -85,11 +86,11 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     name = "quantroll"
     try:
-        # numpy first, from Python: torch imports it from C, where a Ctrl-C arriving during that
-        # import is cleared (torch then runs on, without numpy) instead of raised
-        import numpy  # noqa: F401
+        with _ctrl_c_held():
+            import numpy  # noqa: F401
+            import torch  # noqa: F401
 
-        parser = build_parser()
+            parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         name = f"quantroll {args.command}"
         if extra:  # said by the subcommand's name, not the top-level parser's
@@ -115,6 +116,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: error: {_one_line(describe(err))}", file=sys.stderr)
         return 2
     return int(result or 0)
+
+
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """Hold Ctrl-C off while the C extensions load, and raise it once they have.
+
+    An interrupt raised inside an extension's initialisation does not surface as
+    KeyboardInterrupt: numpy imported from torch's C code clears it (torch then runs on
+    without numpy), and torch's own pybind11 submodules turn it into an unrelated
+    ``TypeError: expected a message argument`` (seen from ``torch._C._nvtx``). So the
+    handler only records the signal; the imports take a few seconds at most."""
+    received: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main thread: signals are not ours to set
+        yield
+        return
+    try:
+        yield
+    finally:  # None: the previous handler was not set from Python; restore Python's own
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def _interrupted(name: str) -> None:

@@ -5,7 +5,8 @@ For each shape (random weights, nothing downloaded) and engine format: a BF16 tr
 model and an engine built from it on one GPU, then per update
   copy      one device copy of a flat buffer of the engine's weight bytes (the floor's unit)
   direct    WeightSync.push on the direct path (quantroll/sync/direct.py: quantize into the
-            engine's buffers by one graph replay, one foreach copy of the BF16 tensors)
+            engine's buffers by one graph replay, one graph of copy-and-flag kernels for
+            the BF16 tensors)
   general   WeightSync(direct=False).push: quantize into the plan's buffers, then
             Engine.load_weights (the path before the direct one, for comparison)
 medians over --reps updates after --warmup. The direct path's engine state is checked

@@ -84,3 +84,19 @@ def test_list_lengths_must_agree(monkeypatch):
     with pytest.raises(QuantrollError, match="2 weights but 1 names"):
         quantize_weights_gpu([torch.randn(4, 4), torch.randn(4, 4)], "fp8", ["a"])
     assert quantize_weights_gpu([], "fp8") == []
+
+
+@pytest.mark.parametrize("sizes,parts", [([5], 4), ([1, 1, 1, 1], 4), ([10, 1, 1, 1, 1], 4), ([3] * 7, 4),
+                                         ([2, 8, 2, 8, 2, 8], 3), ([4, 4], 1), (list(range(1, 200)), 4)])
+def test_plan_branches_cut_the_list_into_balanced_contiguous_chunks(sizes, parts):
+    """QuantizePlan's parallel branches: every weight in exactly one chunk, in order, no
+    chunk empty, at most ``parts`` chunks, and no chunk heavier than an equal share plus
+    its own largest weight (a greedy cut can overshoot by one weight, never more)."""
+    from quantroll.kernels.quantize import _balanced_chunks
+
+    chunks = _balanced_chunks(sizes, parts)
+    assert chunks[0][0] == 0 and chunks[-1][1] == len(sizes)
+    assert all(a < b for a, b in chunks) and all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:]))
+    assert len(chunks) == min(parts, len(sizes))
+    share = sum(sizes) / len(chunks)
+    assert all(sum(sizes[a:b]) <= share + max(sizes[a:b]) for a, b in chunks)

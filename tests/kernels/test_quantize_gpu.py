@@ -109,8 +109,9 @@ def test_out_written_in_place(spec):
     assert_bitwise_equal(fmt.quantize_weight(w.cpu()), got)
 
 
+@pytest.mark.parametrize("branches", [1, 4], ids=["one-stream", "four-branches"])
 @pytest.mark.parametrize("spec", FORMATS, ids=FORMAT_IDS)
-def test_many_and_plan(spec):
+def test_many_and_plan(spec, branches):
     fmt = fmt_of(spec)
     shapes = [(256, 384), (192, 256), (4096, 1024), (31, 47), (128, 128)]
     dtypes = [torch.bfloat16, torch.float32, torch.bfloat16, torch.float16, torch.bfloat16]
@@ -118,7 +119,7 @@ def test_many_and_plan(spec):
     names = [f"layers.{i}.weight" for i in range(len(ws))]
     for ref, got in zip([fmt.quantize_weight(w.cpu()) for w in ws], quantize_weights_gpu(ws, fmt, names)):
         assert_bitwise_equal(ref, got)
-    plan = QuantizePlan(ws, fmt, names)
+    plan = QuantizePlan(ws, fmt, names, branches=branches)
     assert plan.graph is not None
     ptrs = [q.data.data_ptr() for q in plan.outputs]
     for step in range(2):  # new values in place, as an optimizer step writes them

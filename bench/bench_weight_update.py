@@ -28,30 +28,14 @@ from quantroll.bench.shapes import random_model, shape_config
 from quantroll.engine import Engine
 from quantroll.formats import get_format
 from quantroll.sync import WeightSync
-
-
-def _median_ms(fn, reps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
-def _engine_bytes(engine) -> int:
-    return sum(t.numel() * t.element_size() for t in engine.state().values())
+from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
 
 
 def _copy_ms(nbytes: int, reps: int, warmup: int) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src), reps, warmup)
-    del src, dst
+    """One whole copy of the engine's bytes (the floor's unit; the sync's own reference copies
+    in chunks so as not to hold a second engine-sized buffer)."""
+    ms = copy_seconds(nbytes, torch.device("cuda"), reps, warmup, chunk_bytes=nbytes) * 1e3
+    torch.cuda.empty_cache()
     return ms
 
 
@@ -77,7 +61,7 @@ def bench(shape: str, fmt_name: str, layers: int | None, reps: int, warmup: int)
     named = {n: p for n, p in trainer.named_parameters()}
     engine = Engine.from_model(random_model(cfg, "cuda", fmt, source=trainer), fmt, "cuda")
     reference = Engine.from_model(random_model(cfg, "cuda", fmt, source=trainer), fmt, "cuda")
-    nbytes = _engine_bytes(engine)
+    nbytes = engine_weight_bytes(engine)
     copy = _copy_ms(nbytes, reps, warmup)
     dq, dl, dt = _push_ms(WeightSync(engine, direct=True), named, reps, warmup)
     gq, gl, gt = _push_ms(WeightSync(reference, direct=False), named, reps, warmup)

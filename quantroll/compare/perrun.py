@@ -18,7 +18,7 @@ from quantroll.metrics.mismatch import METRIC_NAMES
 GAP_METRICS = METRIC_NAMES  # the mismatch metrics (README, "Training"): the train/rollout gap of a step
 MAIN_GAP = "train_rollout_logprob_abs_diff"
 NON_METRICS = frozenset({"step", "rollout_precision", "weight_version", "mismatch_tokens", "mismatch_seqs"})
-TIME_KEYS = ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time")
+TIME_KEYS = ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "weight_copy_time")
 # GiB (2**30 bytes); weights counted at the dtype they are stored in (rl/memory.py)
 MEMORY_KEYS = ("peak_memory_gib", "engine_weight_gib", "trainer_weight_gib", "trainer_optimizer_gib",
                "kv_cache_capacity_tokens")

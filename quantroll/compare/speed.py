@@ -37,6 +37,12 @@ def _sync(group: dict) -> float | None:
     return (q or 0.0) + (load or 0.0)
 
 
+def update_over_copy(group: dict) -> float | None:
+    """The weight update (quantize + load) in units of one device copy of the engine's weight
+    bytes (sync/copy_reference.py): how far the update is from the memory system's limit."""
+    return _ratio(_sync(group), _m(group, "weight_copy_time"))
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b not in (None, 0.0) else None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from quantroll.compare.perrun import MAIN_GAP
+from quantroll.compare.speed import update_over_copy
 
 LEGEND = {
     "train_rollout_logprob_abs_diff": "mean over response tokens of |logp_train - logp_rollout| (the main gap)",
@@ -29,6 +30,8 @@ LEGEND = {
                               "(rollout precision) and the trainer's policy, at step 0 and at the last eval step"),
     "reward step 0": "reward at step 0 (initial weights)",
     "rollout / train / quantize / load": "seconds per step of generation, training, weight re-quantization and weight loading",
+    "update / copy": ("weight update (quantize + load) over one device copy of the engine's weight bytes, as held "
+                      "(the memory system's limit for an update; the one-GPU floor is 2x)"),
     "tokens/s": "tokens generated per second of rollout",
     "speedup": "bf16 rollout time / this rollout time (tokens/s ratio: this / bf16)",
     "saved / extra sync / net": "rollout seconds saved vs bf16, extra sync seconds vs bf16 per update, saved - extra",
@@ -132,16 +135,18 @@ def time_table(summary: dict) -> Table:
         pays = {True: "yes", False: "no"}.get(sp.get("pays"), "n/a" if g["speed"] else "baseline")
         be = sp.get("break_even_response_len")
         rows.append([g["label"], g["correction"], cell(t["rollout_time"]), cell(t["train_time"]),
-                     cell(t["weight_quantize_time"]), cell(t["weight_load_time"]), cell(t["rollout_tokens_per_s"]),
+                     cell(t["weight_quantize_time"]), cell(t["weight_load_time"]),
+                     f"{num(copies)}x" if (copies := update_over_copy(g)) is not None else "n/a",
+                     cell(t["rollout_tokens_per_s"]),
                      f"{num(sp.get('speedup'))}x / {num(sp.get('tokens_per_s_ratio'))}x" if g["speed"] else "1x",
                      f"{num(sp.get('saved_s'))} / {num(sp.get('extra_sync_s'))} / {num(sp.get('net_s'))}",
                      pays, num(be, ".0f") if be is not None else (sp.get("break_even_note") or "n/a")])
     notes = [summary["notes"]["warmup"], summary["notes"]["break_even"]]
     return Table("time", "Time per step, speedup and break-even",
-                 ["group", "correction", "rollout s", "train s", "quantize s", "load s", "tokens/s", "speedup",
-                  "saved / extra sync / net s", "pays", "break-even len"], rows,
-                 _legend("rollout / train / quantize / load", "tokens/s", "speedup", "saved / extra sync / net",
-                         "break-even len"), notes)
+                 ["group", "correction", "rollout s", "train s", "quantize s", "load s", "update / copy", "tokens/s",
+                  "speedup", "saved / extra sync / net s", "pays", "break-even len"], rows,
+                 _legend("rollout / train / quantize / load", "update / copy", "tokens/s", "speedup",
+                         "saved / extra sync / net", "break-even len"), notes)
 
 
 def _ratio(a: dict | None, b: dict | None) -> str:

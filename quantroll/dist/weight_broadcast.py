@@ -40,6 +40,7 @@ from quantroll.dist.fsdp import ShardUnit
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.sync import WeightSync
+from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
 
 WIRE_DTYPE = torch.bfloat16
 OK, NON_FINITE, REFUSED = 0, 1, 2
@@ -55,12 +56,13 @@ class BroadcastTiming:
     bytes_sent: int  # payload bytes the source broadcast this update
     bf16_bytes: int  # what the same tensors take in BF16 (the ratio is the wire's saving)
     version: int
+    copy_s: float  # one device copy of this rank's engine weight bytes (sync/copy_reference.py)
 
     def metrics(self) -> dict[str, float]:
         return {"weight_gather_time": self.gather_s, "weight_quantize_time": self.quantize_s,
                 "weight_broadcast_time": self.broadcast_s, "weight_load_time": self.load_s,
                 "weight_update_bytes": float(self.bytes_sent), "weight_update_bf16_bytes": float(self.bf16_bytes),
-                "weight_version": self.version}
+                "weight_copy_time": self.copy_s, "weight_version": self.version}
 
 
 def _sync(device: torch.device) -> None:
@@ -83,6 +85,7 @@ class BroadcastWeightSync:
         self.buffer = torch.empty(size, dtype=torch.uint8, device=ctx.device)
         # one-process quantizers, one per unit (each keeps its own GPU plan across updates)
         self.quantizers = [WeightSync(engine) for _ in units] if ctx.rank == src else []
+        self.copy_s = copy_seconds(engine_weight_bytes(engine), ctx.device)
 
     def _numel(self, name: str, state: dict) -> int:
         layer = self.quantized.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
@@ -200,4 +203,4 @@ class BroadcastWeightSync:
                 unit.module.reshard()
         version = self.engine.load_weights([], commit=True)
         return BroadcastTiming(times["gather"], times["quantize"], times["broadcast"], times["load"], sent,
-                               self.bf16_bytes, version)
+                               self.bf16_bytes, version, self.copy_s)

@@ -26,10 +26,12 @@ class SyncTiming:
     quantize_s: float
     load_s: float
     version: int
+    copy_s: float  # one device copy of the engine's weight bytes (copy_reference.py): the update's unit
 
     def metrics(self) -> dict[str, float]:
         """The metrics line's entries for this update."""
-        return {"weight_quantize_time": self.quantize_s, "weight_load_time": self.load_s, "weight_version": self.version}
+        return {"weight_quantize_time": self.quantize_s, "weight_load_time": self.load_s,
+                "weight_copy_time": self.copy_s, "weight_version": self.version}
 
 
 def _sync(device: torch.device) -> None:
@@ -54,6 +56,15 @@ class WeightSync:
                           and gpu_quantizer(self.format) is not None)
         self._plan = None  # QuantizePlan over the trainer's tensors, rebuilt if their storage changes
         self._plan_key: tuple = ()
+        self._copy_s: float | None = None  # measured at the first push
+
+    def copy_seconds(self) -> float:
+        """One device copy of the engine's weight bytes, measured once (copy_reference.py)."""
+        if self._copy_s is None:
+            from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
+
+            self._copy_s = copy_seconds(engine_weight_bytes(self.engine), self.engine.device)
+        return self._copy_s
 
     def _shared_amaxes(self, named: Mapping[str, torch.Tensor]) -> dict[str, float]:
         if self.format is None or not self.format.shared_global_scale:
@@ -129,13 +140,14 @@ class WeightSync:
     def push(self, named: Mapping[str, torch.Tensor]) -> SyncTiming:
         """Quantize and load one update; returns the two times and the new weight version."""
         device = self.engine.device
+        copy_s = self.copy_seconds()
         direct = self._direct_update(named)
         if direct is not None:  # quantize into the engine's buffers: "load" is the BF16 copy and the checks
             _sync(device)
             t0 = time.perf_counter()
             quantize_s, version = direct.run()
             total = time.perf_counter() - t0
-            return SyncTiming(quantize_s, max(total - quantize_s, 0.0), version)
+            return SyncTiming(quantize_s, max(total - quantize_s, 0.0), version, copy_s)
         _sync(device)
         t0 = time.perf_counter()
         update = self.quantize(named)
@@ -143,4 +155,4 @@ class WeightSync:
         t1 = time.perf_counter()
         version = self.engine.load_weights(update.items())
         _sync(device)
-        return SyncTiming(t1 - t0, time.perf_counter() - t1, version)
+        return SyncTiming(t1 - t0, time.perf_counter() - t1, version, copy_s)

@@ -15,7 +15,9 @@ import pytest
 
 from quantroll.compare.labels import mode_label
 from quantroll.compare.stats import NO_DIFFERENCE, NO_SPREAD, difference, stats
+from quantroll.compare.speed import update_over_copy
 from quantroll.compare.summary import load_runs, summarize
+from quantroll.compare.tables import time_table
 from tests.compare.synth import (BUCKET_KEYS, GAP_KEYS, MOE_LAYERS, RESPONSE_LEN, build_matrix, raw_runs, spec,
                                  write_run)
 
@@ -184,9 +186,16 @@ def test_times_exclude_warmup_and_break_even(matrix):
         return np.mean([f(steps) for _, steps in expected[gid]])
 
     for gid, members in expected.items():
-        for key in ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "rollout_tokens_per_s"):
+        for key in ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "weight_copy_time",
+                    "rollout_tokens_per_s"):
             check(groups[gid]["time"][key], [per_run(steps, key) for _, steps in members])
         assert groups[gid]["time"]["warmup_excluded"]
+        copies = group_mean(gid, lambda st: per_run(st, "weight_quantize_time") + per_run(st, "weight_load_time")) \
+            / group_mean(gid, lambda st: per_run(st, "weight_copy_time"))
+        assert update_over_copy(groups[gid]) == pytest.approx(copies, rel=REL)
+        row = next(r for r in time_table(summary).rows if r[0] == groups[gid]["label"]
+                   and r[1] == groups[gid]["correction"])
+        assert row[6] == f"{copies:.3g}x"
     base = summary["baseline"]
     assert groups[base]["speed"] is None
     def rollout(gid):

@@ -47,6 +47,34 @@ def test_push_times_quantize_and_load_separately(bf16_dir, converted):
     assert timing.version == 1 and timing.quantize_s > 0 and timing.load_s > 0
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4", None], ids=["fp8", "nvfp4", "bf16"])
+def test_push_reports_one_copy_of_the_engine_bytes_as_its_unit(bf16_dir, converted, fmt):
+    """The update's unit (compare's "update / copy"): measured once, reported with every
+    update, and over the bytes the engine holds: every tensor of its checkpoint, the
+    quantized codes and scales at their stored size, the BF16 ones at the dtype the engine
+    computes in (float32 on a CPU), counted here from the checkpoint file itself."""
+    from safetensors import safe_open
+
+    from quantroll.sync.copy_reference import engine_weight_bytes
+
+    directory = bf16_dir if fmt is None else converted[fmt]
+    engine = Engine(directory)
+    expected = 0
+    for f in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as handle:
+            for name in handle.keys():
+                if name.endswith(".input_scale"):  # NVFP4's static activation scale: written 1.0, not held
+                    continue
+                t = handle.get_tensor(name)
+                size = engine.dtype.itemsize if t.dtype == torch.bfloat16 else t.element_size()
+                expected += t.numel() * size
+    assert engine_weight_bytes(engine) == expected
+    sync = WeightSync(engine)
+    first, second = sync.push(trainer_weights(bf16_dir)), sync.push(trainer_weights(bf16_dir))
+    assert first.copy_s > 0 and second.copy_s == first.copy_s
+    assert first.metrics()["weight_copy_time"] == first.copy_s
+
+
 def test_a_changed_weight_passes_only_with_the_allowance(bf16_dir, converted):
     engine = Engine(converted["fp8"])
     sync = WeightSync(engine)

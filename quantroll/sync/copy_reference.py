@@ -1,0 +1,53 @@
+"""The unit the weight update is judged in: one device copy of the engine's weight bytes.
+
+An update cannot be cheaper than writing every byte the engine holds once (its codes,
+scales and BF16 tensors), so "quantize + load over one copy" says how far the update is
+from the memory system's limit, on any device and any model size. The copy is made in
+chunks of at most ``CHUNK_BYTES`` (well beyond a GPU's L2, so the rate is the memory's),
+never a second engine-sized buffer beside the trainer and the engine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+CHUNK_BYTES = 256 * 2**20
+
+
+def engine_weight_bytes(engine) -> int:
+    """Bytes of every tensor the engine holds as weights (quantized data, scales, BF16 parts),
+    as held in memory: what an update writes (on a CPU the BF16 parts are float32 copies;
+    rl/memory.py counts them as stored instead)."""
+    return sum(t.numel() * t.element_size() for t in engine.state().values())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_seconds(nbytes: int, device: torch.device, repeats: int = 3, warmup: int = 1,
+                 chunk_bytes: int = CHUNK_BYTES) -> float:
+    """Median over ``repeats`` of the time to copy ``nbytes`` on ``device``, through buffers
+    of at most ``chunk_bytes`` (a benchmark that can afford it passes ``nbytes``: one copy)."""
+    chunk = max(1, min(nbytes, chunk_bytes))
+    src = torch.empty(chunk, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    full, rest = divmod(nbytes, chunk)
+
+    def once() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(full):
+            dst.copy_(src)
+        if rest:
+            dst[:rest].copy_(src[:rest])
+        _sync(device)
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        once()
+    return statistics.median(once() for _ in range(repeats))

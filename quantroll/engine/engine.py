@@ -142,14 +142,17 @@ class Engine:
         self.model.use_kernels_(self.kernels)  # after fusing: the fused linears take it too
         if self.gpu_kernels and fused_kernels:
             self.model.enable_fused_kernels_()
-        if self.format is not None and not self.format.emulated_only and self.gpu_kernels:
-            from quantroll.kernels.fp8_linear import fp8_hardware_available
+        if self.format is not None and self.gpu_kernels:
+            import quantroll.kernels.fp8_linear  # noqa: F401  registers block FP8's real GEMMs
+            from quantroll.kernels.backends import hardware_backend
 
-            if fp8_kernels is None:
-                fp8_kernels = fp8_hardware_available(self.device)
-            if fp8_kernels:
-                for layer in self.model.quantized_linears().values():
-                    layer.backend = "fp8"
+            hardware = hardware_backend(self.format)  # None: the format runs its exact emulation
+            if hardware is not None:
+                if fp8_kernels is None:
+                    fp8_kernels = hardware.available(self.device)
+                if fp8_kernels:
+                    for layer in self.model.quantized_linears().values():
+                        layer.backend = hardware.backend
         if any(layer.backend == "emulated" for layer in self.model.quantized_linears().values()):
             # exact emulation quantizes activations through the format's own checks, which read
             # their verdict on the host: not capturable, and a reference path, not a speed one

@@ -165,6 +165,8 @@ class Format:
     fused_gemm:   fused siblings' weights stack into one GEMM when each part's rows fill
                   whole scale blocks (per-tensor scales never stack)
     emulated_only: no tensor-core GEMM serves it on Hopper (the emulated path runs it)
+    batch_dependent_activations: an activation's quantization reads the whole tensor (a
+                  per-tensor scale), so a token's codes depend on what else is in its batch
     """
 
     name: str = ""
@@ -179,6 +181,7 @@ class Format:
     shared_global_scale: bool = False
     fused_gemm: bool = False
     emulated_only: bool = True
+    batch_dependent_activations: bool = False
 
     # -- facts: storage and config.json -----------------------------------------------
     def stored_tensors(self, shape: tuple[int, int]) -> list[StoredTensor]:

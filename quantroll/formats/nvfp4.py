@@ -74,6 +74,7 @@ class NVFP4(Format):
     display_name = "NVFP4"
     recipe_flag = ("--fp4-recipe", "nvfp4")
     quant_method, reads_as = "modelopt", "modelopt NVFP4"
+    batch_dependent_activations = True  # the dynamic global scale is one amax over the whole activation
     shared_global_scale = True  # vLLM/SGLang keep one weight_scale_2 per fused q/k/v and gate/up GEMM
 
     def quantization_config(self, skipped: list[str], provenance: dict) -> dict:

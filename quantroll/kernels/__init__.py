@@ -4,26 +4,7 @@ Nothing here imports triton at import time: the package imports on CPU-only mach
 and a kernel is compiled only when first launched.
 """
 
-from quantroll.kernels.quantize import (
-    GPU_INPUT_DTYPES,
-    QuantizePlan,
-    allocate_quantized,
-    bad_weights,
-    output_layout,
-    quantize_weight_gpu,
-    quantize_weights_gpu,
-    raise_if_nonfinite,
-    triton_available,
-)
+from quantroll.kernels import quantize as _quantize
+from quantroll.kernels.quantize import *  # noqa: F403  (the weight-quantize API: quantize.__all__)
 
-__all__ = [
-    "GPU_INPUT_DTYPES",
-    "QuantizePlan",
-    "allocate_quantized",
-    "bad_weights",
-    "output_layout",
-    "quantize_weight_gpu",
-    "quantize_weights_gpu",
-    "raise_if_nonfinite",
-    "triton_available",
-]
+__all__ = list(_quantize.__all__)

@@ -21,7 +21,7 @@ from quantroll.kernels.gemm_plan import (FP8_GEMMS, DecodeGemmConfig, GemmPlan, 
                                          decode_block_m)
 from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm
 from quantroll.kernels.counters import counters
-from quantroll.kernels.backends import BACKENDS
+from quantroll.kernels.backends import BACKENDS, HARDWARE, HardwareBackend
 from quantroll.kernels.fp8_activation import Fp8Activation, fp8_activation_buffers  # noqa: F401 (its users' names)
 
 
@@ -174,3 +174,4 @@ def fp8_hardware_available(device: torch.device | str | None = None) -> bool:
 
 
 BACKENDS["fp8"] = fp8_linear_forward
+HARDWARE["fp8"] = HardwareBackend("fp8", fp8_hardware_available)  # block FP8's weights

@@ -70,7 +70,7 @@ def takes_fp8_activation(layer: QLinear | None) -> bool:
     quantized (an Fp8Activation): only a block-FP8 linear on the real FP8 GEMMs reads
     codes + scales, and the kernels quantize whole 1x128 groups only. Decided per call:
     the engine picks backends after fusing."""
-    if layer is None or layer.format is None or layer.format.name != "fp8" or layer.backend != "fp8":
+    if layer is None or layer.backend != "fp8":  # the real block-FP8 GEMMs (kernels/fp8_linear.py) only
         return False
     from quantroll.kernels import fused
 

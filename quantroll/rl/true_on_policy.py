@@ -14,29 +14,33 @@ with the reason, where the two sides differ on purpose or by construction.
 from __future__ import annotations
 
 from quantroll.errors import QuantrollError
+from quantroll.formats import get_format
 
 FLAG = "--true-on-policy-mode"
+TESTED_RECIPES = ("fp8",)  # the trainer recipes whose invariance tests/rl/test_true_on_policy.py proves
 
 
 def config_refusal(cfg) -> str | None:
     """Why the mode cannot hold for this TrainConfig (None: it can), before anything loads."""
     import torch
 
-    if torch.device(cfg.device).type == "cuda":
+    if torch.device(cfg.models.device).type == "cuda":
         return (f"true on-policy mode is CPU-only in this build: the GPU engine's kernels (the FP8 GEMM table, "
                 f"paged attention, fused sampling) are batch-variant and their invariant versions are not built yet; "
                 f"run {FLAG} with --device cpu")
-    if cfg.kv_cache_dtype != "bf16":
-        return (f"{FLAG} cannot hold with --kv-cache-dtype {cfg.kv_cache_dtype}: the engine would attend over E4M3 "
+    if cfg.engine.kv_cache_dtype != "bf16":
+        return (f"{FLAG} cannot hold with --kv-cache-dtype {cfg.engine.kv_cache_dtype}: the engine would attend over E4M3 "
                 "keys and values while the trainer attends in its own precision; use --kv-cache-dtype bf16")
-    if cfg.train_recipe == "nvfp4":
-        return (f"{FLAG} cannot hold with --fp4-recipe nvfp4: NVFP4 scales an activation by one amax over the whole "
-                "tensor, so a token's quantization depends on the rest of its batch; use bf16 or --fp8-recipe blockwise")
-    if cfg.train_recipe == "mxfp8":
-        return (f"{FLAG} is built for BF16 and mode 2 (--rollout-precision fp8 --fp8-recipe blockwise); mode 3 "
-                "(--fp8-recipe mxfp8) is not tested in it yet")
-    if cfg.rollout_precision not in (None, "bf16") and not cfg.train_recipe:
-        return mode1_refusal(f"--rollout-precision {cfg.rollout_precision}")
+    recipe = get_format(cfg.precision.train_recipe) if cfg.precision.train_recipe else None
+    if recipe is not None and recipe.batch_dependent_activations:
+        return (f"{FLAG} cannot hold with {' '.join(recipe.recipe_flag)}: {recipe.display_name} scales an activation "
+                "by one amax over the whole tensor, so a token's quantization depends on the rest of its batch; use "
+                "bf16 or --fp8-recipe blockwise")
+    if recipe is not None and recipe.name not in TESTED_RECIPES:
+        return (f"{FLAG} is built for BF16 and mode 2 (--rollout-precision fp8 --fp8-recipe blockwise); "
+                f"{' '.join(recipe.recipe_flag)} is not tested in it yet")
+    if cfg.models.rollout_precision not in (None, "bf16") and not cfg.precision.train_recipe:
+        return mode1_refusal(f"--rollout-precision {cfg.models.rollout_precision}")
     return None
 
 
@@ -64,9 +68,9 @@ def notes(cfg, moe: bool) -> list[str]:
     """What the log says when the mode starts."""
     out = [f"{FLAG}: engine and trainer run batch-invariant kernels (model/invariant.py); the train/rollout gap "
            "must be exactly 0.0 at every step"]
-    if moe and (cfg.use_rollout_routing_replay or cfg.use_routing_replay):
+    if moe and (cfg.correction.rollout_routing_replay or cfg.correction.routing_replay):
         out.append(f"{FLAG}: routing replay is a no-op here: the trainer chooses the same experts as the engine "
                    "(routing_agreement_layer* = 1.0)")
-    if cfg.use_tis:
+    if cfg.correction.enabled:
         out.append(f"{FLAG}: every TIS / mask ratio is exactly 1 (tis_ratio_min = tis_ratio_max = 1.0)")
     return out

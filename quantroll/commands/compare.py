@@ -114,24 +114,29 @@ def _train_args(text: str) -> tuple[str, ...]:
     return extra
 
 
-def _check_runs(setup, specs) -> None:
-    """Parse every run's `quantroll train` command line as that command will (its flags and
-    TrainConfig's checks), so that a bad value fails here, before any run or output."""
+def train_config(argv: list[str]):
+    """The TrainConfig `quantroll train` makes of ``argv`` (flags and TrainConfig's checks)."""
     from quantroll.cli import build_parser
     from quantroll.commands.train import config_from_args
+
+    try:
+        parsed = build_parser().parse_args(argv)
+    except QuantrollError as err:  # argparse's refusal, one line (cli.UsageError)
+        raise QuantrollError(f"`quantroll train` refuses its command line ({err}); fix --train-args or the sweep "
+                             "flags") from None
+    return config_from_args(parsed)
+
+
+def _check_runs(setup, specs) -> None:
+    """Every run's configuration made now, as `quantroll train` will make it, so that a bad
+    value fails here, before any run or output."""
     from quantroll.compare.runner import command_for
 
-    parser = build_parser()
     placeholders = {spec.checkpoint_key: setup.source for spec in specs}
     for spec in specs:
         argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
         try:
-            parsed = parser.parse_args(argv)
-        except QuantrollError as err:  # argparse's refusal, one line (cli.UsageError)
-            raise QuantrollError(f"run {spec.run_id}: `quantroll train` refuses its command line ({err}); fix "
-                                 "--train-args or the sweep flags") from None
-        try:
-            config_from_args(parsed)
+            train_config(argv)
         except QuantrollError as err:
             raise QuantrollError(f"run {spec.run_id}: {err}") from None
 
@@ -245,7 +250,7 @@ def _run_matrix(setup, specs, label, args) -> int:
     try:
         for i, spec in enumerate(specs, 1):
             print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
-            record = run_one(setup, spec, checkpoints, log=print)
+            record = run_one(setup, spec, checkpoints, train_config, log=print)
             if record["status"] == "failed":
                 print(f"  failed: {record['error']}")
     except KeyboardInterrupt:

@@ -2,9 +2,11 @@
 ``quantroll train`` process per run, each with its own directory, log and metrics.
 
 A run is a child process so that one failing (an error, an out-of-memory kill) cannot
-take the others down, and so that each run's peak memory is its own. A run directory's
-``run.json`` holds the spec, the exact command and the status; a finished run whose
-command is unchanged is not redone, so an interrupted compare continues where it stopped.
+take the others down, and so that each run's peak memory is its own. It gets its whole
+configuration as ``config.json`` (``quantroll train --config``); the directory's
+``run.json`` holds the spec, the same run as a command line and the status; a finished
+run whose command is unchanged is not redone, so an interrupted compare continues where
+it stopped.
 """
 
 from __future__ import annotations
@@ -95,8 +97,12 @@ def _error_line(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], log=print) -> dict:
-    """Run (or skip, when already done with the same command) one spec; returns run.json."""
+def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print) -> dict:
+    """Run (or skip, when already done with the same command) one spec; returns run.json.
+
+    ``config_of(argv)``: the TrainConfig that `quantroll train` makes of a command line (the
+    command layer owns that parser). The child gets that config as ``run_dir/config.json``
+    (``train --config``); run.json keeps the same run as flags, for people."""
     run_dir = setup.out_dir / "runs" / spec.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command_for(setup, spec, checkpoints, run_dir)
@@ -111,6 +117,8 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
     metrics.unlink(missing_ok=True)
+    config = run_dir / "config.json"
+    atomic_write_text(config, config_of(cmd[3:]).to_json())
     record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
               "engine_checkpoint_made_from": made_from,
@@ -118,7 +126,8 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], lo
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     start = time.perf_counter()
     with open(run_dir / "train.log", "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen([*cmd[:4], "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             code = proc.wait()
         except BaseException:  # Ctrl-C: stop the child too; the run stays "running" and is redone next time

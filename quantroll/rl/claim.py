@@ -32,46 +32,46 @@ class Claim:
 
 def _locks(cfg: TrainConfig, log) -> list[OutputLock]:
     locks = []
-    if cfg.metrics_file:
-        locks.append(OutputLock(cfg.metrics_file, f"--metrics-file {cfg.metrics_file}", is_dir=False, log=log))
-    if cfg.save:
-        locks.append(OutputLock(cfg.save, f"--save {cfg.save}", log=log))
-    if cfg.load and not (cfg.save and Path(cfg.load).absolute() == Path(cfg.save).absolute()):
-        if not Path(cfg.load).is_dir():
-            what = "not a directory" if Path(cfg.load).exists() else "no such directory"
-            raise QuantrollError(f"--load {cfg.load}: {what}; point it at a directory written by --save")
-        locks.append(OutputLock(cfg.load, f"--load {cfg.load}", log=log))
+    if cfg.output.metrics_file:
+        locks.append(OutputLock(cfg.output.metrics_file, f"--metrics-file {cfg.output.metrics_file}", is_dir=False, log=log))
+    if cfg.output.save:
+        locks.append(OutputLock(cfg.output.save, f"--save {cfg.output.save}", log=log))
+    if cfg.output.load and not (cfg.output.save and Path(cfg.output.load).absolute() == Path(cfg.output.save).absolute()):
+        if not Path(cfg.output.load).is_dir():
+            what = "not a directory" if Path(cfg.output.load).exists() else "no such directory"
+            raise QuantrollError(f"--load {cfg.output.load}: {what}; point it at a directory written by --save")
+        locks.append(OutputLock(cfg.output.load, f"--load {cfg.output.load}", log=log))
     return locks
 
 
 def _decide(cfg: TrainConfig, log) -> Claim:
-    if cfg.save:
-        removed = savedir.clean(cfg.save)
+    if cfg.output.save:
+        removed = savedir.clean(cfg.output.save)
         if removed:
-            log(f"--save {cfg.save}: removed {len(removed)} leftover(s) of an interrupted save")
-    if cfg.load:
-        saved = savedir.latest(cfg.load)
+            log(f"--save {cfg.output.save}: removed {len(removed)} leftover(s) of an interrupted save")
+    if cfg.output.load:
+        saved = savedir.latest(cfg.output.load)
         if saved is None:
-            raise QuantrollError(f"--load {cfg.load}: no saved state there; point it at a directory written by --save")
-        if cfg.save and Path(cfg.save).absolute() != Path(cfg.load).absolute() and savedir.holds_run(cfg.save):
-            raise QuantrollError(f"--save {cfg.save} holds another run; save the resumed run into --load's directory "
-                                 f"({cfg.load}) or an empty one")
-        if saved.step + 1 >= cfg.num_rollout:
-            raise QuantrollError(f"--load {cfg.load}: the saved run already finished step {saved.step} "
-                                 f"({saved.step + 1} steps) and --num-rollout {cfg.num_rollout} asks for no more; "
+            raise QuantrollError(f"--load {cfg.output.load}: no saved state there; point it at a directory written by --save")
+        if cfg.output.save and Path(cfg.output.save).absolute() != Path(cfg.output.load).absolute() and savedir.holds_run(cfg.output.save):
+            raise QuantrollError(f"--save {cfg.output.save} holds another run; save the resumed run into --load's directory "
+                                 f"({cfg.output.load}) or an empty one")
+        if saved.step + 1 >= cfg.rollout.num_rollout:
+            raise QuantrollError(f"--load {cfg.output.load}: the saved run already finished step {saved.step} "
+                                 f"({saved.step + 1} steps) and --num-rollout {cfg.rollout.num_rollout} asks for no more; "
                                  f"raise --num-rollout above {saved.step + 1} to continue it")
         return Claim(saved.step, False)
-    held = cfg.save and savedir.holds_run(cfg.save)
-    if held and not cfg.force:
+    held = cfg.output.save and savedir.holds_run(cfg.output.save)
+    if held and not cfg.output.force:
         try:
-            saved = savedir.latest(cfg.save)
+            saved = savedir.latest(cfg.output.save)
             what = f"a run saved at step {saved.step}" if saved else "a run"
         except QuantrollError:
             what = "a run (in a format this quantroll does not read)"
-        raise QuantrollError(f"--save {cfg.save} holds {what}; resume it with --load {cfg.save}, or pass --force to "
+        raise QuantrollError(f"--save {cfg.output.save} holds {what}; resume it with --load {cfg.output.save}, or pass --force to "
                              "start over (its state and metrics are deleted)")
-    metricsfile.check_fresh(cfg.metrics_file, cfg.force)
-    return Claim(None, bool(cfg.force and (held or _has_lines(cfg.metrics_file))))
+    metricsfile.check_fresh(cfg.output.metrics_file, cfg.output.force)
+    return Claim(None, bool(cfg.output.force and (held or _has_lines(cfg.output.metrics_file))))
 
 
 def _has_lines(path: str | None) -> bool:
@@ -80,13 +80,13 @@ def _has_lines(path: str | None) -> bool:
 
 def start_over(cfg: TrainConfig, log) -> None:
     """--force, just before step 0: delete the run the outputs held, and say so."""
-    if cfg.save and savedir.holds_run(cfg.save):
-        savedir.wipe(cfg.save)
-        log(f"--force: deleted the run saved in --save {cfg.save}")
-    if _has_lines(cfg.metrics_file):
-        with durable.writing(f"--metrics-file {cfg.metrics_file}"):
-            durable.write_atomic(cfg.metrics_file, b"")
-        log(f"--force: overwriting --metrics-file {cfg.metrics_file}")
+    if cfg.output.save and savedir.holds_run(cfg.output.save):
+        savedir.wipe(cfg.output.save)
+        log(f"--force: deleted the run saved in --save {cfg.output.save}")
+    if _has_lines(cfg.output.metrics_file):
+        with durable.writing(f"--metrics-file {cfg.output.metrics_file}"):
+            durable.write_atomic(cfg.output.metrics_file, b"")
+        log(f"--force: overwriting --metrics-file {cfg.output.metrics_file}")
 
 
 @contextlib.contextmanager

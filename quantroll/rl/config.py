@@ -1,17 +1,60 @@
-"""Everything ``quantroll train`` is asked to do, as one frozen dataclass."""
+"""Everything ``quantroll train`` is asked to do: one frozen dataclass per stage of a step.
+
+    TrainConfig
+      models      which checkpoints, the rollout precision's conversion, device and dtype
+      engine      the KV cache: budget, block size, dtype, release while training
+      rollout     task and data, prompts x samples, sampling, steps, seed, evaluation
+      optimizer   batches, learning rate, policy loss, KL loss, aggregation
+      correction  TIS / mask and routing replay (trainer/corrections.CorrectionConfig)
+      precision   the trainer's recipe (modes 2-4), true on-policy
+      sync        the first weight update's check
+      output      metrics, checkpoints (save / load / export), the run's guards
+
+The command line is flat (Miles' flag names: ``--rollout-batch-size``, ``--use-tis``); every
+flag's dest is the name of exactly one field (``FLAGS``; a field's metadata says its flag
+where the two names differ, as CorrectionConfig's do), so ``TrainConfig.of(**flags)`` builds
+the nested value and commands/train.py takes every default from here (``flag_defaults``).
+Each stage checks its own values when built; TrainConfig checks what spans stages.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quantroll.errors import QuantrollError
+from quantroll.trainer.corrections import CorrectionConfig
 
 SEED_LIMIT = 2**64
 
 
+def _bad(flag: str, what: str, value) -> QuantrollError:
+    return QuantrollError(f"--{flag} must be {what}, got {value!r}")
+
+
+def _at_least(**values: tuple[int, int]) -> None:
+    """Each ``flag_name=(value, least)``: one line naming the flag when value < least."""
+    for name, (value, least) in values.items():
+        if value < least:
+            raise _bad(name.replace("_", "-"), f">= {least}", value)
+
+
+def _positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise _bad(name.replace("_", "-"), "a finite number > 0", value)
+
+
+def _non_negative(**values) -> None:
+    for name, value in values.items():
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise _bad(name.replace("_", "-"), "a finite number >= 0", value)
+
+
 @dataclass(frozen=True)
-class TrainConfig:
+class ModelsConfig:
     hf_checkpoint: str | None = None  # None: the built-in warm-started model (builtin_model)
     ref_load: str | None = None
     builtin_model: str = "dense"  # "dense" or "moe"
@@ -21,12 +64,30 @@ class TrainConfig:
     num_layers_at_end_in_bf16: int = 0
     skip: tuple[str, ...] = ()  # with rollout_precision: convert's --skip patterns, kept BF16 on both sides
     device: str = "cpu"
-    kv_cache_memory_gb: float | None = None
+    compute_dtype: str = "auto"  # quantroll/compute.py: bfloat16 on GPU, float32 on CPU
+
+    def __post_init__(self):
+        object.__setattr__(self, "skip", tuple(self.skip))
+        _at_least(num_layers_at_start_in_bf16=(self.num_layers_at_start_in_bf16, 0),
+                  num_layers_at_end_in_bf16=(self.num_layers_at_end_in_bf16, 0))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kv_cache_memory_gb: float | None = None  # None: a fraction of the free GPU memory, 1 GiB on a CPU
     kv_cache_block_size: int = 16  # tokens per KV block (allocation, preemption and prefix sharing unit)
     kv_cache_dtype: str = "bf16"  # the engine's KV cache: bf16 (the compute dtype) or fp8_e4m3
     keep_kv_cache: bool = False  # GPU: keep the engine's KV pool while the trainer steps (default: release it)
-    compute_dtype: str = "auto"  # quantroll/compute.py: bfloat16 on GPU, float32 on CPU
-    # rollout
+
+    def __post_init__(self):
+        from quantroll.engine.paged_cache import kv_cache_dtype_name
+
+        object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
+        _positive(kv_cache_memory_gb=self.kv_cache_memory_gb)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
     task: str = "arithmetic"
     digits: int = 2
     count_span: int = 16
@@ -46,7 +107,26 @@ class TrainConfig:
     custom_rm_path: str | None = None
     eval_data: str | None = None
     eval_interval: int = 0
-    # optimization
+
+    def __post_init__(self):
+        _at_least(rollout_batch_size=(self.rollout_batch_size, 1),
+                  rollout_max_response_len=(self.rollout_max_response_len, 1), num_rollout=(self.num_rollout, 1),
+                  digits=(self.digits, 1), count_span=(self.count_span, 1), eval_size=(self.eval_size, 1),
+                  train_problems=(self.train_problems, 0), eval_interval=(self.eval_interval, 0),
+                  seed=(self.seed, 0))
+        _non_negative(rollout_temperature=self.rollout_temperature)
+        if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
+            raise _bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
+        if self.seed >= SEED_LIMIT:
+            raise _bad("seed", "below 2^64 (torch's generators take 64-bit seeds)", self.seed)
+        if self.rollout_temperature == 0:
+            raise QuantrollError("--rollout-temperature 0 samples greedily: the n samples of a prompt come out the same, "
+                                 "so every GRPO group has zero reward variance and nothing is learned (loss 0); use a "
+                                 "temperature > 0, e.g. 1.0 (evaluation is greedy on its own)")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
     global_batch_size: int | None = None  # None: the whole rollout batch, one step per rollout
     micro_batch_size: int | None = None  # sequences per forward pass (gradients accumulated); None: the minibatch
     lr: float = 2e-4
@@ -58,22 +138,33 @@ class TrainConfig:
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
     loss_agg: str = "token-mean"
-    # corrections
-    use_tis: bool = False
-    tis_mode: str = "truncate"
-    tis_level: str = "token"
-    tis_clip: float | None = None
-    tis_clip_low: float | None = None
-    use_rollout_routing_replay: bool = False
-    use_routing_replay: bool = False
-    # unified low precision in the trainer (modes 2-4)
-    train_recipe: str | None = None  # "fp8" (blockwise), "mxfp8", "nvfp4"
-    # engine and trainer logprobs bitwise equal (rl/true_on_policy.py)
-    true_on_policy_mode: bool = False
-    # weight update check
+
+    def __post_init__(self):
+        for name, value in (("global-batch-size", self.global_batch_size), ("micro-batch-size", self.micro_batch_size)):
+            if value is not None and value < 1:
+                raise _bad(name, ">= 1", value)
+        _positive(lr=self.lr, max_grad_norm=self.max_grad_norm, eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high)
+        _non_negative(kl_loss_coef=self.kl_loss_coef)
+        if self.kl_loss_coef and not self.use_kl_loss:
+            raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
+        if self.use_kl_loss and not self.kl_loss_coef:
+            raise QuantrollError("--use-kl-loss needs a positive --kl-loss-coef")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    train_recipe: str | None = None  # the trainer's forward: "fp8" (blockwise), "mxfp8", "nvfp4" (modes 2-4)
+    true_on_policy_mode: bool = False  # engine and trainer logprobs bitwise equal (rl/true_on_policy.py)
+
+
+@dataclass(frozen=True)
+class SyncConfig:
     check_weight_update_equal: bool = False
     check_weight_update_allow_quant_error: bool = False
-    # output
+
+
+@dataclass(frozen=True)
+class OutputConfig:
     metrics_file: str | None = None
     tensorboard_dir: str | None = None
     save: str | None = None
@@ -83,84 +174,139 @@ class TrainConfig:
     force: bool = False  # start over: replace the run held by --save and --metrics-file
     max_bad_steps: int = 3
 
-    def _check_tis_bounds(self) -> None:
-        """The bounds the correction will use, defaults included, must satisfy c < C: a
-        bound checked only when both are given let `--tis-clip-low 3` (against the
-        default C = 2) through to a correction that clips everything."""
-        if not self.use_tis:
-            for flag, value, default in (("tis-mode", self.tis_mode, "truncate"), ("tis-level", self.tis_level, "token")):
-                if value != default:
-                    raise QuantrollError(f"--{flag} {value} is set but --use-tis is not; add --use-tis or drop it")
-            return
-        from quantroll.trainer.corrections import DEFAULT_BOUNDS
-
-        if self.tis_mode not in DEFAULT_BOUNDS:
-            raise QuantrollError(f"--tis-mode {self.tis_mode!r}: choose one of {', '.join(DEFAULT_BOUNDS)}")
-        low_default, high_default = DEFAULT_BOUNDS[self.tis_mode]
-        low = low_default if self.tis_clip_low is None else self.tis_clip_low
-        high = high_default if self.tis_clip is None else self.tis_clip
-        if not low < high:
-            name_low = f"--tis-clip-low {low}" if self.tis_clip_low is not None else f"the {self.tis_mode} default low bound {low}"
-            name_high = f"--tis-clip {high}" if self.tis_clip is not None else f"the {self.tis_mode} default --tis-clip {high}"
-            raise QuantrollError(f"{name_low} must be below {name_high}; give both bounds with c < C")
-
     def __post_init__(self):
-        """Every numeric setting checked before any work, one line naming the flag."""
-        def bad(flag: str, what: str, value) -> QuantrollError:
-            return QuantrollError(f"--{flag} must be {what}, got {value!r}")
-
-        for flag, value, least in (("rollout-batch-size", self.rollout_batch_size, 1),
-                                   ("rollout-max-response-len", self.rollout_max_response_len, 1),
-                                   ("num-rollout", self.num_rollout, 1), ("digits", self.digits, 1),
-                                   ("count-span", self.count_span, 1), ("eval-size", self.eval_size, 1),
-                                   ("train-problems", self.train_problems, 0), ("eval-interval", self.eval_interval, 0),
-                                   ("save-interval", self.save_interval, 0), ("seed", self.seed, 0),
-                                   ("num-layers-at-start-in-bf16", self.num_layers_at_start_in_bf16, 0),
-                                   ("num-layers-at-end-in-bf16", self.num_layers_at_end_in_bf16, 0)):
-            if value < least:
-                raise bad(flag, f">= {least}", value)
-        least = 2 if self.advantage_estimator == "grpo" else 1
-        if self.n_samples_per_prompt < least:
-            raise bad("n-samples-per-prompt", f">= {least} ({self.advantage_estimator} groups)", self.n_samples_per_prompt)
-        if self.global_batch_size is not None and self.global_batch_size < 1:
-            raise bad("global-batch-size", ">= 1", self.global_batch_size)
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise bad("micro-batch-size", ">= 1", self.micro_batch_size)
-        from quantroll.engine.paged_cache import kv_cache_dtype_name
-
-        object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
-        for flag, value in (("lr", self.lr), ("eps-clip", self.eps_clip), ("eps-clip-high", self.eps_clip_high),
-                            ("kv-cache-memory-gb", self.kv_cache_memory_gb), ("tis-clip", self.tis_clip)):
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise bad(flag, "a finite number > 0", value)
-        for flag, value in (("kl-loss-coef", self.kl_loss_coef), ("tis-clip-low", self.tis_clip_low),
-                            ("rollout-temperature", self.rollout_temperature)):
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise bad(flag, "a finite number >= 0", value)
-        if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
-            raise bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
-        if self.kl_loss_coef and not self.use_kl_loss:
-            raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
-        if self.use_kl_loss and not self.kl_loss_coef:
-            raise QuantrollError("--use-kl-loss needs a positive --kl-loss-coef")
-        if (self.tis_clip is not None or self.tis_clip_low is not None) and not self.use_tis:
-            raise QuantrollError("--tis-clip/--tis-clip-low are set but --use-tis is not; add --use-tis or drop them")
-        self._check_tis_bounds()
-        if self.seed >= SEED_LIMIT:
-            raise bad("seed", "below 2^64 (torch's generators take 64-bit seeds)", self.seed)
-        if self.rollout_temperature == 0:
-            raise QuantrollError("--rollout-temperature 0 samples greedily: the n samples of a prompt come out the same, "
-                                 "so every GRPO group has zero reward variance and nothing is learned (loss 0); use a "
-                                 "temperature > 0, e.g. 1.0 (evaluation is greedy on its own)")
+        _at_least(save_interval=(self.save_interval, 0))
         if self.force and self.load:
             raise QuantrollError("--force starts the run over and --load resumes it; pick one")
         if self.save and not self.save_interval:
             raise QuantrollError("--save needs --save-interval N (the state is written every N steps and at the end)")
         if self.save_interval and not self.save:
             raise QuantrollError("--save-interval is set but --save is not; add --save DIR or drop it")
-        if self.true_on_policy_mode:
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self):
+        """What spans stages, checked before any work, one line naming the flag."""
+        least = 2 if self.optimizer.advantage_estimator == "grpo" else 1
+        if self.rollout.n_samples_per_prompt < least:
+            raise _bad("n-samples-per-prompt", f">= {least} ({self.optimizer.advantage_estimator} groups)",
+                       self.rollout.n_samples_per_prompt)
+        if self.precision.true_on_policy_mode:
             from quantroll.rl.true_on_policy import config_refusal
 
             refusal = config_refusal(self)
             if refusal:
                 raise QuantrollError(refusal)
+
+    @classmethod
+    def of(cls, **flags) -> TrainConfig:
+        """The nested value from the command line's flat names (``FLAGS``: each flag's dest
+        to its stage and field); what is not given keeps its default."""
+        unknown = sorted(set(flags) - set(FLAGS))
+        if unknown:
+            raise TypeError(f"TrainConfig.of: no flag {', '.join(unknown)}")
+        stages: dict[str, dict] = {}
+        for name, value in flags.items():
+            stage, attr = FLAGS[name]
+            stages.setdefault(stage, {})[attr] = value
+        unused = CorrectionConfig.unused_flags(stages.get("correction", {}))
+        if any(flag in unused for flag in ("--tis-clip", "--tis-clip-low")):
+            raise QuantrollError("--tis-clip/--tis-clip-low are set but --use-tis is not; add --use-tis or drop them")
+        if unused:
+            value = flags[unused[0][2:].replace("-", "_")]
+            raise QuantrollError(f"{unused[0]} {value} is set but --use-tis is not; add --use-tis or drop it")
+        return cls(**{stage: _STAGES[stage](**values) for stage, values in stages.items()})
+
+    def flat(self) -> dict:
+        """The inverse of ``of``: every flag's dest with this config's value."""
+        return {name: getattr(getattr(self, stage), attr) for name, (stage, attr) in FLAGS.items()}
+
+    def to_json(self) -> str:
+        """The whole configuration, by stage (what `quantroll compare` hands each run)."""
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> TrainConfig:
+        """The inverse of ``to_json``, strict: an unknown stage or key, or a value of the
+        wrong type, is one line naming ``source`` and the key; a missing key keeps its
+        default; every stage's own checks then run as for the command line."""
+        try:
+            raw = json.loads(text)
+        except ValueError as err:
+            raise QuantrollError(f"{source}: not JSON ({err}); write it with `quantroll compare` or fix it") from None
+        if not isinstance(raw, dict):
+            raise QuantrollError(f"{source}: holds {type(raw).__name__}, not an object of stages")
+        unknown = sorted(set(raw) - set(_STAGES))
+        if unknown:
+            raise QuantrollError(f"{source}: unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(_STAGES)}")
+        stages = {}
+        for stage, values in raw.items():
+            kind = _STAGES[stage]
+            if not isinstance(values, dict):
+                raise QuantrollError(f"{source}: '{stage}' must be an object, got {values!r}")
+            fields = {f.name: f for f in dataclasses.fields(kind)}
+            unknown = sorted(set(values) - set(fields))
+            if unknown:
+                raise QuantrollError(f"{source}: unknown key(s) {', '.join(f'{stage}.{k}' for k in unknown)}")
+            stages[stage] = kind(**{k: _typed(v, fields[k].type, f"{source}: '{stage}.{k}'") for k, v in values.items()})
+        return cls(**stages)
+
+
+_KINDS = {"str": ((str,), "a string"), "int": ((int,), "an integer"), "float": ((int, float), "a number"),
+          "bool": ((bool,), "true or false")}
+
+
+def _typed(value, annotation: str, where: str):
+    """``value`` checked against a field's annotation (a scalar, ``X | None`` or
+    ``tuple[str, ...]``, the only kinds the stages use)."""
+    base, optional = annotation.removesuffix(" | None"), annotation.endswith(" | None")
+    if value is None:
+        if optional:
+            return None
+        raise QuantrollError(f"{where} is null; it needs {_KINDS[base][1]}")
+    if base == "tuple[str, ...]":
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise QuantrollError(f"{where} must be a list of strings, got {value!r}")
+    kinds, what = _KINDS[base]
+    if isinstance(value, bool) != (base == "bool") or not isinstance(value, kinds):
+        raise QuantrollError(f"{where} must be {what}, got {value!r}")
+    return float(value) if base == "float" else value
+
+
+def _stage_types() -> dict[str, type]:
+    hints = {"models": ModelsConfig, "engine": EngineConfig, "rollout": RolloutConfig, "optimizer": OptimizerConfig,
+             "correction": CorrectionConfig, "precision": PrecisionConfig, "sync": SyncConfig, "output": OutputConfig}
+    assert set(hints) == {f.name for f in dataclasses.fields(TrainConfig)}, "a stage without its type"
+    return hints
+
+
+def _flags() -> dict[str, tuple[str, str]]:
+    """flag dest -> (stage, field): the field's ``metadata['flag']`` where it has one (a
+    stage shared with other callers, e.g. CorrectionConfig), else its own name."""
+    out: dict[str, tuple[str, str]] = {}
+    for stage, kind in _STAGES.items():
+        for f in dataclasses.fields(kind):
+            name = f.metadata.get("flag", f.name)
+            assert name not in out, f"flag {name} belongs to two fields"
+            out[name] = (stage, f.name)
+    return out
+
+
+_STAGES = _stage_types()
+FLAGS = _flags()
+
+
+def flag_defaults() -> dict:
+    """Every flag's default, from the dataclasses (the one place defaults are written)."""
+    return TrainConfig().flat()

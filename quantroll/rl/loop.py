@@ -48,10 +48,10 @@ from quantroll.trainer.policy import load_policy
 def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
     """Modes 2-4: the trainer's forward uses the engine's quantization on the layers the
     engine holds quantized (so first/last BF16 layers match on both sides)."""
-    if not cfg.train_recipe:
+    if not cfg.precision.train_recipe:
         return
-    if engine.format is None or engine.format.name != cfg.train_recipe:
-        raise QuantrollError(f"{recipe_args(cfg.train_recipe)[0]} {cfg.train_recipe} needs an "
+    if engine.format is None or engine.format.name != cfg.precision.train_recipe:
+        raise QuantrollError(f"{recipe_args(cfg.precision.train_recipe)[0]} {cfg.precision.train_recipe} needs an "
                              f"engine checkpoint in that format; --hf-checkpoint holds "
                              f"{engine.format.name if engine.format else 'bf16'}")
     fmt = engine.format
@@ -76,20 +76,20 @@ def _tokenizer(checkpoint: str | Path):
 
 
 def run_training(cfg: TrainConfig, progress: bool = True, log=print) -> list[dict]:
-    """Run ``cfg.num_rollout`` RL steps; returns the metrics records (also written to
-    ``cfg.metrics_file``). Everything that can be checked is checked before anything is
+    """Run ``cfg.rollout.num_rollout`` RL steps; returns the metrics records (also written to
+    ``cfg.output.metrics_file``). Everything that can be checked is checked before anything is
     written: flags, output paths, the prompt data (rows, types, lengths in tokens), the
     locks and the state of the outputs (quantroll/rl/claim.py)."""
     from quantroll.dist.context import from_environ
     from quantroll.rl.claim import claim_outputs
     from quantroll.rl.preflight import check_outputs
 
-    if (ctx := from_environ(cfg.device)) is not None:  # a rank of a torchrun / Ray run
+    if (ctx := from_environ(cfg.models.device)) is not None:  # a rank of a torchrun / Ray run
         from quantroll.rl.ranks import run_rank
 
         return run_rank(cfg, ctx, _train, _check_prompt_lengths, progress, log)
     check_outputs(cfg)
-    task, eval_problems = build_task(cfg)
+    task, eval_problems = build_task(cfg.rollout)
     _check_prompt_lengths(cfg, task, eval_problems)
     with claim_outputs(cfg, log) as claim:
         with resolve_checkpoints(cfg) as (engine_dir, trainer_dir):
@@ -102,15 +102,15 @@ def _check_prompt_lengths(cfg: TrainConfig, task, eval_problems) -> None:
     from quantroll.model.config import load_model_config
     from quantroll.tasks.data import check_prompt_lengths
 
-    if not cfg.prompt_data and not cfg.eval_data:
+    if not cfg.rollout.prompt_data and not cfg.rollout.eval_data:
         return
-    source = Path(cfg.hf_checkpoint) if cfg.hf_checkpoint else builtin_checkpoint(cfg.builtin_model)
+    source = Path(cfg.models.hf_checkpoint) if cfg.models.hf_checkpoint else builtin_checkpoint(cfg.models.builtin_model)
     tokenizer = _tokenizer(source)
     context = load_model_config(source).max_position_embeddings
-    if cfg.prompt_data:
-        check_prompt_lengths(task.problems, tokenizer, context, cfg.rollout_max_response_len, "--prompt-data")
-    if cfg.eval_data and eval_problems:
-        check_prompt_lengths(eval_problems, tokenizer, context, cfg.rollout_max_response_len, "--eval-data")
+    if cfg.rollout.prompt_data:
+        check_prompt_lengths(task.problems, tokenizer, context, cfg.rollout.rollout_max_response_len, "--prompt-data")
+    if cfg.rollout.eval_data and eval_problems:
+        check_prompt_lengths(eval_problems, tokenizer, context, cfg.rollout.rollout_max_response_len, "--eval-data")
 
 
 ARCHITECTURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -125,7 +125,7 @@ def _check_same_architecture(cfg: TrainConfig, engine_cfg, policy_cfg) -> None:
         if getattr(engine_cfg, name) != getattr(policy_cfg, name):
             raise QuantrollError(f"--ref-load's {name} is {getattr(policy_cfg, name)} but --hf-checkpoint's is "
                                  f"{getattr(engine_cfg, name)}: the trainer must hold the model the engine runs")
-    if (cfg.use_rollout_routing_replay or cfg.use_routing_replay) and not engine_cfg.num_experts:
+    if (cfg.correction.rollout_routing_replay or cfg.correction.routing_replay) and not engine_cfg.num_experts:
         raise QuantrollError("--use-rollout-routing-replay/--use-routing-replay need a MoE model; this one is dense")
 
 
@@ -133,74 +133,74 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
            log, place=None) -> list[dict]:
     """``place``: where the pieces run (quantroll/rl/placement.py; default this process)."""
     place = place or OneProcess()
-    torch.manual_seed(cfg.seed)
-    dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
-    if torch.device(cfg.device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(cfg.device)
-    kernels = INVARIANT_KERNELS if cfg.true_on_policy_mode else DEFAULT_KERNELS
-    engine = Engine(engine_dir, device=cfg.device, dtype=dtype, kernels=kernels,
-                    cache=CacheConfig(memory_gb=cfg.kv_cache_memory_gb, kv_cache_dtype=cfg.kv_cache_dtype,
-                                      block_size=cfg.kv_cache_block_size))
-    policy = load_policy(trainer_dir, device=cfg.device, dtype=dtype, kernels=kernels)
+    torch.manual_seed(cfg.rollout.seed)
+    dtype = resolve_compute_dtype(cfg.models.device, cfg.models.compute_dtype)
+    if torch.device(cfg.models.device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(cfg.models.device)
+    kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
+    engine = Engine(engine_dir, device=cfg.models.device, dtype=dtype, kernels=kernels,
+                    cache=CacheConfig(memory_gb=cfg.engine.kv_cache_memory_gb, kv_cache_dtype=cfg.engine.kv_cache_dtype,
+                                      block_size=cfg.engine.kv_cache_block_size))
+    policy = load_policy(trainer_dir, device=cfg.models.device, dtype=dtype, kernels=kernels)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
-    if cfg.true_on_policy_mode:
+    if cfg.precision.true_on_policy_mode:
         from quantroll.rl import true_on_policy
 
-        true_on_policy.check_engine(engine, cfg.train_recipe)
+        true_on_policy.check_engine(engine, cfg.precision.train_recipe)
         true_on_policy.probe(engine, policy)
         for line in true_on_policy.notes(cfg, bool(engine.config.moe_layers)):
             log(line)
-    ref_policy = place.ref_policy(policy) if cfg.use_kl_loss else None
+    ref_policy = place.ref_policy(policy) if cfg.optimizer.use_kl_loss else None
     place.shard(policy)
     if ref_policy is not None:
         place.shard(ref_policy)
-    optimizer = place.optimizer(policy, cfg.lr)
+    optimizer = place.optimizer(policy, cfg.optimizer.lr)
     push = place.sync(engine, policy)
     engines = place.engines(engine)
     memory = engine_memory(engine)
     tokenizer = _tokenizer(engine_dir)
-    rng = random.Random(cfg.seed)
+    rng = random.Random(cfg.rollout.seed)
     first_step = 0
-    if cfg.load:
-        source = ("--ref-load" if cfg.ref_load else "--hf-checkpoint" if cfg.hf_checkpoint
-                  else f"the built-in {cfg.builtin_model} model")
-        first_step = place.agree(lambda: load_state(cfg.load, policy, optimizer, rng, source)) + 1
+    if cfg.output.load:
+        source = ("--ref-load" if cfg.models.ref_load else "--hf-checkpoint" if cfg.models.hf_checkpoint
+                  else f"the built-in {cfg.models.builtin_model} model")
+        first_step = place.agree(lambda: load_state(cfg.output.load, policy, optimizer, rng, source)) + 1
         if place.writes:
-            continue_after(cfg.metrics_file, first_step - 1, log)
+            continue_after(cfg.output.metrics_file, first_step - 1, log)
     elif claim.replaces_run:
         start_over(cfg, log)
-    sink = JsonlSink(cfg.metrics_file if place.writes else None, append=bool(cfg.load))
-    board = TensorBoardSink(cfg.tensorboard_dir if place.writes else None)
+    sink = JsonlSink(cfg.output.metrics_file if place.writes else None, append=bool(cfg.output.load))
+    board = TensorBoardSink(cfg.output.tensorboard_dir if place.writes else None)
 
     with place.stage("the first weight update"):
-        if cfg.check_weight_update_equal and not cfg.load:
-            place.agree(lambda: check_weight_update(engine, push, cfg.check_weight_update_allow_quant_error))
-        elif cfg.load:
+        if cfg.sync.check_weight_update_equal and not cfg.output.load:
+            place.agree(lambda: check_weight_update(engine, push, cfg.sync.check_weight_update_allow_quant_error))
+        elif cfg.output.load:
             push()  # the engine starts from the resumed weights
     history, bad = [], 0
-    bar = _progress(cfg.num_rollout - first_step, progress and place.writes)
+    bar = _progress(cfg.rollout.num_rollout - first_step, progress and place.writes)
     try:
-        for step in range(first_step, cfg.num_rollout):
+        for step in range(first_step, cfg.rollout.num_rollout):
             held_out = {}
-            if eval_problems and eval_due(step, cfg.eval_interval, cfg.num_rollout):
+            if eval_problems and eval_due(step, cfg.rollout.eval_interval, cfg.rollout.num_rollout):
                 started = time.perf_counter()
                 with place.stage("evaluation", step):
-                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems, cfg.rollout_max_response_len)
+                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems, cfg.rollout.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
-            params = SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, max_new_tokens=cfg.rollout_max_response_len,
-                                    seed=(cfg.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
-                                    stop_token_ids=() if cfg.rollout_ignore_eos else None)
+            params = SamplingParams(temperature=cfg.rollout.rollout_temperature, top_p=cfg.rollout.rollout_top_p, max_new_tokens=cfg.rollout.rollout_max_response_len,
+                                    seed=(cfg.rollout.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
+                                    stop_token_ids=() if cfg.rollout.rollout_ignore_eos else None)
             with place.stage("the rollout", step):
-                batch = rollout(engines, tokenizer, task, rng, cfg.rollout_batch_size, cfg.n_samples_per_prompt,
+                batch = rollout(engines, tokenizer, task, rng, cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt,
                                 params)
-            if engine.device.type == "cuda" and not cfg.keep_kv_cache:
+            if engine.device.type == "cuda" and not cfg.engine.keep_kv_cache:
                 engine.release_kv_cache()  # colocated: the trainer's step gets the KV pool's memory
             with place.stage("the training step", step):
                 metrics = train_on_batch(cfg, policy, ref_policy, optimizer, batch, place.rows)
             if metrics.get("skipped_nonfinite"):
                 bad += 1
-                if bad >= cfg.max_bad_steps:
+                if bad >= cfg.output.max_bad_steps:
                     raise QuantrollError(f"{bad} steps in a row had a NaN/Inf loss or gradient (last at step {step}); "
                                          "lower --lr or check the data")
             else:
@@ -209,7 +209,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 timing = push()
             record = {
                 "step": step, "rollout_precision": engine.precision, "kv_cache_dtype": engine.kv_cache_label,
-                "loss_agg": cfg.loss_agg, **({"true_on_policy": True} if cfg.true_on_policy_mode else {}),
+                "loss_agg": cfg.optimizer.loss_agg, **({"true_on_policy": True} if cfg.precision.true_on_policy_mode else {}),
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),
                 "response_len_mean": batch.num_tokens / len(batch.results),
@@ -219,22 +219,22 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 **timing.metrics(), "peak_memory_gib": peak_memory_gib(engine.device), **memory,
                 **trainer_memory(policy, trainer_dir, optimizer),
             }
-            with writing(f"--metrics-file {cfg.metrics_file}"):
+            with writing(f"--metrics-file {cfg.output.metrics_file}"):
                 sink.write(record)
             board.write(record)
             history.append(record)
-            if cfg.save and cfg.save_interval and ((step + 1) % cfg.save_interval == 0 or step + 1 == cfg.num_rollout):
-                with writing(f"--save {cfg.save}"), place.stage("the save", step):
-                    save_state(cfg.save, policy, optimizer, step, rng, cfg, write=place.writes)
+            if cfg.output.save and cfg.output.save_interval and ((step + 1) % cfg.output.save_interval == 0 or step + 1 == cfg.rollout.num_rollout):
+                with writing(f"--save {cfg.output.save}"), place.stage("the save", step):
+                    save_state(cfg.output.save, policy, optimizer, step, rng, cfg, write=place.writes)
             if bar is not None:
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                                 gap=f"{record['train_rollout_logprob_abs_diff']:.2e}")
                 bar.update(1)
-        if cfg.save_hf:
-            with writing(f"--save-hf {cfg.save_hf}"), place.stage("the export"):
+        if cfg.output.save_hf:
+            with writing(f"--save-hf {cfg.output.save_hf}"), place.stage("the export"):
                 whole = place.exportable(policy, trainer_dir, dtype)
                 if whole is not None:
-                    save_hf_checkpoint(whole, trainer_dir, cfg.save_hf)
+                    save_hf_checkpoint(whole, trainer_dir, cfg.output.save_hf)
     except BaseException:
         if bar is not None:
             bar.leave = False  # a failure's one line is the error, not a half-full bar above it

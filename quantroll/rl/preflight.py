@@ -27,21 +27,21 @@ def _is_quantroll_conversion(path: Path) -> bool:
 
 def check_outputs(cfg: TrainConfig) -> None:
     """Refuse output paths the run could not write, or whose contents it would destroy."""
-    for flag, value, is_file in (("--metrics-file", cfg.metrics_file, True),
-                                 ("--tensorboard-dir", cfg.tensorboard_dir, False), ("--save", cfg.save, False),
-                                 ("--save-hf", cfg.save_hf, False), ("--convert-dir", cfg.convert_dir, False)):
+    for flag, value, is_file in (("--metrics-file", cfg.output.metrics_file, True),
+                                 ("--tensorboard-dir", cfg.output.tensorboard_dir, False), ("--save", cfg.output.save, False),
+                                 ("--save-hf", cfg.output.save_hf, False), ("--convert-dir", cfg.models.convert_dir, False)):
         if value:
             check_output_path(flag, value, is_file=is_file)
-    if cfg.save_hf and _non_empty_dir(Path(cfg.save_hf)):
-        raise QuantrollError(f"--save-hf {cfg.save_hf} exists and is not empty; the export would replace it: remove it "
+    if cfg.output.save_hf and _non_empty_dir(Path(cfg.output.save_hf)):
+        raise QuantrollError(f"--save-hf {cfg.output.save_hf} exists and is not empty; the export would replace it: remove it "
                              "or choose another directory")
-    if cfg.save and (foreign := savedir.foreign_entries(cfg.save)):
-        raise QuantrollError(f"--save {cfg.save} holds {foreign[0]!r}, which no save wrote (not a state directory of a "
+    if cfg.output.save and (foreign := savedir.foreign_entries(cfg.output.save)):
+        raise QuantrollError(f"--save {cfg.output.save} holds {foreign[0]!r}, which no save wrote (not a state directory of a "
                              "previous run); remove it or choose another directory")
-    if cfg.convert_dir and _non_empty_dir(Path(cfg.convert_dir)) and not _is_quantroll_conversion(Path(cfg.convert_dir)):
-        raise QuantrollError(f"--convert-dir {cfg.convert_dir} exists and is not a quantroll conversion; the run would "
+    if cfg.models.convert_dir and _non_empty_dir(Path(cfg.models.convert_dir)) and not _is_quantroll_conversion(Path(cfg.models.convert_dir)):
+        raise QuantrollError(f"--convert-dir {cfg.models.convert_dir} exists and is not a quantroll conversion; the run would "
                              "replace it: remove it or choose another directory")
-    for flag, value in (("--save-hf", cfg.save_hf), ("--convert-dir", cfg.convert_dir), ("--metrics-file", cfg.metrics_file),
-                        ("--tensorboard-dir", cfg.tensorboard_dir)):
-        if cfg.save and value and Path(value).absolute() == Path(cfg.save).absolute():
+    for flag, value in (("--save-hf", cfg.output.save_hf), ("--convert-dir", cfg.models.convert_dir), ("--metrics-file", cfg.output.metrics_file),
+                        ("--tensorboard-dir", cfg.output.tensorboard_dir)):
+        if cfg.output.save and value and Path(value).absolute() == Path(cfg.output.save).absolute():
             raise QuantrollError(f"{flag} and --save are both {value}; give each its own path")

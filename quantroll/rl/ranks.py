@@ -46,14 +46,15 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, check_prompt_lengths, pr
     quiet = log if ctx.is_source else (lambda *args, **kwargs: None)
     # the conversion (--rollout-precision) is made by every rank into its own temporary directory,
     # except rank 0's, which goes to --convert-dir when given
-    cfg = replace(cfg, device=str(ctx.device), convert_dir=cfg.convert_dir if ctx.is_source else None)
+    cfg = replace(cfg, models=replace(cfg.models, device=str(ctx.device),
+                                      convert_dir=cfg.models.convert_dir if ctx.is_source else None))
     finished = False
     try:
         def prepare():
-            check_divisible(cfg.rollout_batch_size * cfg.n_samples_per_prompt, cfg.global_batch_size, ctx.world_size)
+            check_divisible(cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt, cfg.optimizer.global_batch_size, ctx.world_size)
             if ctx.is_source:
                 check_outputs(cfg)
-            task, eval_problems = build_task(cfg)
+            task, eval_problems = build_task(cfg.rollout)
             check_prompt_lengths(cfg, task, eval_problems)
             return task, eval_problems
 

@@ -11,6 +11,7 @@ import torch
 
 from quantroll.engine import Engine, GenerationResult, SamplingParams
 from quantroll.errors import QuantrollError
+from quantroll.rl.config import RolloutConfig
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 
 
@@ -30,8 +31,8 @@ def make_task(name: str, digits: int = 2, span: int = 16, prompt_data: str | Non
     raise QuantrollError(f"unknown task '{name}'; built-in tasks: arithmetic, count")
 
 
-def build_task(cfg) -> tuple[object, list | None]:
-    """(training task, held-out evaluation problems or None) for a TrainConfig.
+def build_task(cfg: RolloutConfig) -> tuple[object, list | None]:
+    """(training task, held-out evaluation problems or None) for a run's rollout settings.
 
     A built-in task trains on a pool of ``cfg.train_problems`` problems (0: a fresh
     problem every time) and, when evaluation is on without --eval-data, is evaluated on

@@ -27,7 +27,7 @@ from quantroll.rl.config import TrainConfig
 from quantroll.rl.rollout import RolloutBatch
 from quantroll.rl.routing import replay_from_engine
 from quantroll.trainer.advantages import broadcast_to_tokens, grpo_advantages, reinforce_plus_plus_advantages
-from quantroll.trainer.corrections import CorrectionConfig, correct
+from quantroll.trainer.corrections import correct
 from quantroll.trainer.losses import aggregate, denominators, kl_penalty, ppo_policy_loss
 from quantroll.trainer.policy import response_logprobs
 
@@ -40,8 +40,8 @@ def _per_sequence_routes(record: RecordRouting, prompts, responses, moe_layers) 
 
 
 def _advantages(cfg: TrainConfig, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    if cfg.advantage_estimator == "grpo":
-        return broadcast_to_tokens(grpo_advantages(rewards, cfg.n_samples_per_prompt), mask)
+    if cfg.optimizer.advantage_estimator == "grpo":
+        return broadcast_to_tokens(grpo_advantages(rewards, cfg.rollout.n_samples_per_prompt), mask)
     return reinforce_plus_plus_advantages(rewards, mask)
 
 
@@ -115,32 +115,31 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
     moe = bool(model_cfg.moe_layers)
     metrics: dict = {}
     t0 = time.perf_counter()
-    micro = _parts(rows_of.mine(list(range(n))), cfg.micro_batch_size)
+    micro = _parts(rows_of.mine(list(range(n))), cfg.optimizer.micro_batch_size)
     # -- old logprobs: the trainer's own, before any update of this step ------------------
     engine_routes = [r.routed_experts for r in batch.results] if moe else None
-    replayed = engine_routes if moe and cfg.use_rollout_routing_replay else None
-    old_logp, mask, natural = _logprobs_no_grad(policy, data, cfg.rollout_temperature, micro, replayed,
+    replayed = engine_routes if moe and cfg.correction.rollout_routing_replay else None
+    old_logp, mask, natural = _logprobs_no_grad(policy, data, cfg.rollout.rollout_temperature, micro, replayed,
                                                 record=moe and replayed is None)
     old_logp, mask = rows_of.gather_rows(old_logp), rows_of.gather_rows(mask)
     if moe:
         if natural is None:  # the old logprobs replayed the engine's choices: the trainer's own, for the metric
-            natural = _logprobs_no_grad(policy, data, cfg.rollout_temperature, micro, record=True)[2]
+            natural = _logprobs_no_grad(policy, data, cfg.rollout.rollout_temperature, micro, record=True)[2]
         natural = rows_of.gather_routes(natural)
         for j, share in enumerate(routing_agreement(torch.cat(natural), torch.cat([r.long() for r in engine_routes]))):
             metrics[f"routing_agreement_layer{model_cfg.moe_layers[j]}"] = share
-        if cfg.use_routing_replay and replayed is None:
+        if cfg.correction.routing_replay and replayed is None:
             replayed = natural
     ref_logp = None
-    if cfg.use_kl_loss and ref_policy is not None:
-        ref_logp = rows_of.gather_rows(_logprobs_no_grad(ref_policy, data, cfg.rollout_temperature, micro, replayed)[0])
+    if cfg.optimizer.use_kl_loss and ref_policy is not None:
+        ref_logp = rows_of.gather_rows(_logprobs_no_grad(ref_policy, data, cfg.rollout.rollout_temperature, micro, replayed)[0])
     rollout_logp = batch.rollout_logprobs()
     metrics.update(mismatch_metrics(old_logp, rollout_logp, mask))
     metrics["by_response_len"] = mismatch_by_length(old_logp, rollout_logp, mask)
     advantages = _advantages(cfg, batch.rewards, mask)
     # -- updates, one per minibatch, gradients accumulated over its micro-batches ---------
-    correction = CorrectionConfig(enabled=cfg.use_tis, mode=cfg.tis_mode, level=cfg.tis_level, clip=cfg.tis_clip,
-                                  clip_low=cfg.tis_clip_low)
-    size = cfg.global_batch_size or n
+    correction = cfg.correction
+    size = cfg.optimizer.global_batch_size or n
     losses, clipfracs, kls, norms, corr = [], [], [], [], []
     first_diff = [0.0, 0.0]  # the first minibatch's |logp - old logp| summed over its tokens, and its tokens
     for start in range(0, n, size):
@@ -152,9 +151,9 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
             whole = mask[minibatch]
             corr.append(correct(torch.zeros_like(whole), old_logp[minibatch], rollout_logp[minibatch], whole,
                                 correction)[2])
-        for rows in _parts(rows_of.mine(minibatch), cfg.micro_batch_size):
+        for rows in _parts(rows_of.mine(minibatch), cfg.optimizer.micro_batch_size):
             prompts, responses = data.rows(rows)
-            logp, sub_mask = response_logprobs(policy, prompts, responses, cfg.rollout_temperature,
+            logp, sub_mask = response_logprobs(policy, prompts, responses, cfg.rollout.rollout_temperature,
                                                data.replay(replayed, rows))
             width = logp.shape[1]
             sub_old, sub_roll = old_logp[rows, :width].to(logp.device), rollout_logp[rows, :width].to(logp.device)
@@ -162,13 +161,13 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
                 first_diff[0] += float(((logp.detach() - sub_old).abs() * sub_mask).sum())
                 first_diff[1] += float(sub_mask.sum())
             sub_adv = advantages[rows, :width].to(logp.device)
-            pg, clipped = ppo_policy_loss(logp, sub_old, sub_adv, cfg.eps_clip, cfg.eps_clip_high)
+            pg, clipped = ppo_policy_loss(logp, sub_old, sub_adv, cfg.optimizer.eps_clip, cfg.optimizer.eps_clip_high)
             pg, numerator_mask, corr_metrics = correct(pg, sub_old, sub_roll, sub_mask, correction)
-            loss = aggregate(pg, numerator_mask, cfg.loss_agg, denom_mask=sub_mask, over=over)
-            if ref_logp is not None and cfg.kl_loss_coef:
-                kl = aggregate(kl_penalty(logp, ref_logp[rows, :width].to(logp.device), cfg.kl_loss_type), sub_mask,
-                               cfg.loss_agg, over=over)
-                loss = loss + cfg.kl_loss_coef * kl
+            loss = aggregate(pg, numerator_mask, cfg.optimizer.loss_agg, denom_mask=sub_mask, over=over)
+            if ref_logp is not None and cfg.optimizer.kl_loss_coef:
+                kl = aggregate(kl_penalty(logp, ref_logp[rows, :width].to(logp.device), cfg.optimizer.kl_loss_type), sub_mask,
+                               cfg.optimizer.loss_agg, over=over)
+                loss = loss + cfg.optimizer.kl_loss_coef * kl
                 kl_value += float(kl)
             if not math.isfinite(float(loss.detach())):
                 finite = False
@@ -185,10 +184,10 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
             optimizer.zero_grad()
             metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0) + 1
             continue
-        norms.append(optimizer.step(cfg.max_grad_norm))
+        norms.append(optimizer.step(cfg.optimizer.max_grad_norm))
         loss_value, kl_value = rows_of.sum([loss_value, kl_value])
         losses.append(loss_value)
-        if ref_logp is not None and cfg.kl_loss_coef:
+        if ref_logp is not None and cfg.optimizer.kl_loss_coef:
             kls.append(kl_value)
         clipfracs.append(rows_of.share(torch.cat(clipped_tokens)))
     metrics.update({
@@ -197,7 +196,7 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
     })
     if kls:
         metrics["kl"] = _mean(kls)
-    if cfg.true_on_policy_mode and first_diff[1]:
+    if cfg.precision.true_on_policy_mode and first_diff[1]:
         metrics["train_first_forward_logprob_abs_diff"] = first_diff[0] / first_diff[1]
     for key in (corr[0] if corr else {}):  # extremes stay extremes across minibatches, the rest are means
         values = [c[key] for c in corr]

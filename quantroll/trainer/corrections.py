@@ -42,10 +42,12 @@ Decisions (all tested):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, fields
 
 import torch
 
+from quantroll.errors import QuantrollError
 from quantroll.trainer.losses import LOG_RATIO_CLAMP, as_bool_mask, check_same_shape
 
 MODES = ("truncate", "mask")
@@ -57,27 +59,52 @@ DEFAULT_BOUNDS = {"truncate": (0.0, 2.0), "mask": (0.5, 5.0)}
 
 @dataclass(frozen=True)
 class CorrectionConfig:
-    """What ``--use-tis --tis-mode --tis-level --tis-clip --tis-clip-low`` ask for.
+    """What ``--use-tis --tis-mode --tis-level --tis-clip --tis-clip-low`` and routing replay
+    (``--use-rollout-routing-replay``, ``--use-routing-replay``) ask for: every correction
+    the trainer applies, checked here once (each field's metadata names its flag).
 
     ``clip`` (C) and ``clip_low`` (c) are ``None`` unless the user gave them; ``None``
     means the default of the mode (truncate: c = 0, C = 2; mask: c = 0.5, C = 5), so
     "the user gave bounds" is explicit and switching mode never keeps a stale default.
+    The bounds in use, defaults included, must satisfy c <= C (inclusive: c = C weighs
+    every token C): a bound checked only when both are given would let ``--tis-clip-low 3``
+    (against the default C = 2) through to a correction that clips everything. R3 (``rollout_routing_replay``) forces the
+    engine's expert choices in the trainer; ``routing_replay`` records the trainer's own
+    in the old-logprob pass and replays them in training.
     """
 
-    enabled: bool = False
-    mode: str = "truncate"
-    level: str = "token"
-    clip: float | None = None
-    clip_low: float | None = None
+    enabled: bool = field(default=False, metadata={"flag": "use_tis"})
+    mode: str = field(default="truncate", metadata={"flag": "tis_mode"})
+    level: str = field(default="token", metadata={"flag": "tis_level"})
+    clip: float | None = field(default=None, metadata={"flag": "tis_clip"})
+    clip_low: float | None = field(default=None, metadata={"flag": "tis_clip_low"})
+    rollout_routing_replay: bool = field(default=False, metadata={"flag": "use_rollout_routing_replay"})
+    routing_replay: bool = field(default=False, metadata={"flag": "use_routing_replay"})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"unknown correction mode {self.mode!r}; choose one of {MODES}")
+            raise QuantrollError(f"--tis-mode {self.mode!r}: choose one of {', '.join(MODES)}")
         if self.level not in LEVELS:
-            raise ValueError(f"unknown correction level {self.level!r}; choose one of {LEVELS}")
+            raise QuantrollError(f"--tis-level {self.level!r}: choose one of {', '.join(LEVELS)}")
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
+            raise QuantrollError(f"--tis-clip must be a finite number > 0, got {self.clip!r}")
+        if self.clip_low is not None and not (math.isfinite(self.clip_low) and self.clip_low >= 0):
+            raise QuantrollError(f"--tis-clip-low must be a finite number >= 0, got {self.clip_low!r}")
         c, C = self.bounds
-        if not (0.0 <= c <= C and C > 0.0):
-            raise ValueError(f"correction bounds need 0 <= c <= C and C > 0, got c={c}, C={C}")
+        if c > C:
+            low = f"--tis-clip-low {c}" if self.clip_low is not None else f"the {self.mode} default low bound {c}"
+            high = f"--tis-clip {C}" if self.clip is not None else f"the {self.mode} default --tis-clip {C}"
+            raise QuantrollError(f"{low} must be below {high}; give both bounds with c < C")
+
+    @staticmethod
+    def unused_flags(values: dict) -> list[str]:
+        """TIS settings among ``values`` (field -> value, as the command line gives them)
+        that differ from their defaults while ``enabled`` is not set: the command line
+        refuses them before they reach a config (a bound would otherwise be checked first)."""
+        if values.get("enabled"):
+            return []
+        return [f"--{f.metadata['flag'].replace('_', '-')}" for f in fields(CorrectionConfig)
+                if f.name in ("mode", "level", "clip", "clip_low") and values.get(f.name, f.default) != f.default]
 
     @property
     def bounds(self) -> tuple[float, float]:

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from quantroll.cli import main
+from quantroll.commands.compare import train_config
 from quantroll.compare import runner
+from quantroll.rl.config import TrainConfig
 
 SMALL = ["--num-rollout", "2", "--seeds", "1", "--train-args",
          "--rollout-batch-size 4 --n-samples-per-prompt 2 --eval-size 8"]
@@ -34,6 +36,10 @@ def test_compare_writes_runs_summary_and_report(study):
     for run in runs:
         spec = json.loads((study / "runs" / run / "run.json").read_text())
         assert spec["status"] == "done" and spec["command"][:2] == ["quantroll", "train"]
+        # the child ran on config.json: the configuration train makes of the command run.json shows
+        config = TrainConfig.from_json((study / "runs" / run / "config.json").read_text(), "config.json")
+        assert config == train_config(spec["command"][1:])
+        assert config.rollout.rollout_batch_size == 4 and config.correction.enabled == run.endswith("tis-seed1")
         lines = _lines(study / "runs" / run / "metrics.jsonl")
         assert [r["step"] for r in lines] == [0, 1]
         row = next(r for r in summary["runs"] if r["run_id"] == run)
@@ -120,11 +126,11 @@ def test_response_length_sweep_runs_sample_to_full_length_and_are_reported(tmp_p
 def test_ctrl_c_keeps_finished_runs_and_exits_130(tmp_path, monkeypatch, capsys):
     real, calls = runner.run_one, []
 
-    def interrupt_the_second(setup, spec, checkpoints, log=print):
+    def interrupt_the_second(setup, spec, checkpoints, config_of, log=print):
         calls.append(spec.run_id)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(setup, spec, checkpoints, log)
+        return real(setup, spec, checkpoints, config_of, log)
 
     monkeypatch.setattr(runner, "run_one", interrupt_the_second)
     out = tmp_path / "study"

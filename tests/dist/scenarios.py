@@ -76,9 +76,9 @@ def train_case(place, name: str) -> dict:
         for module in policy.modules():
             if getattr(module, "name", "").startswith("model.layers.") and hasattr(module, "train_format"):
                 module.train_format = get_format(fmt)
-    cfg = TrainConfig(rollout_batch_size=PROMPTS, n_samples_per_prompt=SAMPLES, lr=LR, **overrides)
+    cfg = TrainConfig.of(rollout_batch_size=PROMPTS, n_samples_per_prompt=SAMPLES, lr=LR, **overrides)
     place.shard(policy)
-    optimizer = place.optimizer(policy, cfg.lr)
+    optimizer = place.optimizer(policy, cfg.optimizer.lr)
     losses, norms = [], []
     for batch in batches(policy.config, seed=1):
         metrics = train_on_batch(cfg, policy, None, optimizer, batch, place.rows)

@@ -31,8 +31,8 @@ def test_shipped_models_are_warm_started_bf16_checkpoints(kind):
 
 
 def test_no_model_flags_trains_the_builtin_model_bf16_gap_near_zero_fp8_gap_clearly_above():
-    bf16 = run_training(TrainConfig(**TINY), progress=False)
-    fp8 = run_training(TrainConfig(**TINY, rollout_precision="fp8"), progress=False)
+    bf16 = run_training(TrainConfig.of(**TINY), progress=False)
+    fp8 = run_training(TrainConfig.of(**TINY, rollout_precision="fp8"), progress=False)
     assert bf16[0]["rollout_precision"] == "bfloat16 (float32 compute)"
     assert fp8[0]["rollout_precision"] == "fp8 (emulated)"
     assert bf16[0]["train_rollout_logprob_abs_diff"] < 1e-5
@@ -41,7 +41,7 @@ def test_no_model_flags_trains_the_builtin_model_bf16_gap_near_zero_fp8_gap_clea
 
 
 def test_moe_builtin_trains_with_r3_and_tis_and_reports_routing_per_layer():
-    history = run_training(TrainConfig(**TINY, builtin_model="moe", rollout_precision="fp8",
+    history = run_training(TrainConfig.of(**TINY, builtin_model="moe", rollout_precision="fp8",
                                        use_rollout_routing_replay=True, use_tis=True), progress=False)
     layers = [k for k in history[0] if k.startswith("routing_agreement_layer")]
     assert len(layers) == 4 and all(0.0 <= history[0][k] <= 1.0 for k in layers)
@@ -49,7 +49,7 @@ def test_moe_builtin_trains_with_r3_and_tis_and_reports_routing_per_layer():
 
 
 def test_bf16_layers_at_the_ends_are_kept_on_both_sides(tmp_path):
-    run_training(TrainConfig(**TINY, rollout_precision="fp8", train_recipe="fp8", num_layers_at_start_in_bf16=1,
+    run_training(TrainConfig.of(**TINY, rollout_precision="fp8", train_recipe="fp8", num_layers_at_start_in_bf16=1,
                              num_layers_at_end_in_bf16=1, convert_dir=str(tmp_path / "engine")), progress=False)
     kept = json.loads((tmp_path / "engine" / "config.json").read_text())["quantization_config"]["modules_to_not_convert"]
     assert any(m.startswith("model.layers.0.") for m in kept) and any(m.startswith("model.layers.3.") for m in kept)
@@ -74,7 +74,7 @@ def test_rollout_precision_refuses_an_already_quantized_checkpoint(tmp_path, cap
 
 
 def test_ignore_eos_samples_every_response_to_full_length():
-    history = run_training(TrainConfig(**TINY, rollout_max_response_len=12, rollout_ignore_eos=True), progress=False)
+    history = run_training(TrainConfig.of(**TINY, rollout_max_response_len=12, rollout_ignore_eos=True), progress=False)
     assert all(r["response_len_mean"] == 12 for r in history)
 
 

@@ -43,11 +43,11 @@ def test_a_missing_or_empty_file_names_its_flag(setup, tmp_path):
     _, data = setup
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(QuantrollError, match="^--prompt-data .*nope.jsonl not found"):
-        build_task(TrainConfig(prompt_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a"))
+        build_task(TrainConfig.of(prompt_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a").rollout)
     with pytest.raises(QuantrollError, match="^--eval-data .*nope.jsonl not found"):
-        build_task(TrainConfig(prompt_data=str(data), eval_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a"))
+        build_task(TrainConfig.of(prompt_data=str(data), eval_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a").rollout)
     with pytest.raises(QuantrollError, match="^--eval-data .*empty.jsonl holds no rows"):
-        build_task(TrainConfig(prompt_data=str(data), eval_data=str(tmp_path / "empty.jsonl"), input_key="q", label_key="a"))
+        build_task(TrainConfig.of(prompt_data=str(data), eval_data=str(tmp_path / "empty.jsonl"), input_key="q", label_key="a").rollout)
 
 
 def test_custom_reward_is_used(setup):
@@ -57,7 +57,7 @@ def test_custom_reward_is_used(setup):
 
 def test_train_on_user_data_with_eval_of_both_policies(setup, tmp_path):
     ckpt, data = setup
-    hist = run_training(TrainConfig(hf_checkpoint=str(ckpt), prompt_data=str(data), input_key="q", label_key="a",
+    hist = run_training(TrainConfig.of(hf_checkpoint=str(ckpt), prompt_data=str(data), input_key="q", label_key="a",
                                     eval_data=str(data), eval_interval=1, **FAST), progress=False)
     assert 0.0 <= hist[0]["eval_engine_accuracy"] <= 1.0 and 0.0 <= hist[0]["eval_trainer_accuracy"] <= 1.0
 
@@ -77,7 +77,7 @@ def test_tensorboard_gets_the_same_scalars(setup, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ckpt, _ = setup
-    hist = run_training(TrainConfig(hf_checkpoint=str(ckpt), tensorboard_dir=str(tmp_path / "tb"), **FAST),
+    hist = run_training(TrainConfig.of(hf_checkpoint=str(ckpt), tensorboard_dir=str(tmp_path / "tb"), **FAST),
                         progress=False)
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
@@ -95,7 +95,7 @@ def test_save_hf_exports_the_trained_policy_for_convert(setup, tmp_path):
 
     ckpt, data = setup
     out = tmp_path / "hf"
-    run_training(TrainConfig(hf_checkpoint=str(ckpt), save_hf=str(out), **{**FAST, "lr": 1e-2}), progress=False)
+    run_training(TrainConfig.of(hf_checkpoint=str(ckpt), save_hf=str(out), **{**FAST, "lr": 1e-2}), progress=False)
     exported = load_policy(out)
     original = load_policy(ckpt)
     assert set(dict(exported.named_parameters())) == set(dict(original.named_parameters()))

@@ -19,7 +19,7 @@ SMALL = dict(device="cuda", num_rollout=3, rollout_batch_size=8, n_samples_per_p
 
 
 def _run(**kw):
-    return run_training(TrainConfig(**{**SMALL, **kw}), progress=False)
+    return run_training(TrainConfig.of(**{**SMALL, **kw}), progress=False)
 
 
 def test_bf16_mode1_and_mode2_train_on_gpu_with_real_fp8():

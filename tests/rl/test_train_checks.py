@@ -32,7 +32,7 @@ from quantroll.rl.preflight import check_outputs
 ])
 def test_bad_settings_are_refused_in_one_line(kw, message):
     with pytest.raises(QuantrollError, match=None) as err:
-        TrainConfig(**kw)
+        TrainConfig.of(**kw)
     assert message in str(err.value)
 
 
@@ -48,21 +48,21 @@ def test_output_paths_are_checked_before_any_work(tmp_path):
     a_file = tmp_path / "afile"
     a_file.write_text("x")
     cases = [
-        (TrainConfig(save_hf=str(precious)), "--save-hf .* exists and is not empty"),
-        (TrainConfig(save=str(precious), save_interval=1), "holds 'precious.txt', which no save wrote"),
-        (TrainConfig(convert_dir=str(precious), rollout_precision="fp8"), "is not a quantroll conversion"),
-        (TrainConfig(save_hf=str(a_file / "hf")), "afile is a file, not a directory"),
-        (TrainConfig(metrics_file=str(tmp_path)), "is a directory; give a file path"),
-        (TrainConfig(tensorboard_dir=str(a_file)), "is a file; give a directory path"),
+        (TrainConfig.of(save_hf=str(precious)), "--save-hf .* exists and is not empty"),
+        (TrainConfig.of(save=str(precious), save_interval=1), "holds 'precious.txt', which no save wrote"),
+        (TrainConfig.of(convert_dir=str(precious), rollout_precision="fp8"), "is not a quantroll conversion"),
+        (TrainConfig.of(save_hf=str(a_file / "hf")), "afile is a file, not a directory"),
+        (TrainConfig.of(metrics_file=str(tmp_path)), "is a directory; give a file path"),
+        (TrainConfig.of(tensorboard_dir=str(a_file)), "is a file; give a directory path"),
     ]
     for cfg, message in cases:
         with pytest.raises(QuantrollError, match=message):
             check_outputs(cfg)
     assert (precious / "precious.txt").read_text() == "keep me"
-    check_outputs(TrainConfig(save_hf=str(tmp_path / "new"), metrics_file=str(tmp_path / "m.jsonl")))  # fine
+    check_outputs(TrainConfig.of(save_hf=str(tmp_path / "new"), metrics_file=str(tmp_path / "m.jsonl")))  # fine
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "trainer_state.pt").write_bytes(b"")
-    check_outputs(TrainConfig(save=str(tmp_path / "state"), save_interval=1))  # a previous run's state: resumable
+    check_outputs(TrainConfig.of(save=str(tmp_path / "state"), save_interval=1))  # a previous run's state: resumable
 
 
 def test_compare_checks_every_runs_command_line_before_any_run(tmp_path, capsys):

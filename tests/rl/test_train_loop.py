@@ -30,13 +30,14 @@ def test_bf16_and_fp8_rollout_step0_gap_and_metrics_lines(ckpts, tmp_path):
     runs = {}
     for name, engine_dir in (("bf16", bf16), ("fp8", fp8)):
         path = tmp_path / f"{name}.jsonl"
-        run_training(TrainConfig(hf_checkpoint=str(engine_dir), ref_load=str(bf16), metrics_file=str(path), **FAST),
+        run_training(TrainConfig.of(hf_checkpoint=str(engine_dir), ref_load=str(bf16), metrics_file=str(path), **FAST),
                      progress=False)
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         assert [r["step"] for r in lines] == [0, 1]
         for key in ("train_rollout_logprob_abs_diff", "train_rollout_kl", "log_ppl_diff", "ppl_ratio", "chi2_token",
                     "chi2_seq", "reward_mean", "reward_std", "accuracy", "response_len_mean", "pg_clipfrac", "grad_norm",
-                    "rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "rollout_tokens_per_s",
+                    "rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "weight_copy_time",
+                    "rollout_tokens_per_s",
                     "peak_memory_gib", "engine_weight_gib", "trainer_weight_gib", "trainer_optimizer_gib"):
             assert key in lines[0], key
         runs[name] = lines[0]["train_rollout_logprob_abs_diff"]
@@ -59,7 +60,7 @@ def _stored_bytes(directory) -> int:
 
 def test_memory_counts_weights_as_stored_not_the_cpu_compute_copy(ckpts):
     bf16, fp8 = ckpts
-    hist = {name: run_training(TrainConfig(hf_checkpoint=str(d), ref_load=str(bf16), **{**FAST, "num_rollout": 1}),
+    hist = {name: run_training(TrainConfig.of(hf_checkpoint=str(d), ref_load=str(bf16), **{**FAST, "num_rollout": 1}),
                                progress=False)[0] for name, d in (("bf16", bf16), ("fp8", fp8))}
     assert hist["bf16"]["rollout_precision"] == "bfloat16 (float32 compute)"  # held as float32, counted as BF16
     for name, d in (("bf16", bf16), ("fp8", fp8)):
@@ -78,7 +79,7 @@ def load_policy_params(path):
 
 def test_every_step_splits_the_gap_by_response_length(ckpts):
     bf16, fp8 = ckpts
-    hist = run_training(TrainConfig(hf_checkpoint=str(fp8), ref_load=str(bf16), **{**FAST, "rollout_batch_size": 4,
+    hist = run_training(TrainConfig.of(hf_checkpoint=str(fp8), ref_load=str(bf16), **{**FAST, "rollout_batch_size": 4,
                                                                                  "rollout_max_response_len": 12}),
                         progress=False)
     for r in hist:
@@ -98,16 +99,16 @@ def test_held_out_eval_at_step_0_every_interval_and_the_last_step(ckpts):
     from quantroll.trainer.policy import load_policy
 
     bf16, _ = ckpts
-    cfg = TrainConfig(hf_checkpoint=str(bf16), eval_interval=2, eval_size=8, **{**FAST, "num_rollout": 4,
+    cfg = TrainConfig.of(hf_checkpoint=str(bf16), eval_interval=2, eval_size=8, **{**FAST, "num_rollout": 4,
                                                                                "lr": 1e-2})
     hist = run_training(cfg, progress=False)
     assert [r["step"] for r in hist if "eval_engine_accuracy" in r] == [0, 2, 3]
     assert all("eval_trainer_accuracy" in r for r in hist if "eval_engine_accuracy" in r)
     # step 0's accuracies are those of the initial weights, before any update
-    task, problems = build_task(cfg)
+    task, problems = build_task(cfg.rollout)
     dtype = torch.float32
     fresh = evaluate(Engine(bf16, dtype=dtype), load_policy(bf16, dtype=dtype), load_tokenizer(bf16), task, problems,
-                     cfg.rollout_max_response_len)
+                     cfg.rollout.rollout_max_response_len)
     assert {k: hist[0][k] for k in fresh} == fresh
 
 
@@ -120,7 +121,7 @@ def test_quantized_engine_without_ref_load_is_refused(ckpts, capsys):
 
 def test_tis_mode2_and_weight_update_check_run(ckpts, tmp_path):
     bf16, fp8 = ckpts
-    hist = run_training(TrainConfig(hf_checkpoint=str(fp8), ref_load=str(bf16), use_tis=True, train_recipe="fp8",
+    hist = run_training(TrainConfig.of(hf_checkpoint=str(fp8), ref_load=str(bf16), use_tis=True, train_recipe="fp8",
                                     check_weight_update_equal=True, **FAST), progress=False)
     assert "tis" in hist[0] and "ess_ratio" in hist[0]
     assert hist[-1]["weight_version"] >= 3  # the checked first update + one per step
@@ -140,7 +141,7 @@ def test_routing_replay_on_moe_forces_engine_experts_and_trains_the_router(tiny_
     prompts = [[5, 6, 7, 8, 9, 11], [5, 6, 7, 8, 9, 11], [9, 10], [9, 10]]  # minibatches of different lengths
     results = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=5, stop_token_ids=(), seed=1))
     batch = RolloutBatch(prompts, ["x"] * 4, results, torch.tensor([1.0, 0.0, 0.0, 1.0]), 1.0)
-    cfg = TrainConfig(hf_checkpoint=str(tiny_qwen3_moe_dir), use_rollout_routing_replay=True, n_samples_per_prompt=2,
+    cfg = TrainConfig.of(hf_checkpoint=str(tiny_qwen3_moe_dir), use_rollout_routing_replay=True, n_samples_per_prompt=2,
                       lr=1e-3, global_batch_size=minibatch)
     # under replay the trainer's expert choices are the engine's, position by position
     replay = replay_from_engine([r.routed_experts for r in results], prompts, [r.tokens for r in results],
@@ -177,7 +178,7 @@ def test_nonfinite_losses_skip_steps_then_stop_the_run(ckpts, monkeypatch, tmp_p
     monkeypatch.setattr(step_module, "ppo_policy_loss", nan_loss)
     path = tmp_path / "nan.jsonl"
     with pytest.raises(QuantrollError, match="3 steps in a row had a NaN/Inf loss"):
-        run_training(TrainConfig(hf_checkpoint=str(bf16), metrics_file=str(path), max_bad_steps=3,
+        run_training(TrainConfig.of(hf_checkpoint=str(bf16), metrics_file=str(path), max_bad_steps=3,
                                  **{**FAST, "num_rollout": 5}), progress=False)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(lines) == 2 and all(r["skipped_nonfinite"] == 1 for r in lines)  # logged, then the third stops it
@@ -188,11 +189,11 @@ def test_save_and_resume_continue_the_metrics_without_gaps_or_repeats(ckpts, tmp
     metrics, save = tmp_path / "m.jsonl", tmp_path / "state"
     cfg = dict(hf_checkpoint=str(bf16), metrics_file=str(metrics), save=str(save), save_interval=2,
                **{**FAST, "num_rollout": 3})
-    run_training(TrainConfig(**{**cfg, "num_rollout": 3}), progress=False)  # saves after steps 1 and 2
+    run_training(TrainConfig.of(**{**cfg, "num_rollout": 3}), progress=False)  # saves after steps 1 and 2
     # simulate a crash after step 3 was logged but before its save: append a stray line
     with open(metrics, "a") as f:
         f.write(json.dumps({"step": 3, "stray": True}) + "\n")
-    hist = run_training(TrainConfig(**{**cfg, "num_rollout": 5, "load": str(save)}), progress=False)
+    hist = run_training(TrainConfig.of(**{**cfg, "num_rollout": 5, "load": str(save)}), progress=False)
     assert [h["step"] for h in hist] == [3, 4]
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert steps == [0, 1, 2, 3, 4]
@@ -202,10 +203,10 @@ def test_save_and_resume_continue_the_metrics_without_gaps_or_repeats(ckpts, tmp
 def test_resume_reproduces_an_uninterrupted_run(ckpts, tmp_path):
     bf16, _ = ckpts
     base = dict(hf_checkpoint=str(bf16), **{**FAST, "num_rollout": 3, "lr": 1e-3})
-    straight = run_training(TrainConfig(**base), progress=False)
+    straight = run_training(TrainConfig.of(**base), progress=False)
     save = tmp_path / "s"
-    run_training(TrainConfig(**{**base, "num_rollout": 2, "save": str(save), "save_interval": 2}), progress=False)
-    resumed = run_training(TrainConfig(**{**base, "load": str(save)}), progress=False)
+    run_training(TrainConfig.of(**{**base, "num_rollout": 2, "save": str(save), "save_interval": 2}), progress=False)
+    resumed = run_training(TrainConfig.of(**{**base, "load": str(save)}), progress=False)
     assert resumed[0]["step"] == 2
     assert resumed[0]["response_len_mean"] == straight[2]["response_len_mean"]
     assert resumed[0]["train_rollout_logprob_abs_diff"] == pytest.approx(straight[2]["train_rollout_logprob_abs_diff"],
@@ -221,11 +222,11 @@ def test_resume_into_another_model_names_the_tensor_and_the_flag(ckpts, tmp_path
 
     bf16, _ = ckpts
     save = tmp_path / "s"
-    run_training(TrainConfig(hf_checkpoint=str(bf16), save=str(save), save_interval=1, **{**FAST, "num_rollout": 1}),
+    run_training(TrainConfig.of(hf_checkpoint=str(bf16), save=str(save), save_interval=1, **{**FAST, "num_rollout": 1}),
                  progress=False)
     elsewhere = write_tiny_qwen3(tmp_path / "other", other)
     with pytest.raises(QuantrollError, match=r"^--load .*(has model\.layers\.1\..*which --hf-checkpoint's model lacks"
                                              r"|the saved model\.layers\.0\.mlp\.\w+_proj\.weight is \[\d+, \d+\] but "
                                              r"--hf-checkpoint's model has)"):
-        run_training(TrainConfig(hf_checkpoint=str(elsewhere), load=str(save), **{**FAST, "num_rollout": 2}),
+        run_training(TrainConfig.of(hf_checkpoint=str(elsewhere), load=str(save), **{**FAST, "num_rollout": 2}),
                      progress=False)

@@ -6,10 +6,10 @@ model depends on the kernels, never the reverse. "emulated" (the exact reference
 and GPU) is registered by model/linear.py; "fp8" (real FP8 GEMMs) by kernels/fp8_linear.py
 when imported, which the engine does before it selects that backend.
 
-A format whose weights have real kernels registers them in ``HARDWARE`` (format name ->
+A format whose weights have real kernels has an entry in ``HARDWARE`` (format name ->
 backend name and where it runs), so the engine asks for the format's backend instead of
-naming one: block FP8 registers "fp8" (Hopper and newer); MXFP8 and NVFP4 have none built,
-so they run the exact emulation everywhere.
+naming one: block FP8's is "fp8" (sm_89 and newer); MXFP8 and NVFP4 have none built, so
+they run the exact emulation everywhere.
 """
 
 from __future__ import annotations
@@ -26,7 +26,22 @@ class HardwareBackend:
     available: Callable  # (device) -> bool: whether that device runs it
 
 
-HARDWARE: dict[str, HardwareBackend] = {}
+def fp8_hardware_available(device=None) -> bool:
+    """Whether ``device`` (None: the current CUDA device) runs the real FP8 GEMMs: a CUDA
+    GPU with FP8 tensor cores (sm_89+) and Triton. A CPU device never does, also on a
+    machine with a GPU."""
+    import torch
+
+    from quantroll.kernels.quantize import triton_available
+
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.is_available() and triton_available() and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+# declared here, not in the kernel modules, so that asking costs no kernel import:
+# block FP8's weights run kernels/fp8_linear.py's GEMMs (BACKENDS["fp8"] once imported)
+HARDWARE: dict[str, HardwareBackend] = {"fp8": HardwareBackend("fp8", fp8_hardware_available)}
 
 
 def hardware_backend(fmt) -> HardwareBackend | None:

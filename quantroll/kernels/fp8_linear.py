@@ -21,7 +21,7 @@ from quantroll.kernels.gemm_plan import (FP8_GEMMS, DecodeGemmConfig, GemmPlan, 
                                          decode_block_m)
 from quantroll.kernels.scaled_mm import fp8_gemm_scaled_mm
 from quantroll.kernels.counters import counters
-from quantroll.kernels.backends import BACKENDS, HARDWARE, HardwareBackend
+from quantroll.kernels.backends import BACKENDS, fp8_hardware_available  # noqa: F401 (its users' name)
 from quantroll.kernels.fp8_activation import Fp8Activation, fp8_activation_buffers  # noqa: F401 (its users' names)
 
 
@@ -162,16 +162,4 @@ def fp8_linear_forward(layer, x) -> torch.Tensor:
     return y.reshape(*shape[:-1], layer.out_features)
 
 
-def fp8_hardware_available(device: torch.device | str | None = None) -> bool:
-    """Whether ``device`` (None: the current CUDA device) runs the real FP8 GEMMs: a CUDA
-    GPU with FP8 tensor cores (sm_89+) and Triton. A CPU device never does, also on a
-    machine with a GPU."""
-    from quantroll.kernels.quantize import triton_available
-
-    if device is not None and torch.device(device).type != "cuda":
-        return False
-    return torch.cuda.is_available() and triton_available() and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 BACKENDS["fp8"] = fp8_linear_forward
-HARDWARE["fp8"] = HardwareBackend("fp8", fp8_hardware_available)  # block FP8's weights

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from quantroll.formats import Format
+from quantroll.kernels.backends import hardware_backend
 from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
@@ -70,7 +71,12 @@ def takes_fp8_activation(layer: QLinear | None) -> bool:
     quantized (an Fp8Activation): only a block-FP8 linear on the real FP8 GEMMs reads
     codes + scales, and the kernels quantize whole 1x128 groups only. Decided per call:
     the engine picks backends after fusing."""
-    if layer is None or layer.backend != "fp8":  # the real block-FP8 GEMMs (kernels/fp8_linear.py) only
+    if layer is None or layer.format is None or layer.backend != "fp8":
+        return False
+    # "fp8" is block FP8's real GEMM (registered with it when kernels/fp8_linear.py was
+    # imported, as a layer on that backend needs); any other format set to it does not qualify
+    hardware = hardware_backend(layer.format)
+    if hardware is None or hardware.backend != layer.backend:
         return False
     from quantroll.kernels import fused
 

@@ -5,8 +5,9 @@ masters and both moments are copies of the local shards only (so optimizer memor
 divided by the world size), each micro-batch's reduce-scattered gradient is summed in
 FP32, the gradient norm is the square root of the sum over ranks of the local sums of
 squares, a parameter no rank's forward used is skipped as one process skips it, and
-the update is written back rounded to BF16 into the local shard. A save
-gathers whole tensors (``export``), so a state saved by N ranks resumes on any number.
+the update is written back rounded to BF16 into the local shard. A save writes each
+rank's shards (``export_local``; quantroll/rl/state_shards.py), and a state saved by N
+ranks resumes on any number (``load_state_dict`` takes whole tensors and keeps its part).
 """
 
 from __future__ import annotations
@@ -100,6 +101,18 @@ class ShardedMasterAdamW(MasterWeightAdamW):
             state[index] = {k: (gather_like(v, p) if isinstance(v, torch.Tensor) and v.dim() else v)
                             for k, v in entry.items()}
         return masters, {"state": state, "param_groups": inner["param_groups"]}
+
+    def export_local(self) -> tuple[list[torch.Tensor], dict]:
+        """This rank's shards as they are, no collective (a sharded save, rl/state_shards.py)."""
+        return [m.detach() for m in self.master], self.inner.state_dict()
+
+    def load_local_state_dict(self, state: dict) -> None:
+        """This rank's own shards in (a sharded save resumed on as many ranks)."""
+        with torch.no_grad():
+            for m, saved, local in zip(self.master, state["master"], self._local):
+                m.copy_(saved)
+                local.copy_(self._rounded(saved, local))
+        self.inner.load_state_dict(state["inner"])
 
     def state_dict(self) -> dict:
         masters, inner = self.export()

@@ -50,6 +50,15 @@ def test_a_file_lock_lives_beside_the_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def _wait_stopped(pid: int, seconds: float = 30.0) -> None:
+    """Until the kernel reports ``pid`` stopped (state T in /proc/PID/stat), where /proc exists."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + seconds
+    while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
+
+
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120.0) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
@@ -71,6 +80,7 @@ def test_two_trainings_on_one_save_directory(tmp_path, capsys):
     try:
         _wait_for(save / "LATEST", first)  # it holds the locks and has saved once
         os.kill(first.pid, signal.SIGSTOP)  # paused, so that the directory holds still while the others try
+        _wait_stopped(first.pid)  # kill() returns before the stop: a write in flight could still land
         before = snapshot(tmp_path)
         for other in ([*args, "--num-rollout", "12"], [*args, "--load", str(save), "--num-rollout", "12"],
                       train_args(model, "--metrics-file", str(metrics), "--force")):

@@ -39,12 +39,13 @@ def _quantization(checkpoint: Path) -> dict | None:
 def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path]]:
     """Yield (engine checkpoint, trainer checkpoint); a temporary conversion is removed
     on exit. The trainer's is never quantized (mode 1 needs --ref-load)."""
-    source = Path(cfg.models.hf_checkpoint) if cfg.models.hf_checkpoint else builtin_checkpoint(cfg.models.builtin_model)
-    ref = Path(cfg.models.ref_load) if cfg.models.ref_load else None
+    models = cfg.models
+    source = Path(models.hf_checkpoint) if models.hf_checkpoint else builtin_checkpoint(models.builtin_model)
+    ref = Path(models.ref_load) if models.ref_load else None
     quantization = _quantization(source)
-    wants_layers = cfg.models.num_layers_at_start_in_bf16 or cfg.models.num_layers_at_end_in_bf16 or cfg.models.skip
-    if cfg.models.rollout_precision in (None, "bf16"):
-        if cfg.models.rollout_precision == "bf16" and quantization:
+    wants_layers = models.num_layers_at_start_in_bf16 or models.num_layers_at_end_in_bf16 or models.skip
+    if models.rollout_precision in (None, "bf16"):
+        if models.rollout_precision == "bf16" and quantization:
             raise QuantrollError(f"--rollout-precision bf16 but --hf-checkpoint {source} is quantized; give the BF16 "
                                  "checkpoint")
         if wants_layers and not quantization:
@@ -64,20 +65,20 @@ def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path]]:
         yield source, ref or source
         return
     if quantization:
-        raise QuantrollError(f"--rollout-precision {cfg.models.rollout_precision} converts a BF16 checkpoint, but "
+        raise QuantrollError(f"--rollout-precision {models.rollout_precision} converts a BF16 checkpoint, but "
                              f"--hf-checkpoint {source} is already quantized; give its BF16 source instead")
     if ref is not None and ref != source:
         raise QuantrollError("--rollout-precision converts --hf-checkpoint and trains on it; --ref-load is not used "
                              "then (leave it out)")
-    convert = ConvertConfig(format=cfg.models.rollout_precision, num_layers_at_start_in_bf16=cfg.models.num_layers_at_start_in_bf16,
-                            num_layers_at_end_in_bf16=cfg.models.num_layers_at_end_in_bf16, skip=tuple(cfg.models.skip), force=True,
+    convert = ConvertConfig(format=models.rollout_precision, num_layers_at_start_in_bf16=models.num_layers_at_start_in_bf16,
+                            num_layers_at_end_in_bf16=models.num_layers_at_end_in_bf16, skip=tuple(models.skip), force=True,
                             progress=False)
-    if cfg.models.convert_dir:  # kept after the run (replaced if present)
-        target = Path(cfg.models.convert_dir)
+    if models.convert_dir:  # kept after the run (replaced if present)
+        target = Path(models.convert_dir)
         convert_checkpoint(source, target, convert)
         yield target, source
         return
     with tempfile.TemporaryDirectory(prefix="quantroll-rollout-") as tmp:
-        target = Path(tmp) / f"{source.name}-{cfg.models.rollout_precision}"
+        target = Path(tmp) / f"{source.name}-{models.rollout_precision}"
         convert_checkpoint(source, target, convert)
         yield target, source

@@ -45,33 +45,34 @@ def _locks(cfg: TrainConfig, log) -> list[OutputLock]:
 
 
 def _decide(cfg: TrainConfig, log) -> Claim:
-    if cfg.output.save:
-        removed = savedir.clean(cfg.output.save)
+    out = cfg.output
+    if out.save:
+        removed = savedir.clean(out.save)
         if removed:
-            log(f"--save {cfg.output.save}: removed {len(removed)} leftover(s) of an interrupted save")
-    if cfg.output.load:
-        saved = savedir.latest(cfg.output.load)
+            log(f"--save {out.save}: removed {len(removed)} leftover(s) of an interrupted save")
+    if out.load:
+        saved = savedir.latest(out.load)
         if saved is None:
-            raise QuantrollError(f"--load {cfg.output.load}: no saved state there; point it at a directory written by --save")
-        if cfg.output.save and Path(cfg.output.save).absolute() != Path(cfg.output.load).absolute() and savedir.holds_run(cfg.output.save):
-            raise QuantrollError(f"--save {cfg.output.save} holds another run; save the resumed run into --load's directory "
-                                 f"({cfg.output.load}) or an empty one")
+            raise QuantrollError(f"--load {out.load}: no saved state there; point it at a directory written by --save")
+        if out.save and Path(out.save).absolute() != Path(out.load).absolute() and savedir.holds_run(out.save):
+            raise QuantrollError(f"--save {out.save} holds another run; save the resumed run into --load's directory "
+                                 f"({out.load}) or an empty one")
         if saved.step + 1 >= cfg.rollout.num_rollout:
-            raise QuantrollError(f"--load {cfg.output.load}: the saved run already finished step {saved.step} "
+            raise QuantrollError(f"--load {out.load}: the saved run already finished step {saved.step} "
                                  f"({saved.step + 1} steps) and --num-rollout {cfg.rollout.num_rollout} asks for no more; "
                                  f"raise --num-rollout above {saved.step + 1} to continue it")
         return Claim(saved.step, False)
-    held = cfg.output.save and savedir.holds_run(cfg.output.save)
-    if held and not cfg.output.force:
+    held = out.save and savedir.holds_run(out.save)
+    if held and not out.force:
         try:
-            saved = savedir.latest(cfg.output.save)
+            saved = savedir.latest(out.save)
             what = f"a run saved at step {saved.step}" if saved else "a run"
         except QuantrollError:
             what = "a run (in a format this quantroll does not read)"
-        raise QuantrollError(f"--save {cfg.output.save} holds {what}; resume it with --load {cfg.output.save}, or pass --force to "
+        raise QuantrollError(f"--save {out.save} holds {what}; resume it with --load {out.save}, or pass --force to "
                              "start over (its state and metrics are deleted)")
-    metricsfile.check_fresh(cfg.output.metrics_file, cfg.output.force)
-    return Claim(None, bool(cfg.output.force and (held or _has_lines(cfg.output.metrics_file))))
+    metricsfile.check_fresh(out.metrics_file, out.force)
+    return Claim(None, bool(out.force and (held or _has_lines(out.metrics_file))))
 
 
 def _has_lines(path: str | None) -> bool:

@@ -186,14 +186,16 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             if eval_problems and eval_due(step, cfg.rollout.eval_interval, cfg.rollout.num_rollout):
                 started = time.perf_counter()
                 with place.stage("evaluation", step):
-                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems, cfg.rollout.rollout_max_response_len)
+                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems,
+                                        cfg.rollout.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
-            params = SamplingParams(temperature=cfg.rollout.rollout_temperature, top_p=cfg.rollout.rollout_top_p, max_new_tokens=cfg.rollout.rollout_max_response_len,
-                                    seed=(cfg.rollout.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
-                                    stop_token_ids=() if cfg.rollout.rollout_ignore_eos else None)
+            ro = cfg.rollout
+            params = SamplingParams(temperature=ro.rollout_temperature, top_p=ro.rollout_top_p,
+                                    max_new_tokens=ro.rollout_max_response_len,
+                                    seed=(ro.seed * 1_000_003 + step * 100_003) % SEED_LIMIT,
+                                    stop_token_ids=() if ro.rollout_ignore_eos else None)
             with place.stage("the rollout", step):
-                batch = rollout(engines, tokenizer, task, rng, cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt,
-                                params)
+                batch = rollout(engines, tokenizer, task, rng, ro.rollout_batch_size, ro.n_samples_per_prompt, params)
             if engine.device.type == "cuda" and not cfg.engine.keep_kv_cache:
                 engine.release_kv_cache()  # colocated: the trainer's step gets the KV pool's memory
             with place.stage("the training step", step):
@@ -223,7 +225,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 sink.write(record)
             board.write(record)
             history.append(record)
-            if cfg.output.save and cfg.output.save_interval and ((step + 1) % cfg.output.save_interval == 0 or step + 1 == cfg.rollout.num_rollout):
+            out = cfg.output
+            if out.save and out.save_interval and ((step + 1) % out.save_interval == 0 or step + 1 == ro.num_rollout):
                 with writing(f"--save {cfg.output.save}"), place.stage("the save", step):
                     save_state(cfg.output.save, policy, optimizer, step, rng, cfg, write=place.writes)
             if bar is not None:

@@ -27,21 +27,22 @@ def _is_quantroll_conversion(path: Path) -> bool:
 
 def check_outputs(cfg: TrainConfig) -> None:
     """Refuse output paths the run could not write, or whose contents it would destroy."""
-    for flag, value, is_file in (("--metrics-file", cfg.output.metrics_file, True),
-                                 ("--tensorboard-dir", cfg.output.tensorboard_dir, False), ("--save", cfg.output.save, False),
-                                 ("--save-hf", cfg.output.save_hf, False), ("--convert-dir", cfg.models.convert_dir, False)):
+    out, convert_dir = cfg.output, cfg.models.convert_dir
+    for flag, value, is_file in (("--metrics-file", out.metrics_file, True),
+                                 ("--tensorboard-dir", out.tensorboard_dir, False), ("--save", out.save, False),
+                                 ("--save-hf", out.save_hf, False), ("--convert-dir", convert_dir, False)):
         if value:
             check_output_path(flag, value, is_file=is_file)
-    if cfg.output.save_hf and _non_empty_dir(Path(cfg.output.save_hf)):
-        raise QuantrollError(f"--save-hf {cfg.output.save_hf} exists and is not empty; the export would replace it: remove it "
+    if out.save_hf and _non_empty_dir(Path(out.save_hf)):
+        raise QuantrollError(f"--save-hf {out.save_hf} exists and is not empty; the export would replace it: remove it "
                              "or choose another directory")
-    if cfg.output.save and (foreign := savedir.foreign_entries(cfg.output.save)):
-        raise QuantrollError(f"--save {cfg.output.save} holds {foreign[0]!r}, which no save wrote (not a state directory of a "
+    if out.save and (foreign := savedir.foreign_entries(out.save)):
+        raise QuantrollError(f"--save {out.save} holds {foreign[0]!r}, which no save wrote (not a state directory of a "
                              "previous run); remove it or choose another directory")
-    if cfg.models.convert_dir and _non_empty_dir(Path(cfg.models.convert_dir)) and not _is_quantroll_conversion(Path(cfg.models.convert_dir)):
-        raise QuantrollError(f"--convert-dir {cfg.models.convert_dir} exists and is not a quantroll conversion; the run would "
+    if convert_dir and _non_empty_dir(Path(convert_dir)) and not _is_quantroll_conversion(Path(convert_dir)):
+        raise QuantrollError(f"--convert-dir {convert_dir} exists and is not a quantroll conversion; the run would "
                              "replace it: remove it or choose another directory")
-    for flag, value in (("--save-hf", cfg.output.save_hf), ("--convert-dir", cfg.models.convert_dir), ("--metrics-file", cfg.output.metrics_file),
-                        ("--tensorboard-dir", cfg.output.tensorboard_dir)):
-        if cfg.output.save and value and Path(value).absolute() == Path(cfg.output.save).absolute():
+    for flag, value in (("--save-hf", out.save_hf), ("--convert-dir", convert_dir), ("--metrics-file", out.metrics_file),
+                        ("--tensorboard-dir", out.tensorboard_dir)):
+        if out.save and value and Path(value).absolute() == Path(out.save).absolute():
             raise QuantrollError(f"{flag} and --save are both {value}; give each its own path")

@@ -51,7 +51,8 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, check_prompt_lengths, pr
     finished = False
     try:
         def prepare():
-            check_divisible(cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt, cfg.optimizer.global_batch_size, ctx.world_size)
+            check_divisible(cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt,
+                            cfg.optimizer.global_batch_size, ctx.world_size)
             if ctx.is_source:
                 check_outputs(cfg)
             task, eval_problems = build_task(cfg.rollout)

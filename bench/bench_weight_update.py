@@ -34,9 +34,7 @@ from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
 def _copy_ms(nbytes: int, reps: int, warmup: int) -> float:
     """One whole copy of the engine's bytes (the floor's unit; the sync's own reference copies
     in chunks so as not to hold a second engine-sized buffer)."""
-    ms = copy_seconds(nbytes, torch.device("cuda"), reps, warmup, chunk_bytes=nbytes) * 1e3
-    torch.cuda.empty_cache()
-    return ms
+    return copy_seconds(nbytes, torch.device("cuda"), reps, warmup, chunk_bytes=nbytes) * 1e3
 
 
 def _push_ms(sync, named, reps: int, warmup: int) -> tuple[float, float, float]:

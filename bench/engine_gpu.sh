@@ -14,7 +14,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py
   tests/engine/test_paged_attention_gpu.py tests/kernels/test_fp8_gemv.py tests/kernels/test_fp8_gemm_rule_gpu.py
-  tests/sync/test_direct_gpu.py tests/engine/test_true_on_policy_gpu.py"
+  tests/sync/test_direct_gpu.py tests/sync/test_shared_weights.py tests/engine/test_true_on_policy_gpu.py"
 # shellcheck disable=SC2086
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout "${T_TESTS:-540}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-$ALL_TESTS} -rxXf --durations=8 2>&1 | tee "$OUT/engine_gpu_tests.log" | tail -30
 if [ "${SKIP_GEMM_STUDIES:-0}" != 1 ]; then  # skip them to fit one call

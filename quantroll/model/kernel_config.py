@@ -28,7 +28,7 @@ class KernelConfig:
     GPU kernels' choices (kernels/choices.py), used where batch_invariant is False."""
 
     batch_invariant: bool = False
-    gemm_rows: int = 16
+    gemm_rows: int = 32  # CPU default study: 32 rows beat 16 by ~15% (rollout), 64 pads small batches more
     attention_elements: int = 1 << 24
     gpu: EngineKernels = field(default=DEFAULT_ENGINE_KERNELS)
 

@@ -60,6 +60,26 @@ def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr):
 
 
 @triton.jit
+def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr,
+                   COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
+    """One key tile's P.V added to the online-softmax accumulator (rescaled by ``alpha``):
+    the step the decode and prefill kernels share. An FP8 cache's value scales, relative
+    to the tile's largest, join P (in [0, 1], float16) and the largest scales the dot."""
+    v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
+    if FP8:
+        v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
+        top = tl.max(v_scale, axis=0)
+        p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
+    if IEEE:
+        pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(COMPUTE), v)
+    if FP8:
+        pv = pv * top
+    return acc * alpha[:, None] + pv
+
+
+@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, sm_scale,
                         s_qb, s_qh, s_tb, s_ob, s_oh,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
@@ -101,18 +121,7 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
         p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        if FP8:  # the values' scales, relative to the tile's largest, join P (in [0, 1], float16)
-            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
-            top = tl.max(v_scale, axis=0)
-            p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
-        if IEEE:
-            pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(COMPUTE), v)
-        if FP8:
-            pv = pv * top
-        acc = acc * alpha[:, None] + pv
+        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE, FP8, IEEE)
         m_i = m_new
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
@@ -196,18 +205,7 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
         p = tl.exp(qk - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        if FP8:  # the values' scales, relative to the tile's largest, join P (in [0, 1], float16)
-            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
-            top = tl.max(v_scale, axis=0)
-            p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
-        if IEEE:
-            pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(COMPUTE), v)
-        if FP8:
-            pv = pv * top
-        acc = acc * alpha[:, None] + pv
+        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE, FP8, IEEE)
         m_i = m_new
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     tl.store(o_ptr + tok[:, None] * s_ot + h * s_oh + offs_d[None, :], (acc / safe_l[:, None]).to(o_ptr.dtype.element_ty),

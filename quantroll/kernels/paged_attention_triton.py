@@ -60,6 +60,22 @@ def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr):
 
 
 @triton.jit
+def _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE: tl.constexpr,
+                 HKV: tl.constexpr, D: tl.constexpr, COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
+    """(the tile's slots, q.k over its keys) before masking and scaling: the step the decode
+    and prefill kernels share (an FP8 cache's key scales multiply their columns)."""
+    slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
+    k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    if FP8:
+        qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
+    return slots, qk
+
+
+@triton.jit
 def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr,
                    COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
     """One key tile's P.V added to the online-softmax accumulator (rescaled by ``alpha``):
@@ -108,14 +124,8 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
     for s0 in range(start, end, BLOCK_S):
         offs = s0 + tl.arange(0, BLOCK_S)
         ok = offs < end
-        slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        if FP8:
-            qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
+        slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D, COMPUTE,
+                                 FP8, IEEE)
         qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp(qk - m_new[:, None])
@@ -190,14 +200,8 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
     for n0 in range(0, hi, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         ok = offs < hi
-        slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        if FP8:
-            qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
+        slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D, COMPUTE,
+                                 FP8, IEEE)
         visible = ok[None, :] & (offs[None, :] <= qpos[:, None])
         qk = tl.where(visible, qk * sm_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))

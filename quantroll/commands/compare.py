@@ -15,6 +15,7 @@ are listed.
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 import time
@@ -114,13 +115,19 @@ def _train_args(text: str) -> tuple[str, ...]:
     return extra
 
 
+@functools.cache
+def _parser():
+    from quantroll.cli import build_parser
+
+    return build_parser()
+
+
 def train_config(argv: list[str]):
     """The TrainConfig `quantroll train` makes of ``argv`` (flags and TrainConfig's checks)."""
-    from quantroll.cli import build_parser
     from quantroll.commands.train import config_from_args
 
     try:
-        parsed = build_parser().parse_args(argv)
+        parsed = _parser().parse_args(argv)
     except QuantrollError as err:  # argparse's refusal, one line (cli.UsageError)
         raise QuantrollError(f"`quantroll train` refuses its command line ({err}); fix --train-args or the sweep "
                              "flags") from None

@@ -104,15 +104,11 @@ class ShardedMasterAdamW(MasterWeightAdamW):
 
     def export_local(self) -> tuple[list[torch.Tensor], dict]:
         """This rank's shards as they are, no collective (a sharded save, rl/state_shards.py)."""
-        return [m.detach() for m in self.master], self.inner.state_dict()
+        return MasterWeightAdamW.export(self)
 
     def load_local_state_dict(self, state: dict) -> None:
         """This rank's own shards in (a sharded save resumed on as many ranks)."""
-        with torch.no_grad():
-            for m, saved, local in zip(self.master, state["master"], self._local):
-                m.copy_(saved)
-                local.copy_(self._rounded(saved, local))
-        self.inner.load_state_dict(state["inner"])
+        self._load_into(self._local, state)
 
     def state_dict(self) -> dict:
         masters, inner = self.export()

@@ -53,8 +53,7 @@ def save_state(directory: str | Path, policy, optimizer, step: int, rng: random.
         return None
     if not write:
         return None
-    tensors = {f"model.{k}": v.full_tensor() if hasattr(v, "full_tensor") else v  # a one-rank DTensor
-               for k, v in policy.state_dict().items()}
+    tensors = {f"model.{k}": v for k, v in policy.state_dict().items()}  # one process: nothing is sharded
     opt, optimizer_record = optimizer_tensors(*optimizer.export())
     tensors.update(opt)
 

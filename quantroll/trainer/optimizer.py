@@ -71,8 +71,13 @@ class MasterWeightAdamW:
         return list(self.master), self.inner.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        self._load_into(self.params, state)
+
+    def _load_into(self, targets: list[torch.Tensor], state: dict) -> None:
+        """The saved masters and moments in, and ``targets`` (the weights the masters update)
+        set to their rounding."""
         with torch.no_grad():
-            for m, saved, p in zip(self.master, state["master"], self.params):
+            for m, saved, t in zip(self.master, state["master"], targets):
                 m.copy_(saved)
-                p.copy_(self._rounded(saved, p))
+                t.copy_(self._rounded(saved, t))
         self.inner.load_state_dict(state["inner"])

@@ -20,7 +20,7 @@ from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache, kv_bytes_
 from quantroll.kernels import paged_attention
 
 
-def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None):
+def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None, splits=None):
     per_seq = -(-ctx // block_size)
     blocks = batch * per_seq + 1
     caches, batches = [], []
@@ -37,12 +37,12 @@ def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None):
         caches.append(cache)
         batches.append(AttentionBatch(torch.zeros(batch, dtype=torch.long, device="cuda"), tables, ctx_t, None))
     q = torch.randn(batch, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
-    out = paged_attention.decode_attention(q, caches[0], 0, batches[0], tiles).float()
+    out = paged_attention.decode_attention(q, caches[0], 0, batches[0], tiles, splits).float()
     ref = paged_attention.decode_attention(q, caches[0], 0, batches[0]).float()
     err = ((out - ref).norm() / ref.norm()).item()  # against the default tiles
     if not err < 1e-2:
-        raise AssertionError(f"tiles {tiles}: relative difference {err:.2e} from the default tiles")
-    us = graph_time_us(lambda j: paged_attention.decode_attention(q, caches[j], 0, batches[j], tiles), copies)
+        raise AssertionError(f"tiles {tiles}, {splits} splits: relative difference {err:.2e} from the defaults")
+    us = graph_time_us(lambda j: paged_attention.decode_attention(q, caches[j], 0, batches[j], tiles, splits), copies)
     nbytes = batch * ctx * kv_bytes_per_token(cfg, kv_dtype, torch.bfloat16) / cfg.num_hidden_layers
     return us, nbytes
 
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-1.7b")
     ap.add_argument("--cases", default="1x4096,4x4096,16x2048,64x2048,256x1024")
     ap.add_argument("--sweep", action="store_true", help="also time decode tile variants (keys per tile, warps, stages)")
+    ap.add_argument("--splits", default=None, help="also time these split counts (comma-separated) at the default tiles")
     args = ap.parse_args()
     cfg = dataclasses.replace(shape_config(args.shape), num_hidden_layers=1)
     bw = copy_bandwidth("cuda")
@@ -64,6 +65,9 @@ def main() -> None:
             floor = nbytes / bw * 1e6
             splits = paged_attention.decode_splits(b, cfg.num_key_value_heads, torch.device("cuda"))
             print(f"{b:5d} {c:6d} {kv:9s} {splits:6d} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
+            for n in (int(x) for x in args.splits.split(",")) if args.splits else ():
+                us, _ = case(cfg, kv, b, c, splits=n)
+                print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep:
                 for bs, w, st in itertools.product((64, 128), (4, 8), (1, 2, 3)):
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,

@@ -1,8 +1,13 @@
 """The paged KV cache: one pool of fixed-size blocks per layer, and attention over it.
 
 Key and value of a position live at a *slot*, ``block * block_size + offset``, of the
-layer's pool [num_blocks, block_size, Hkv, D]; a sequence's block table lists its blocks
-in position order. Every forward pass, prefill (any number of tokens of several
+layer's pools: keys [num_blocks, block_size, Hkv, D]; values the same, except in an FP8
+cache, where they are [num_blocks, Hkv, D, block_size] (positions minor, as vLLM's first
+value cache was): the P.V product reduces over positions, and Hopper's shared-memory
+matrix loads transpose 16-bit elements but not 8-bit ones, so FP8 values stored
+positions-major reach the tensor cores one byte at a time (measured: ~1.9x the bytes'
+time; compiled PTX: 128 single-byte shared loads per thread per tile, none with this
+layout). A sequence's block table lists its blocks in position order. Every forward pass, prefill (any number of tokens of several
 sequences, flattened into one row) or decode (one token per sequence), gives the cache
 an ``AttentionBatch``: where each new token's key/value goes (``slots``), and for each
 sequence its block table, its context length after this pass, and where its queries
@@ -97,8 +102,11 @@ class PagedKVCache:
         # a CPU pool is left uninitialized, so that its pages cost memory only once used (the
         # reference zeroes what it gathers beyond a sequence's keys); the GPU kernels mask such loads
         alloc = torch.zeros if torch.device(device).type == "cuda" else torch.empty
+        self.values_positions_minor = kv_cache_dtype == "fp8_e4m3"
+        v_shape = (num_blocks, cfg.num_key_value_heads, cfg.head_dim, block_size) if self.values_positions_minor \
+            else shape
         self.k = [alloc(shape, dtype=store, device=device) for _ in range(layers)]
-        self.v = [alloc(shape, dtype=store, device=device) for _ in range(layers)]
+        self.v = [alloc(v_shape, dtype=store, device=device) for _ in range(layers)]
         self.k_scale = self.v_scale = None
         if kv_cache_dtype == "fp8_e4m3":
             self.k_scale = [alloc(shape[:3], dtype=torch.float32, device=device) for _ in range(layers)]
@@ -151,7 +159,11 @@ class PagedKVCache:
         if self.quantized:
             for pool, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
                 codes, s = quantize_kv(x)  # copied as bytes: not every device indexes float8 tensors
-                pool[layer].view(torch.uint8).view(flat).index_copy_(0, slots, codes.view(torch.uint8))
+                if pool is self.v:
+                    block, offset = slots // self.block_size, slots % self.block_size
+                    pool[layer].view(torch.uint8)[block, :, :, offset] = codes.view(torch.uint8)
+                else:
+                    pool[layer].view(torch.uint8).view(flat).index_copy_(0, slots, codes.view(torch.uint8))
                 scales[layer].view(-1, self.kv_heads).index_copy_(0, slots, s)
         else:
             self.k[layer].view(flat).index_copy_(0, slots, k.to(self.dtype))
@@ -162,7 +174,8 @@ class PagedKVCache:
         flat = (-1, self.kv_heads, self.head_dim)
         if self.quantized:
             k = self.k[layer].view(torch.uint8).view(flat)[slots].view(KV_CODE_DTYPE)
-            v = self.v[layer].view(torch.uint8).view(flat)[slots].view(KV_CODE_DTYPE)
+            v = self.v[layer].view(torch.uint8)[slots // self.block_size, :, :, slots % self.block_size]
+            v = v.view(KV_CODE_DTYPE)
         else:
             k, v = self.k[layer].view(flat)[slots], self.v[layer].view(flat)[slots]
         if self.quantized:

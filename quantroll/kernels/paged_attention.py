@@ -118,5 +118,6 @@ def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin,
     k, v, ks, vs = _pools(cache, layer)
     store_kv_kernel[(b, h + hkv)](
         qkv, q_norm_w, k_norm_w, cos2, sin2, q, k, v, ks, vs, batch.slots, eps,
-        qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1), HQ=h, HKV=hkv, D=d, FP8=cache.quantized, num_warps=1)
+        qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1), HQ=h, HKV=hkv, D=d, FP8=cache.quantized,
+        BLOCK_SIZE=cache.block_size, num_warps=1)
     return decode_attention(q, cache, layer, batch)

@@ -1,7 +1,9 @@
 """Attention over the paged KV cache (engine/paged_cache.py), in Triton.
 
 The pool of a layer is [num_blocks, BLOCK_SIZE, HKV, D], contiguous: the key of head h
-at slot t sits at ``(t * HKV + h) * D``. A tile of BLOCK_S consecutive positions of one
+at slot t sits at ``(t * HKV + h) * D``. An FP8 cache's values are [num_blocks, HKV, D,
+BLOCK_SIZE] (positions minor: engine/paged_cache.py says why), so a value tile is loaded
+as [D, BLOCK_S] and its transpose is the P.V dot's operand, reduced along contiguous bytes. A tile of BLOCK_S consecutive positions of one
 sequence reads its blocks' ids from the sequence's row of the block table and gathers
 the rows at their slots, so the key loop is the same as over a contiguous cache except
 for that one indirection per tile.
@@ -55,6 +57,15 @@ def _load_tile(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.cons
 
 
 @triton.jit
+def _load_values_positions_minor(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr,
+                                 BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr):
+    """[BLOCK_S, D_PAD] values of one head from a [num_blocks, HKV, D, BLOCK_SIZE] pool."""
+    cols = ((slots // BLOCK_SIZE) * HKV + kvh) * (D * BLOCK_SIZE) + slots % BLOCK_SIZE
+    x = tl.load(pool + cols[None, :] + offs_d[:, None] * BLOCK_SIZE, mask=d_ok[:, None] & ok[None, :], other=0.0)
+    return tl.trans(x.to(COMPUTE))
+
+
+@triton.jit
 def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr):
     return tl.load(scales + slots * HKV + kvh, mask=ok, other=0.0)
 
@@ -77,11 +88,14 @@ def _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK
 
 @triton.jit
 def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr,
-                   COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
+                   BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
     """One key tile's P.V added to the online-softmax accumulator (rescaled by ``alpha``):
     the step the decode and prefill kernels share. An FP8 cache's value scales, relative
     to the tile's largest, join P (in [0, 1], float16) and the largest scales the dot."""
-    v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
+    if FP8:
+        v = _load_values_positions_minor(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE)
+    else:
+        v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
     if FP8:
         v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
         top = tl.max(v_scale, axis=0)
@@ -131,7 +145,8 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
         p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE, FP8, IEEE)
+        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE,
+                             FP8, IEEE)
         m_i = m_new
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
@@ -209,7 +224,8 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
         p = tl.exp(qk - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE, FP8, IEEE)
+        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE,
+                             FP8, IEEE)
         m_i = m_new
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     tl.store(o_ptr + tok[:, None] * s_ot + h * s_oh + offs_d[None, :], (acc / safe_l[:, None]).to(o_ptr.dtype.element_ty),
@@ -217,11 +233,18 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
 
 
 @triton.jit
-def _store_head(pool, scales, slot, kvh, offs, y1, y2, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+def _store_head(pool, scales, slot, kvh, offs, y1, y2, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
+                BLOCK_SIZE: tl.constexpr, POSITIONS_MINOR: tl.constexpr):
     """Store one head's vector (its two halves) at ``slot``; FP8: as E4M3 codes with the
-    vector's scale amax / 448 (formats/kv_fp8.quantize_kv)."""
+    vector's scale amax / 448 (formats/kv_fp8.quantize_kv). POSITIONS_MINOR: the pool is
+    [num_blocks, HKV, D, BLOCK_SIZE] (an FP8 cache's values)."""
     HALF: tl.constexpr = D // 2
-    base = pool + (slot * HKV + kvh) * D
+    if POSITIONS_MINOR:
+        base = pool + ((slot // BLOCK_SIZE) * HKV + kvh) * (D * BLOCK_SIZE) + slot % BLOCK_SIZE
+        step: tl.constexpr = BLOCK_SIZE
+    else:
+        base = pool + (slot * HKV + kvh) * D
+        step: tl.constexpr = 1
     if FP8:
         a = tl.maximum(tl.max(tl.abs(y1.to(tl.float32)), axis=0), tl.max(tl.abs(y2.to(tl.float32)), axis=0))
         scale = tl.maximum(tl.math.div_rn(a, 448.0), FP32_TINY)
@@ -229,17 +252,18 @@ def _store_head(pool, scales, slot, kvh, offs, y1, y2, HKV: tl.constexpr, D: tl.
         divisor = tl.where(scale > 0, scale, 1.0)
         c1 = tl.minimum(tl.maximum(tl.math.div_rn(y1.to(tl.float32), divisor), -448.0), 448.0)
         c2 = tl.minimum(tl.maximum(tl.math.div_rn(y2.to(tl.float32), divisor), -448.0), 448.0)
-        tl.store(base + offs, c1.to(tl.float8e4nv))
-        tl.store(base + HALF + offs, c2.to(tl.float8e4nv))
+        tl.store(base + offs * step, c1.to(tl.float8e4nv))
+        tl.store(base + (HALF + offs) * step, c2.to(tl.float8e4nv))
         tl.store(scales + slot * HKV + kvh, scale)
     else:
-        tl.store(base + offs, y1.to(pool.dtype.element_ty))
-        tl.store(base + HALF + offs, y2.to(pool.dtype.element_ty))
+        tl.store(base + offs * step, y1.to(pool.dtype.element_ty))
+        tl.store(base + (HALF + offs) * step, y2.to(pool.dtype.element_ty))
 
 
 @triton.jit
 def store_kv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, eps,
-                    s_t, s_ct, s_qt, s_qh, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+                    s_t, s_ct, s_qt, s_qh, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
+                    BLOCK_SIZE: tl.constexpr):
     """Program (token, head): q heads normalized and rotated into q; k heads normalized,
     rotated and stored at the token's slot, with the matching v head."""
     t = tl.program_id(0).to(tl.int64)
@@ -261,6 +285,7 @@ def store_kv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_p
         y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(kw_ptr + offs),
                             tl.load(kw_ptr + HALF + offs), c, s, eps, D, OUT)
         slot = tl.load(slot_ptr + t)
-        _store_head(k_ptr, ks_ptr, slot, kvh, offs, y1, y2, HKV, D, FP8)
+        _store_head(k_ptr, ks_ptr, slot, kvh, offs, y1, y2, HKV, D, FP8, BLOCK_SIZE, False)
         vbase = qkv_ptr + t * s_t + (HQ + HKV + kvh) * D
-        _store_head(v_ptr, vs_ptr, slot, kvh, offs, tl.load(vbase + offs), tl.load(vbase + HALF + offs), HKV, D, FP8)
+        _store_head(v_ptr, vs_ptr, slot, kvh, offs, tl.load(vbase + offs), tl.load(vbase + HALF + offs), HKV, D, FP8,
+                    BLOCK_SIZE, FP8)

@@ -7,13 +7,11 @@ here once so that tables, plots and the recommendation can never disagree on a n
 
 from __future__ import annotations
 
-from quantroll.compare.matrix import CORRECTIONS, PRECISIONS, UNIFIED_MODES
-from quantroll.formats import display_name
+from quantroll.compare.matrix import CORRECTIONS, PRECISIONS
+from quantroll.formats import display_name, format_class, format_names
 
 PRECISION_ORDER = PRECISIONS
 CORRECTION_ORDER = CORRECTIONS
-# the mode numbers are the CLI's (matrix.UNIFIED_MODES); the display names are the formats' own
-_UNIFIED = {precision: f"mode {number}: {display_name(precision)}" for number, precision in UNIFIED_MODES.items()}
 BASELINE_MODE = "bf16"
 
 
@@ -26,7 +24,10 @@ def mode_label(precision: str, unified: bool, kv_cache_dtype: str = "bf16", bf16
     if not unified:
         exceptions = " with BF16 exceptions" if bf16_exceptions else ""
         return f"mode 1: {precision}{' + fp8 KV' if kv else ''} rollout{exceptions}, BF16 train"
-    return (_UNIFIED.get(precision, f"unified {display_name(precision)}") + (", fp8 KV in the engine" if kv else "")
+    # the CLI's mode number and the display name: the format's own facts (a report may name a format not registered now)
+    number = format_class(precision).unified_mode if precision in format_names() else None
+    name = f"mode {number}: {display_name(precision)}" if number else f"unified {display_name(precision)}"
+    return (name + (", fp8 KV in the engine" if kv else "")
             + (", BF16 exceptions" if bf16_exceptions else ""))
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantroll.errors import QuantrollError
-from quantroll.formats import FORMAT_NAMES, recipe_args
+from quantroll.formats import FORMAT_NAMES, recipe_args, unified_modes
+from quantroll.model.invariant import TESTED_RECIPES
 
 PRECISIONS = ("bf16",) + FORMAT_NAMES
 KV_CACHE_DTYPES = ("bf16", "fp8")  # the engine's KV cache; the trainer always attends in its own precision
 CORRECTIONS = ("none", "tis", "mask", "r3")
-# mode -> the precision it quantizes the trainer's forward in (mode 1 applies to every low precision)
-UNIFIED_MODES = {"2": "fp8", "3": "mxfp8", "4": "nvfp4"}
 CORRECTION_ARGS = {
     "none": (),
     "tis": ("--use-tis",),
@@ -99,7 +98,8 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
     runs only) on a checkpoint that keeps the BF16 exceptions: a group of its own."""
     precs = _parse_list(precisions, PRECISIONS, "--precisions")
     corrs = _parse_list(corrections, CORRECTIONS, "--corrections")
-    mode_list = _parse_list(modes, ("1",) + tuple(UNIFIED_MODES), "--modes")
+    unified_of = unified_modes()  # mode number -> the format its trainer's forward runs in (formats' own facts)
+    mode_list = _parse_list(modes, ("1",) + tuple(unified_of), "--modes")
     if "r3" in corrs and not moe:
         raise QuantrollError("--corrections r3 (routing replay) needs an MoE model")
     if moe and "r3" not in corrs:
@@ -113,7 +113,7 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
             continue
         if "1" in mode_list:
             variants.append((p, False))
-        if any(UNIFIED_MODES[m] == p for m in mode_list if m != "1"):
+        if any(unified_of[m] == p for m in mode_list if m != "1"):
             variants.append((p, True))
     if not any(p != "bf16" for p, _ in variants) and len(precs) > 1:
         raise QuantrollError(f"--modes {modes} applies to none of --precisions {precisions}: mode 1 is any low-precision "
@@ -125,7 +125,7 @@ def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, resp
                 specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv) for s in seed_list]
     if true_on_policy:
         for p, unified in variants:
-            if p == "bf16" or (unified and p == "fp8"):
+            if p == "bf16" or (unified and p in TESTED_RECIPES):
                 specs += [RunSpec(p, unified, "none", s, response_len, true_on_policy=True) for s in seed_list]
     if bf16_exceptions:
         specs += [RunSpec(p, unified, c, s, response_len, kv_cache_dtype=kv, bf16_exceptions=True)

@@ -25,6 +25,7 @@ from quantroll.formats.registry import (
     recipe_values,
     register_format,
     registered,
+    unified_modes,
 )
 
 for _cls in (BlockFP8, MXFP8, NVFP4):
@@ -34,4 +35,4 @@ FORMAT_NAMES = format_names()  # the built-in formats, for the CLI's choices
 
 __all__ = ["Format", "QuantizedTensor", "invalid_values", "BlockFP8", "MXFP8", "NVFP4", "get_format", "FORMAT_NAMES",
            "SCALE_RULES", "register_format", "registered", "format_names", "format_class", "display_name",
-           "format_from_quantization_config", "recipe_args", "format_for_recipe", "recipe_values"]
+           "format_from_quantization_config", "recipe_args", "format_for_recipe", "recipe_values", "unified_modes"]

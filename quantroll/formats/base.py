@@ -158,6 +158,8 @@ class Format:
     display_name: the name reports print ("block FP8")
     recipe_flag:  the train flag and value that quantize the trainer's forward in it
                   (None: no unified mode)
+    unified_mode: the number ``compare --modes`` calls its unified mode by (mode 1 is any
+                  low-precision rollout with a BF16 trainer; None: none)
     quant_method: config.json's quantization_config.quant_method
     reads_as:     what an error names when a checkpoint's quant_method is not known
     scale_rules:  the scale rules it takes (the first is the default; () for none)
@@ -175,6 +177,7 @@ class Format:
     stored: StoredLayout
     display_name: str = ""
     recipe_flag: tuple[str, str] | None = None
+    unified_mode: str | None = None
     quant_method: str = ""
     reads_as: str = ""
     scale_rules: tuple[str, ...] = ()

@@ -34,6 +34,7 @@ class BlockFP8(Format):
     stored = StoredLayout(torch.float8_e4m3fn, torch.float32, "weight_scale_inv")
     display_name = "block FP8"
     recipe_flag = ("--fp8-recipe", "blockwise")
+    unified_mode = "2"
     quant_method = reads_as = "fp8"
     fused_gemm = True  # q/k/v and gate/up stack when their rows fill 128-row blocks
     emulated_only = False  # FP8 tensor-core GEMMs on Hopper (quantroll.kernels)

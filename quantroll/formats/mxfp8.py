@@ -56,6 +56,7 @@ class MXFP8(Format):
     stored = StoredLayout(torch.float8_e4m3fn, torch.uint8, "weight_scale_inv")  # E8M0 scale bytes
     display_name = "MXFP8"
     recipe_flag = ("--fp8-recipe", "mxfp8")
+    unified_mode = "3"
     quant_method = reads_as = "mxfp8"
     scale_rules = SCALE_RULES
 

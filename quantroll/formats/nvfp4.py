@@ -73,6 +73,7 @@ class NVFP4(Format):
                           global_suffix="weight_scale_2", constants=(("input_scale", NVFP4_INPUT_SCALE),))
     display_name = "NVFP4"
     recipe_flag = ("--fp4-recipe", "nvfp4")
+    unified_mode = "4"
     quant_method, reads_as = "modelopt", "modelopt NVFP4"
     batch_dependent_activations = True  # the dynamic global scale is one amax over the whole activation
     shared_global_scale = True  # vLLM/SGLang keep one weight_scale_2 per fused q/k/v and gate/up GEMM

@@ -92,6 +92,11 @@ def format_for_recipe(flag: str, value: str | None) -> str | None:
     raise QuantrollError(f"{flag} {value!r} names no registered format")
 
 
+def unified_modes() -> dict[str, str]:
+    """{mode number: format name} of the registered formats that have a unified mode."""
+    return {cls.unified_mode: cls.name for cls in _FORMATS.values() if cls.unified_mode and cls.recipe_flag}
+
+
 def recipe_values(flag: str) -> list[str]:
     """The values a train recipe flag takes (its argparse choices)."""
     return [cls.recipe_flag[1] for cls in _FORMATS.values() if cls.recipe_flag and cls.recipe_flag[0] == flag]

@@ -31,6 +31,9 @@ import torch
 import torch.nn.functional as F
 
 NEG_ZERO = -0.0  # x + (-0.0) == x for every x, +0.0 and -0.0 included
+# the trainer recipes (format names) whose forward these ops are proven invariant for, engine and trainer
+# alike (tests/rl/test_true_on_policy.py); the mode refuses the others (rl/true_on_policy.py)
+TESTED_RECIPES = ("fp8",)
 
 
 def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from quantroll.errors import QuantrollError
 from quantroll.formats import get_format
+from quantroll.model.invariant import TESTED_RECIPES  # the recipes the mode is proven for
 
 FLAG = "--true-on-policy-mode"
-TESTED_RECIPES = ("fp8",)  # the trainer recipes whose invariance tests/rl/test_true_on_policy.py proves
 
 
 def config_refusal(cfg) -> str | None:

@@ -150,12 +150,14 @@ def register(subparsers) -> None:
                      "--metrics-file hold (without it, a fresh run refuses them: resume with --load)")
     pl = p.add_argument_group("placement across processes (Ray; Miles' flag names)", "Give any of these to start "
                               "the ranks as Ray actors (pip install -e '.[ray]'); without them, torchrun "
-                              "--nproc-per-node N -m quantroll train ... starts them (see README, 'Across processes')")
+                              "--nproc-per-node N -m quantroll train ... starts them, colocated, or with "
+                              "--rollout-num-gpus R engines on the last R ranks (see README, 'Across processes')")
     pl.add_argument("--actor-num-nodes", type=int, default=None, help="nodes of trainer ranks (default 1)")
     pl.add_argument("--actor-num-gpus-per-node", type=int, default=None, help="trainer ranks per node, one GPU each "
                     "(on --device cpu: one process each; default 1)")
-    pl.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs of the engines, one engine each; with "
-                    "--colocate the trainer's GPUs (default: that many)")
+    pl.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs of the engines, one engine each: without "
+                    "--colocate, GPUs of their own (ranks after the trainer's); with --colocate the trainer's GPUs "
+                    "(default: that many)")
     pl.add_argument("--colocate", action="store_true", help="trainer ranks and engines share GPUs: each rank holds "
                     "one trainer shard and one engine, which releases its KV cache while the trainer steps")
     defaults = {k: v for k, v in flag_defaults().items() if k not in NOT_FLAGS and k != "device"}
@@ -198,21 +200,37 @@ def ray_placement(args: argparse.Namespace):
                         args.colocate)
 
 
+def torchrun_engine_ranks(args: argparse.Namespace) -> int:
+    """Inside a torchrun rank: how many of the last ranks hold an engine only
+    (--rollout-num-gpus; 0: colocated). torchrun's --nproc-per-node sets the ranks, so the
+    trainer's placement flags have no place there."""
+    given = [f for f, v in (("--actor-num-nodes", args.actor_num_nodes),
+                            ("--actor-num-gpus-per-node", args.actor_num_gpus_per_node),
+                            ("--colocate", args.colocate or None)) if v is not None]
+    if given:
+        raise QuantrollError(f"{'/'.join(given)} given inside a torchrun rank, where --nproc-per-node sets the ranks "
+                             "(colocated by default); drop it, or start quantroll without torchrun to place the ranks "
+                             "with Ray")
+    if args.rollout_num_gpus is not None and args.rollout_num_gpus < 1:
+        raise QuantrollError(f"--rollout-num-gpus must be >= 1 (the last N of torchrun's ranks hold the engines), got "
+                             f"{args.rollout_num_gpus}; leave it out for colocated ranks")
+    return args.rollout_num_gpus or 0
+
+
 def run(args: argparse.Namespace) -> int:
     import functools
 
     from quantroll.rl.loop import run_training
 
     cfg = config_from_args(args)
-    placement = ray_placement(args)
-    if placement is not None:
-        if "WORLD_SIZE" in os.environ:
-            raise QuantrollError("the Ray placement flags were given inside a torchrun rank; start quantroll either "
-                                 "with torchrun or with the flags, not both")
+    if "WORLD_SIZE" in os.environ:  # a rank started by torchrun
+        history = run_training(cfg, engine_ranks=torchrun_engine_ranks(args))
+    elif (placement := ray_placement(args)) is not None:
         from quantroll.dist.ray_launch import import_ray, launch
 
         import_ray()  # refused before any work when Ray is missing
-        history = launch(functools.partial(run_training, cfg), placement, cfg.models.device)
+        history = launch(functools.partial(run_training, cfg, engine_ranks=placement.engine_ranks), placement,
+                         cfg.models.device)
     else:
         history = run_training(cfg)
     if os.environ.get("RANK", "0") != "0":  # a rank of a multi-process run: rank 0 says it

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from quantroll.dist.collectives import all_gather_varlen, all_sum
+from quantroll.dist.collectives import agree, all_gather_varlen, all_sum
 from quantroll.dist.context import DistContext
 from quantroll.engine.sampling import SEED_LIMIT, SamplingParams
 
@@ -91,11 +91,15 @@ class DataParallelEngines:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(),
                  max_new_tokens: Sequence[int] | None = None) -> list:
         start, stop = share(len(prompts), self.ctx.rank, self.ctx.world_size)
-        local = []
-        if stop > start:
+
+        def mine() -> list:
+            if stop <= start:
+                return []
             caps = None if max_new_tokens is None else list(max_new_tokens)[start:stop]
-            local = self.engine.generate(list(prompts)[start:stop], replace(params, seed=(params.seed + start) % SEED_LIMIT),
-                                         caps)
+            return self.engine.generate(list(prompts)[start:stop],
+                                        replace(params, seed=(params.seed + start) % SEED_LIMIT), caps)
+
+        local = agree(self.ctx, mine)  # an engine's refusal (a request it cannot serve) reaches every engine
         cfg = self.engine.config
         layers, top_k = len(cfg.moe_layers), cfg.num_experts_per_tok
         ints, lps, routes = pack(local, layers, top_k)

@@ -28,9 +28,10 @@ from quantroll.errors import QuantrollError
 
 @dataclass(frozen=True)
 class ShardUnit:
-    """One FSDP2 group: the module and the checkpoint names of the parameters it holds."""
+    """One FSDP2 group: the module and the checkpoint names of the parameters it holds
+    (module None on an engine rank, which holds no trainer shard: the names only)."""
 
-    module: torch.nn.Module
+    module: torch.nn.Module | None
     names: tuple[str, ...]
 
 
@@ -42,16 +43,22 @@ def _units_of(policy) -> list[tuple[torch.nn.Module, str]]:
     return units + [(policy.model, "model."), (policy.lm_head, "lm_head.")]
 
 
-def shard_policy(policy) -> list[ShardUnit]:
-    """Shard ``policy`` in place over the default process group; returns its units in the
-    order the weight sync walks them (the decoder layers, then embedding/norm, lm_head)."""
+def shard_policy(policy, ctx=None) -> list[ShardUnit]:
+    """Shard ``policy`` in place over ``ctx``'s process group (the trainer ranks; None or a
+    context of the whole world: the default group); returns its units in the order the
+    weight sync walks them (the decoder layers, then embedding/norm, lm_head)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mesh = None
+    if ctx is not None and ctx.group is not None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_group(ctx.group, ctx.device.type)
     mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     names = [n for n, p in policy.named_parameters() if p.requires_grad]
     units, taken = [], set()
     for module, prefix in _units_of(policy):
-        fully_shard(module, mp_policy=mp)
+        fully_shard(module, mesh=mesh, mp_policy=mp)
         mine = tuple(n for n in names if n.startswith(prefix) and n not in taken)
         taken.update(mine)
         units.append(ShardUnit(module, mine))

@@ -1,11 +1,16 @@
-"""The RL loop's pieces as ranks of a multi-process run (colocated: every rank holds one
-trainer shard and one whole engine on its device, as Miles' ``--colocate`` places them).
+"""The RL loop's pieces as ranks of a multi-process run, in either of Miles' placements
+(quantroll/dist/groups.py): colocated (``--colocate``: every rank holds one trainer shard
+and one whole engine on its device), or engines on ranks of their own (``--rollout-num-gpus
+R``: the loop runs on the trainer ranks, the engine ranks serve its requests,
+dist/engine_ranks.py).
 
-- the policy: FSDP2, ``fully_shard`` per decoder layer (quantroll/dist/fsdp.py);
+- the policy: FSDP2 over the trainer ranks, ``fully_shard`` per decoder layer (dist/fsdp.py);
 - the optimizer: FP32 masters and moments of this rank's shards (dist/optimizer.py);
-- the engines: data-parallel, one per rank (dist/data_parallel.py);
-- the sync: unshard layer by layer, quantize on rank 0, broadcast (dist/weight_broadcast.py);
-- the rows each rank trains on (dist/trainer_rows.py);
+- the engines: data-parallel, one per engine rank (dist/data_parallel.py; from a trainer
+  rank of its own, ``RemoteEngines``);
+- the sync: unshard layer by layer, quantize on rank 0, broadcast to every engine
+  (dist/weight_broadcast.py);
+- the rows each trainer rank trains on (dist/trainer_rows.py);
 - failures: a rank's refusal reaches every rank (``agree``), and a collective that fails
   because a rank died names that rank (``stage`` and dist/liveness.py).
 """
@@ -16,10 +21,12 @@ import contextlib
 
 import torch
 
-from quantroll.dist.collectives import agree
+from quantroll.dist.collectives import PeerFailed, agree, all_max
 from quantroll.dist.context import DistContext
 from quantroll.dist.data_parallel import DataParallelEngines
+from quantroll.dist.engine_ranks import EngineRequests, EngineServer, RemoteEngines
 from quantroll.dist.fsdp import full_tensor, shard_policy
+from quantroll.dist.groups import RankGroups
 from quantroll.dist.liveness import Stopped
 from quantroll.dist.optimizer import ShardedMasterAdamW
 from quantroll.dist.trainer_rows import RankRows
@@ -34,12 +41,19 @@ class RankFailure(QuantrollError):
 
 
 class Ranks:
-    def __init__(self, ctx: DistContext, store=None, bucket_bytes: int | None = None):
+    """``groups``: the run's process groups (RankGroups.of(ctx), a collective; built here
+    when not given)."""
+
+    def __init__(self, ctx: DistContext, store=None, bucket_bytes: int | None = None,
+                 groups: RankGroups | None = None):
         self.ctx, self.store, self.bucket_bytes = ctx, store, bucket_bytes
+        self.groups = groups or RankGroups.of(ctx)
+        self.requests = EngineRequests(self.groups)
         self.writes = ctx.is_source
-        self.rows = RankRows(ctx)
+        trainers = self.groups.trainers
+        self.rows = RankRows(trainers) if trainers is not None else None
         self.units: dict[int, list] = {}
-        self.label = f"rank {ctx.rank} of {ctx.world_size} ({ctx.backend})"
+        self.label = f"rank {ctx.rank} of {ctx.world_size} ({ctx.backend}, {self.groups.role})"
 
     def ref_policy(self, policy):
         import copy
@@ -50,21 +64,69 @@ class Ranks:
         return ref
 
     def shard(self, policy) -> None:
-        self.units[id(policy)] = shard_policy(policy)
+        self.units[id(policy)] = shard_policy(policy, self.groups.trainers)
 
     def optimizer(self, policy, lr: float) -> ShardedMasterAdamW:
-        return ShardedMasterAdamW(policy, lr=lr, ctx=self.ctx)
+        return ShardedMasterAdamW(policy, lr=lr, ctx=self.groups.trainers)
 
     def engines(self, engine):
-        return DataParallelEngines(engine, self.ctx)
+        if self.groups.colocated:
+            return DataParallelEngines(engine, self.ctx)
+        return RemoteEngines(engine, self.groups, self.requests)
 
     def sync(self, engine, policy):
+        """A callable that pushes the policy's weights into every engine (every trainer rank
+        calls it together; the engine ranks serve it)."""
         kwargs = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}
-        sync = BroadcastWeightSync(engine, policy, self.units[id(policy)], self.ctx, **kwargs)
-        return sync.push
+        units = self.units[id(policy)]
+        if self.groups.colocated:
+            return BroadcastWeightSync(engine, policy, units, self.ctx, **kwargs).push
+        sync = BroadcastWeightSync(engine, policy, units, self.groups.broadcast, loads=False, **kwargs)
+        self.requests.send("sync", units=[list(u.names) for u in units], bucket_bytes=sync.bucket_bytes)
+
+        def push():
+            self.requests.send("update")
+            return sync.push()
+        return push
+
+    def serve(self, engine) -> None:
+        """An engine rank's part of the run: serve the trainer ranks' requests until the end."""
+        EngineServer(engine, self.groups, self.stage).serve()
+
+    def check_weight_update(self, engine, push, allow_quant_error: bool) -> float:
+        """--check-weight-update-equal on every engine: the worst error over all of them
+        (0.0: bitwise); a failure is raised on every rank."""
+        from quantroll.sync import check_weight_update
+
+        if self.groups.colocated:
+            errors = agree(self.ctx, lambda: check_weight_update(engine, push, allow_quant_error))
+            return all_max(self.ctx, [max(errors.values(), default=0.0)])[0]
+        self.requests.send("check", allow_quant_error=allow_quant_error)
+        try:
+            agree(self.ctx, push)  # the engine ranks check this update, inside the same agreement
+        except PeerFailed as err:
+            if self.ctx.is_source:  # an engine rank's failure, said once, here
+                raise QuantrollError(str(err)) from None
+            raise
+        return all_max(self.ctx, [0.0])[0]
 
     def agree(self, fn):
+        """``fn`` on every trainer rank (the loop's own checks; the engine ranks are serving)."""
+        return agree(self.groups.trainers, fn)
+
+    def agree_all(self, fn):
+        """``fn`` on every rank of the world (the checks before the run)."""
         return agree(self.ctx, fn)
+
+    def release_engines(self, failure: BaseException | None) -> None:
+        """Trainer rank 0 ends the engine ranks' serving: after the run, or after a failure
+        every trainer rank met (not after a rank's death: the engines learn of it themselves)."""
+        if self.groups.colocated or not self.ctx.is_source:
+            return
+        if failure is None:
+            self.requests.send("stop")
+        elif isinstance(failure, QuantrollError) and not isinstance(failure, RankFailure):
+            self.requests.send("stop", error=str(failure) or type(failure).__name__)
 
     def exportable(self, policy, trainer_dir, dtype):
         """An unsharded copy of the policy on the writing rank (None elsewhere); every rank

@@ -9,9 +9,12 @@ itself (so it outlives any rank: quantroll/dist/liveness.py reads the heartbeats
 and starts one actor per rank with the variables torchrun would set. Each actor then runs
 exactly what a torchrun rank runs.
 
-Placement built today: colocated (``--colocate``), every rank one trainer shard and one
-engine on its GPU, so ``--rollout-num-gpus`` equals the trainer's GPUs. Engines on GPUs
-of their own are another step (the weight broadcast already sends to any group).
+Placements (quantroll/dist/groups.py):
+- colocated (``--colocate``): every rank one trainer shard and one engine on its GPU, so
+  ``--rollout-num-gpus`` equals the trainer's GPUs;
+- engines on GPUs of their own (``--rollout-num-gpus R`` without ``--colocate``): the
+  trainer's ``--actor-num-nodes x --actor-num-gpus-per-node`` ranks first, then R engine
+  ranks (one engine each); the trainer's rank 0 sends the weight updates to every engine.
 
 Failures: an actor that dies is named by the driver (rank, pid, Ray's reason), the other
 actors are stopped, and the run exits 1; a one-line error of any rank is said once.
@@ -38,20 +41,39 @@ class RayPlacement:
     colocate: bool = False
 
     @property
-    def world_size(self) -> int:
+    def trainer_ranks(self) -> int:
         return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @property
+    def engine_ranks(self) -> int:
+        """Ranks that hold an engine only (0: colocated)."""
+        return 0 if self.colocate else self.rollout_num_gpus
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer_ranks + self.engine_ranks
 
     def __post_init__(self):
         for flag, value in (("actor-num-nodes", self.actor_num_nodes),
                             ("actor-num-gpus-per-node", self.actor_num_gpus_per_node)):
             if value < 1:
                 raise QuantrollError(f"--{flag} must be >= 1, got {value}")
-        if not self.colocate:
-            raise QuantrollError("engines on GPUs of their own are not built yet: add --colocate (each trainer rank "
-                                 "holds one engine on its GPU)")
-        if self.rollout_num_gpus is not None and self.rollout_num_gpus != self.world_size:
-            raise QuantrollError(f"--rollout-num-gpus {self.rollout_num_gpus} with --colocate must equal the "
-                                 f"trainer's {self.world_size} GPUs (--actor-num-nodes x --actor-num-gpus-per-node)")
+        if self.colocate:
+            if self.rollout_num_gpus is not None and self.rollout_num_gpus != self.trainer_ranks:
+                raise QuantrollError(f"--rollout-num-gpus {self.rollout_num_gpus} with --colocate must equal the "
+                                     f"trainer's {self.trainer_ranks} GPUs (--actor-num-nodes x "
+                                     "--actor-num-gpus-per-node), or drop --colocate to give the engines GPUs of "
+                                     "their own")
+        elif self.rollout_num_gpus is None or self.rollout_num_gpus < 1:
+            given = "is missing" if self.rollout_num_gpus is None else f"is {self.rollout_num_gpus}"
+            raise QuantrollError(f"--rollout-num-gpus {given}: without --colocate the engines need GPUs of their own; "
+                                 "give --rollout-num-gpus N (N >= 1, one engine each) or add --colocate (every "
+                                 "trainer rank holds one engine)")
+
+    def describe(self) -> str:
+        if self.colocate:
+            return "colocated trainer + engine"
+        return f"{self.trainer_ranks} trainer rank(s), then {self.engine_ranks} engine rank(s)"
 
 
 def import_ray():
@@ -66,7 +88,9 @@ def import_ray():
 
 def launch(target: Callable[[], T], placement: RayPlacement, device: str, log=print,
            env: dict[str, str] | None = None) -> T:
-    """Run ``target()`` on every rank (a Ray actor each); returns rank 0's result."""
+    """Run ``target()`` on every rank (a Ray actor each); returns rank 0's result. The
+    target learns the placement's split from its caller (quantroll train passes
+    ``engine_ranks=placement.engine_ranks``)."""
     import torch
 
     from quantroll.dist.placement import RankFailure
@@ -106,7 +130,7 @@ def launch(target: Callable[[], T], placement: RayPlacement, device: str, log=pr
                      **(env or {})}
         futures[actor.run.remote(variables, target)] = rank
     log(f"ray: {world} rank(s) as actors (pids {', '.join(map(str, pids))}), "
-        f"{'one GPU' if cuda else 'a CPU share'} each, colocated trainer + engine")
+        f"{'one GPU' if cuda else 'a CPU share'} each, {placement.describe()}")
     pending, result = list(futures), None
     try:
         while pending:

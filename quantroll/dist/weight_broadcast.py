@@ -23,6 +23,15 @@ any other refusal at the source stops every rank, not only the source) and the b
 An update is loaded bucket by bucket (each bucket all or nothing) and its version moves
 once, at the end; an update that fails midway stops the run, so a half-updated engine
 is never sampled from.
+
+Roles (quantroll/dist/groups.py). Colocated, every rank holds a trainer shard and an
+engine: it unshards, and loads what the source sends. With engines on ranks of their
+own, the trainer ranks unshard (FSDP2 over the trainer group), trainer rank 0 quantizes
+and sends over the broadcast group (itself and the engine ranks) without loading (its
+engine is the quantizer's description: format, rules, layout; it is never sampled
+from), the engine ranks receive and load (their units name the tensors, no module), and
+the other trainer ranks take part in the unshard only (``ctx`` None). The slowest
+engine's load time and the engines' version reach the source at the end.
 """
 
 from __future__ import annotations
@@ -31,10 +40,9 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from quantroll.dist.buckets import DEFAULT_BUCKET_BYTES, Bucket, layout, pack_into, views
-from quantroll.dist.collectives import PeerFailed, broadcast_text
+from quantroll.dist.collectives import PeerFailed, all_max, broadcast, broadcast_text
 from quantroll.dist.context import DistContext
 from quantroll.dist.fsdp import ShardUnit
 from quantroll.errors import NonFiniteError, QuantrollError
@@ -72,20 +80,24 @@ def _sync(device: torch.device) -> None:
 
 class BroadcastWeightSync:
     """The update of ``engine`` (this rank's) from the sharded ``policy``; every rank calls
-    ``push`` together. ``src``: the rank that quantizes and sends."""
+    ``push`` together. ``ctx``: the broadcast group (None: this rank only unshards);
+    ``src``: the rank in it that quantizes and sends; ``loads``: this rank's engine takes
+    the update (False on a source whose engine only describes the format)."""
 
-    def __init__(self, engine, policy, units: list[ShardUnit], ctx: DistContext, src: int = 0,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    def __init__(self, engine, policy, units: list[ShardUnit], ctx: DistContext | None, src: int = 0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, loads: bool = True):
         self.engine, self.policy, self.units, self.ctx, self.src = engine, policy, units, ctx, src
+        self.is_src, self.loads, self.bucket_bytes = ctx is not None and ctx.rank == src, loads, bucket_bytes
         self.quantized = engine.quantized_layers()
         state = engine.state()
         self.layouts = [layout(self._groups(unit, state), bucket_bytes) for unit in units]
         self.bf16_bytes = sum(self._numel(n, state) * 2 for u in units for n in u.names)
-        size = max((b.nbytes for buckets in self.layouts for b in buckets), default=0)
-        self.buffer = torch.empty(size, dtype=torch.uint8, device=ctx.device)
+        size = max((b.nbytes for buckets in self.layouts for b in buckets), default=0) if ctx is not None else 0
+        self.device = ctx.device if ctx is not None else engine.device
+        self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
         # one-process quantizers, one per unit (each keeps its own GPU plan across updates)
-        self.quantizers = [WeightSync(engine) for _ in units] if ctx.rank == src else []
-        self.copy_s = copy_seconds(engine_weight_bytes(engine), ctx.device)
+        self.quantizers = [WeightSync(engine) for _ in units] if self.is_src else []
+        self.copy_s = copy_seconds(engine_weight_bytes(engine), self.device)
 
     def _numel(self, name: str, state: dict) -> int:
         layer = self.quantized.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
@@ -118,8 +130,8 @@ class BroadcastWeightSync:
                 if value.global_scale is not None:
                     out[f"{name}:global"] = value.global_scale
             else:
-                wire = value.to(self.ctx.device, WIRE_DTYPE)
-                if value.dtype != WIRE_DTYPE and not torch.equal(wire.to(value.dtype), value.to(self.ctx.device)):
+                wire = value.to(self.device, WIRE_DTYPE)
+                if value.dtype != WIRE_DTYPE and not torch.equal(wire.to(value.dtype), value.to(self.device)):
                     raise QuantrollError(f"the trainer's {name} holds values that are not BF16; the optimizer must "
                                          "round its weights to BF16 (MasterWeightAdamW's weight_dtype)")
                 out[name] = wire
@@ -127,13 +139,13 @@ class BroadcastWeightSync:
 
     def _status(self, status: int, message: str = "") -> None:
         """Send (source) or receive the unit's status; a failure at the source raises on every rank."""
-        word = torch.tensor([status], dtype=torch.int64, device=self.ctx.device)
-        dist.broadcast(word, self.src)
+        word = torch.tensor([status], dtype=torch.int64, device=self.device)
+        broadcast(self.ctx, word, self.src)
         status = int(word.item())
         if status == OK:
             return
         text = broadcast_text(self.ctx, message, self.src)
-        if self.ctx.rank == self.src:
+        if self.is_src:
             return  # the source raises its own error
         if status == NON_FINITE:
             name = text.partition("'")[2].partition("'")[0] or None
@@ -159,7 +171,7 @@ class BroadcastWeightSync:
 
     @torch.no_grad()
     def push(self) -> BroadcastTiming:
-        device, is_src = self.ctx.device, self.ctx.rank == self.src
+        device, is_src, member = self.device, self.is_src, self.ctx is not None
         times = dict(gather=0.0, quantize=0.0, broadcast=0.0, load=0.0)
         sent = 0
 
@@ -171,36 +183,46 @@ class BroadcastWeightSync:
 
         for index, unit in enumerate(self.units):
             t = time.perf_counter()
-            unit.module.unshard()
+            if unit.module is not None:  # a trainer rank: FSDP2 gathers the unit from the trainer ranks
+                unit.module.unshard()
             try:
                 t = lap("gather", t)
-                payload = None
-                if is_src:
-                    status, message = OK, ""
-                    try:
-                        payload = self._payload(index)
-                    except NonFiniteError as err:
-                        status, message, failure = NON_FINITE, str(err), err
-                    except Exception as err:  # noqa: BLE001 - said to every rank, then raised here
-                        status, message, failure = REFUSED, f"{type(err).__name__}: {err}", err
-                    t = lap("quantize", t)
-                    self._status(status, message)
-                    if status != OK:
-                        raise failure
-                else:
-                    self._status(OK)
-                for bucket in self.layouts[index]:
-                    data = self.buffer[: bucket.nbytes]
-                    if is_src:
-                        pack_into(self.buffer, bucket, payload)
-                    dist.broadcast(data, self.src)
-                    sent += bucket.nbytes
-                    t = lap("broadcast", t)
-                    self._load(data, bucket)
-                    t = lap("load", t)
-                del payload
+                if member:
+                    sent += self._unit(index, lap, t)
             finally:
-                unit.module.reshard()
-        version = self.engine.load_weights([], commit=True)
+                if unit.module is not None:
+                    unit.module.reshard()
+        version = self.engine.load_weights([], commit=True) if self.loads else 0
+        if member:  # the update is done when the slowest engine has loaded it
+            times["load"], version = all_max(self.ctx, [times["load"], float(version)])
         return BroadcastTiming(times["gather"], times["quantize"], times["broadcast"], times["load"], sent,
-                               self.bf16_bytes, version, self.copy_s)
+                               self.bf16_bytes, int(version), self.copy_s)
+
+    def _unit(self, index: int, lap, t: float) -> int:
+        """One unshard unit through the broadcast group: status, then its buckets; the bytes sent."""
+        payload, sent = None, 0
+        if self.is_src:
+            status, message = OK, ""
+            try:
+                payload = self._payload(index)
+            except NonFiniteError as err:
+                status, message, failure = NON_FINITE, str(err), err
+            except Exception as err:  # noqa: BLE001 - said to every rank, then raised here
+                status, message, failure = REFUSED, f"{type(err).__name__}: {err}", err
+            t = lap("quantize", t)
+            self._status(status, message)
+            if status != OK:
+                raise failure
+        else:
+            self._status(OK)
+        for bucket in self.layouts[index]:
+            data = self.buffer[: bucket.nbytes]
+            if self.is_src:
+                pack_into(self.buffer, bucket, payload)
+            broadcast(self.ctx, data, self.src)
+            sent += bucket.nbytes
+            t = lap("broadcast", t)
+            if self.loads:
+                self._load(data, bucket)
+            t = lap("load", t)
+        return sent

@@ -40,7 +40,6 @@ from quantroll.rl.metricsfile import continue_after
 from quantroll.rl.state import load_state, save_state
 from quantroll.rl.step import train_on_batch
 from quantroll.rl.placement import OneProcess
-from quantroll.sync import check_weight_update
 from quantroll.trainer.export import save_hf_checkpoint
 from quantroll.trainer.policy import load_policy
 
@@ -75,19 +74,21 @@ def _tokenizer(checkpoint: str | Path):
                              "restore it from the checkpoint's source") from None
 
 
-def run_training(cfg: TrainConfig, progress: bool = True, log=print) -> list[dict]:
+def run_training(cfg: TrainConfig, progress: bool = True, log=print, engine_ranks: int = 0) -> list[dict]:
     """Run ``cfg.rollout.num_rollout`` RL steps; returns the metrics records (also written to
     ``cfg.output.metrics_file``). Everything that can be checked is checked before anything is
     written: flags, output paths, the prompt data (rows, types, lengths in tokens), the
-    locks and the state of the outputs (quantroll/rl/claim.py)."""
+    locks and the state of the outputs (quantroll/rl/claim.py). ``engine_ranks``: in a
+    multi-process run, how many of the last ranks hold an engine only (--rollout-num-gpus
+    without --colocate; 0: colocated)."""
     from quantroll.dist.context import from_environ
     from quantroll.rl.claim import claim_outputs
     from quantroll.rl.preflight import check_outputs
 
-    if (ctx := from_environ(cfg.models.device)) is not None:  # a rank of a torchrun / Ray run
+    if (ctx := from_environ(cfg.models.device, engine_ranks)) is not None:  # a rank of a torchrun / Ray run
         from quantroll.rl.ranks import run_rank
 
-        return run_rank(cfg, ctx, _train, _check_prompt_lengths, progress, log)
+        return run_rank(cfg, ctx, _train, _serve, _check_prompt_lengths, progress, log)
     check_outputs(cfg)
     task, eval_problems = build_task(cfg.rollout)
     _check_prompt_lengths(cfg, task, eval_problems)
@@ -129,18 +130,35 @@ def _check_same_architecture(cfg: TrainConfig, engine_cfg, policy_cfg) -> None:
         raise QuantrollError("--use-rollout-routing-replay/--use-routing-replay need a MoE model; this one is dense")
 
 
+def _engine(cfg: TrainConfig, engine_dir: Path) -> Engine:
+    """The rollout engine the settings ask for (its KV pool is allocated at its first generate)."""
+    dtype = resolve_compute_dtype(cfg.models.device, cfg.models.compute_dtype)
+    kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
+    return Engine(engine_dir, device=cfg.models.device, dtype=dtype, kernels=kernels,
+                  cache=CacheConfig(memory_gb=cfg.engine.kv_cache_memory_gb, kv_cache_dtype=cfg.engine.kv_cache_dtype,
+                                    block_size=cfg.engine.kv_cache_block_size))
+
+
+def _serve(cfg: TrainConfig, engine_dir: Path, place) -> None:
+    """An engine rank of a run whose engines have ranks of their own: load the engine and
+    serve the trainer ranks' requests (rollouts, weight updates) until the run ends."""
+    torch.manual_seed(cfg.rollout.seed)
+    place.serve(_engine(cfg, engine_dir))
+
+
 def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool, task, eval_problems, claim,
            log, place=None) -> list[dict]:
-    """``place``: where the pieces run (quantroll/rl/placement.py; default this process)."""
+    """``place``: where the pieces run (quantroll/rl/placement.py; default this process).
+    With engines on ranks of their own, ``engine`` here is never sampled from: it answers
+    for the checkpoint (format, precision, stop tokens) and is the weight broadcast's
+    description of the format; the engine ranks sample."""
     place = place or OneProcess()
     torch.manual_seed(cfg.rollout.seed)
     dtype = resolve_compute_dtype(cfg.models.device, cfg.models.compute_dtype)
     if torch.device(cfg.models.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(cfg.models.device)
     kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
-    engine = Engine(engine_dir, device=cfg.models.device, dtype=dtype, kernels=kernels,
-                    cache=CacheConfig(memory_gb=cfg.engine.kv_cache_memory_gb, kv_cache_dtype=cfg.engine.kv_cache_dtype,
-                                      block_size=cfg.engine.kv_cache_block_size))
+    engine = _engine(cfg, engine_dir)
     policy = load_policy(trainer_dir, device=cfg.models.device, dtype=dtype, kernels=kernels)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
@@ -175,7 +193,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
 
     with place.stage("the first weight update"):
         if cfg.sync.check_weight_update_equal and not cfg.output.load:
-            place.agree(lambda: check_weight_update(engine, push, cfg.sync.check_weight_update_allow_quant_error))
+            place.check_weight_update(engine, push, cfg.sync.check_weight_update_allow_quant_error)
         elif cfg.output.load:
             push()  # the engine starts from the resumed weights
     history, bad = [], 0

@@ -34,6 +34,12 @@ class OneProcess:
         sync = WeightSync(engine)
         return lambda: sync.push({n: p for n, p in policy.named_parameters()})
 
+    def check_weight_update(self, engine, push, allow_quant_error: bool) -> float:
+        """--check-weight-update-equal: the worst error (0.0: bitwise); raises on a mismatch."""
+        from quantroll.sync import check_weight_update
+
+        return max(check_weight_update(engine, push, allow_quant_error).values(), default=0.0)
+
     def agree(self, fn):
         return fn()
 

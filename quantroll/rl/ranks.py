@@ -3,8 +3,11 @@ process, with the checks agreed between ranks and the outputs written by rank 0 
 
 Started by torchrun (``torchrun --nproc-per-node N -m quantroll train ...``) or by the Ray
 launcher (quantroll/dist/ray_launch.py); both give every rank the same flags. Every rank
-loads the engine and the trainer, then shards the trainer; rank 0 alone holds the locks
-of the outputs, writes the metrics, the saves and the export.
+takes part in the checks before the run. Colocated, every rank then runs the loop: it
+loads the engine and the trainer, and shards the trainer. With engines on ranks of their
+own (``--rollout-num-gpus R``), the trainer ranks run the loop and the last R ranks serve
+their requests (quantroll/dist/engine_ranks.py) until trainer rank 0 says stop. Rank 0
+alone holds the locks of the outputs, writes the metrics, the saves and the export.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import replace
 
 from quantroll.dist.context import DistContext, destroy_process_group, init_process_group
 from quantroll.dist.liveness import Heartbeat, Stopped, stop_on_sigterm
+from quantroll.dist.groups import RankGroups
 from quantroll.dist.placement import Ranks
 from quantroll.dist.trainer_rows import check_divisible
 from quantroll.rl.config import TrainConfig
@@ -27,10 +31,11 @@ def _store():
     return _get_default_store()
 
 
-def run_rank(cfg: TrainConfig, ctx: DistContext, train, check_prompt_lengths, progress: bool = True, log=print,
-             bucket_bytes: int | None = None) -> list[dict]:
-    """``train`` and ``check_prompt_lengths``: the loop's own steps (rl/loop.py passes them, so
-    that this module, which the loop dispatches to, does not import the loop back)."""
+def run_rank(cfg: TrainConfig, ctx: DistContext, train, serve, check_prompt_lengths, progress: bool = True,
+             log=print, bucket_bytes: int | None = None) -> list[dict]:
+    """``train``, ``serve`` (an engine rank's part) and ``check_prompt_lengths``: the loop's own
+    steps (rl/loop.py passes them, so that this module, which the loop dispatches to, does not
+    import the loop back). An engine rank returns no metrics."""
     from quantroll.rl.checkpoints import resolve_checkpoints
     from quantroll.rl.claim import Claim, claim_outputs
     from quantroll.rl.preflight import check_outputs
@@ -40,9 +45,10 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, check_prompt_lengths, pr
     init_process_group(ctx)
     store = _store()
     beat = Heartbeat(store, ctx.rank)
-    print(f"quantroll: rank {ctx.rank} of {ctx.world_size} (pid {os.getpid()}) on {ctx.device}, {ctx.backend}",
-          file=sys.stderr, flush=True)
-    place = Ranks(ctx, store, bucket_bytes)
+    groups = RankGroups.of(ctx)
+    print(f"quantroll: rank {ctx.rank} of {ctx.world_size} (pid {os.getpid()}) on {ctx.device}, {ctx.backend}, "
+          f"{groups.role}", file=sys.stderr, flush=True)
+    place = Ranks(ctx, store, bucket_bytes, groups)
     quiet = log if ctx.is_source else (lambda *args, **kwargs: None)
     # the conversion (--rollout-precision) is made by every rank into its own temporary directory,
     # except rank 0's, which goes to --convert-dir when given
@@ -52,19 +58,28 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, check_prompt_lengths, pr
     try:
         def prepare():
             check_divisible(cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt,
-                            cfg.optimizer.global_batch_size, ctx.world_size)
+                            cfg.optimizer.global_batch_size, ctx.world_size - ctx.engine_ranks)
             if ctx.is_source:
                 check_outputs(cfg)
             task, eval_problems = build_task(cfg.rollout)
             check_prompt_lengths(cfg, task, eval_problems)
             return task, eval_problems
 
-        task, eval_problems = place.agree(prepare)
+        task, eval_problems = place.agree_all(prepare)
         with contextlib.ExitStack() as stack:
-            claim = place.agree(lambda: stack.enter_context(claim_outputs(cfg, quiet)) if ctx.is_source
-                                else Claim(None, False))
-            engine_dir, trainer_dir = place.agree(lambda: stack.enter_context(resolve_checkpoints(cfg)))
-            history = train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, quiet, place)
+            claim = place.agree_all(lambda: stack.enter_context(claim_outputs(cfg, quiet)) if ctx.is_source
+                                    else Claim(None, False))
+            engine_dir, trainer_dir = place.agree_all(lambda: stack.enter_context(resolve_checkpoints(cfg)))
+            if groups.is_engine_rank:
+                serve(cfg, engine_dir, place)
+                history = []
+            else:
+                try:
+                    history = train(cfg, engine_dir, trainer_dir, progress, task, eval_problems, claim, quiet, place)
+                except BaseException as err:
+                    place.release_engines(err)
+                    raise
+                place.release_engines(None)
         finished = True
         return history
     except Stopped:  # stopped outside any stage (start-up, between stages)

@@ -36,9 +36,10 @@ TENSORS_FILE = "state.safetensors"
 
 
 def _sharded_ctx(optimizer):
-    """The run's context when the optimizer holds shards across ranks (None: whole)."""
-    ctx = getattr(optimizer, "ctx", None)
-    return ctx if ctx is not None and ctx.world_size > 1 else None
+    """The trainer ranks' context when the optimizer holds FSDP2 shards (None: whole). One
+    trainer rank beside engine ranks of their own still holds DTensors: its save is
+    sharded too, one file of one shard."""
+    return getattr(optimizer, "ctx", None)
 
 
 # -- saving -------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def save(directory: str | Path, policy, optimizer, step: int, rng: random.Random
 
     def checksums(own: str) -> list[str]:
         out: list = [None] * ctx.world_size
-        dist.all_gather_object(out, own)
+        dist.all_gather_object(out, own, group=ctx.group)  # the trainer ranks'
         return out
 
     if ctx.rank != 0:

@@ -34,7 +34,10 @@ def tensor_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def load(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
-    return json.loads((out / "results.json").read_text()), load_file(str(out / "tensors.safetensors"))
+    tensors = load_file(str(out / "tensors.safetensors"))
+    if (out / "engine-tensors.safetensors").exists():  # an engine rank's own (engines on ranks of their own)
+        tensors.update(load_file(str(out / "engine-tensors.safetensors")))
+    return json.loads((out / "results.json").read_text()), tensors
 
 
 # one-process references, computed once per test session (the 2-rank, 4-rank and Ray runs share them)

@@ -117,17 +117,16 @@ def perturbed_policy(seed: int = 5, device="cpu", dtype=DTYPE):
 
 def sync_case(place, engine_dir: Path, check: bool, device="cpu", dtype=DTYPE) -> dict:
     """One weight update of ``engine_dir``'s engine from the perturbed policy: the engine's
-    tensors afterwards (on the CPU), and the timing (for the bytes on the wire)."""
-    from quantroll.sync import check_weight_update
-
+    tensors afterwards (on the CPU), and the timing (for the bytes on the wire). With
+    engines on ranks of their own, run by the trainer ranks: the engine ranks serve it, and
+    the tensors that count are theirs (worker.py collects them)."""
     engine = Engine(engine_dir, device=device, dtype=dtype)
     result = {}
     if check:  # the first-update check, on the unperturbed policy: bitwise
         policy = load_policy(builtin_checkpoint("dense"), device=device, dtype=dtype)
         place.shard(policy)
         push = place.sync(engine, policy)
-        errors = place.agree(lambda: check_weight_update(engine, push, allow_quant_error=False))
-        result["check_worst"] = max(errors.values())
+        result["check_worst"] = place.check_weight_update(engine, push, allow_quant_error=False)
     policy = perturbed_policy(device=device, dtype=dtype)
     place.shard(policy)
     timing = place.sync(engine, policy)()

@@ -1,6 +1,8 @@
-"""A rank killed in the middle of a torchrun training (CPU, gloo, 2 ranks) stops the run
-with a line naming it, and ``--load`` resumes from the last save: in the end the metrics
-file holds every step exactly once, in order."""
+"""A rank killed in the middle of a torchrun training (CPU, gloo) stops the run with a line
+naming it, and ``--load`` resumes from the last save: in the end the metrics file holds
+every step exactly once, in order. Colocated (2 ranks), and with the engine on a rank of
+its own (2 trainer ranks + 1 engine rank, --rollout-num-gpus 1): the engine rank killed,
+and a trainer rank killed."""
 
 import json
 import os
@@ -27,16 +29,23 @@ def _lines(path):
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_killed_rank_is_named_and_load_resumes_without_lost_or_repeated_steps(tmp_path):
+# (processes, extra flags, the rank killed)
+CASES = {"colocated": (2, [], 1), "engine-rank": (3, ["--rollout-num-gpus", "1"], 2),
+         "trainer-rank": (3, ["--rollout-num-gpus", "1"], 1)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_killed_rank_is_named_and_load_resumes_without_lost_or_repeated_steps(tmp_path, case):
+    nproc, extra, victim = CASES[case]
     log = tmp_path / "run.log"
-    proc = popen(2, _train_args(tmp_path), log)
+    proc = popen(nproc, _train_args(tmp_path, *extra), log)
     try:
         deadline = time.monotonic() + 300
         while len(_lines(tmp_path / "m.jsonl")) < 2:  # two steps done (and saved)
             assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(0.2)
-        pid = int(re.search(r"quantroll: rank 1 of 2 \(pid (\d+)\)", log.read_text()).group(1))
+        pid = int(re.search(rf"quantroll: rank {victim} of {nproc} \(pid (\d+)\)", log.read_text()).group(1))
         os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=120)
     finally:
@@ -44,8 +53,9 @@ def test_killed_rank_is_named_and_load_resumes_without_lost_or_repeated_steps(tm
             proc.kill()
     text = log.read_text()
     assert proc.returncode != 0
-    assert re.search(r"quantroll train: error: rank 1 died \(no heartbeat\), seen by rank 0 during", text), text[-4000:]
-    done = torchrun(2, _train_args(tmp_path, "--load", str(tmp_path / "save")))
+    assert re.search(rf"quantroll train: error: rank {victim} died \(no heartbeat\), seen by rank \d during", text), \
+        text[-4000:]
+    done = torchrun(nproc, _train_args(tmp_path, "--load", str(tmp_path / "save"), *extra))
     assert done.returncode == 0, done.stderr[-4000:]
     steps = [json.loads(line)["step"] for line in _lines(tmp_path / "m.jsonl")]
     assert steps == list(range(STEPS))

@@ -1,0 +1,47 @@
+"""Engines on ranks of their own (``--rollout-num-gpus`` without ``--colocate``), on the CPU
+(gloo, started by torchrun): 2 trainer ranks with 1 engine rank, and with 2. Against one
+process on the same inputs: FSDP2 over the trainer ranks only, the engine ranks' gathered
+samples, and the weight broadcast from trainer rank 0 to every engine rank (FP8 with the
+first-update check, NVFP4) bitwise."""
+
+import pytest
+
+from tests.dist import compare
+from tests.dist.launch import torchrun
+
+pytestmark = pytest.mark.slow
+
+# (trainer ranks, engine ranks) -> the training cases run (CI time: 2 cores)
+PLACEMENTS = {(2, 1): ["dense", "mode2-fp8", "moe-replay"], (2, 2): ["dense-minibatches"]}
+
+
+@pytest.fixture(scope="module", params=list(PLACEMENTS), ids=["2-trainers-1-engine", "2-trainers-2-engines"])
+def ranks(request, engines, tmp_path_factory):
+    trainers, engine_ranks = request.param
+    out = tmp_path_factory.mktemp(f"t{trainers}e{engine_ranks}")
+    done = torchrun(trainers + engine_ranks, ["-m", "tests.dist.worker", str(out), str(engines["fp8"]),
+                                              str(engines["nvfp4"]), ",".join(PLACEMENTS[request.param]),
+                                              str(engine_ranks)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    results, tensors = compare.load(out)
+    assert results["world"] == trainers + engine_ranks and results["engine_ranks"] == engine_ranks
+    return results, tensors, request.param
+
+
+def test_fsdp2_over_the_trainer_ranks_matches_one_process(ranks):
+    results, tensors, placement = ranks
+    for case in PLACEMENTS[placement]:
+        compare.check_training(results, tensors, case)
+
+
+def test_engine_ranks_samples_equal_one_engine(ranks, engines):
+    compare.check_generation(ranks[0], engines["fp8"])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_broadcast_leaves_every_engine_rank_bitwise_equal_to_one_process(ranks, engines, fmt):
+    results, tensors, (_, engine_ranks) = ranks
+    assert len(results[f"sync/{fmt}"]["digests"]) == engine_ranks  # every engine rank took the update
+    compare.check_sync(results, tensors, fmt, engines[fmt], check=fmt == "fp8")
+    timing = results[f"sync/{fmt}"]["timing"]
+    assert timing["weight_load_time"] > 0 and timing["weight_quantize_time"] > 0  # the engines' load reached rank 0

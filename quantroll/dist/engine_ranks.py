@@ -79,7 +79,8 @@ def receive_results(groups: RankGroups, engine, prompts: Sequence[Sequence[int]]
     status = json.loads(broadcast_text(world, None, src))
     if status["error"]:
         raise (QuantrollError if world.is_source else PeerFailed)(status["error"])
-    ints, lps, routes = (broadcast_tensor(world, None, dtype, src) for dtype in (torch.int64, torch.float64, torch.int32))
+    ints, lps, routes = (broadcast_tensor(world, None, dtype, src)
+                         for dtype in (torch.int64, torch.float64, torch.int32))
     return unpack(ints, lps, routes, prompts, *_shape(engine), engine.route_dtype), status["stats"]
 
 

@@ -171,7 +171,7 @@ class BroadcastWeightSync:
 
     @torch.no_grad()
     def push(self) -> BroadcastTiming:
-        device, is_src, member = self.device, self.is_src, self.ctx is not None
+        device, member = self.device, self.ctx is not None
         times = dict(gather=0.0, quantize=0.0, broadcast=0.0, load=0.0)
         sent = 0
 
@@ -224,5 +224,5 @@ class BroadcastWeightSync:
             t = lap("broadcast", t)
             if self.loads:
                 self._load(data, bucket)
-            t = lap("load", t)
+                t = lap("load", t)
         return sent

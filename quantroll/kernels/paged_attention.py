@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantroll.errors import QuantrollError
 from quantroll.kernels.launch import next_pow2
 
 
@@ -38,6 +39,14 @@ def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedT
     return max(1, min(tiles.max_splits, sms // max(batch * kv_heads, 1)))
 
 
+def _check_value_tiles(cache, keys_per_tile: int) -> None:
+    """An FP8 cache's value tiles load whole blocks of contiguous positions (its pool is
+    positions-minor): a tile must cover whole blocks."""
+    if cache.values_positions_minor and keys_per_tile % cache.block_size:
+        raise QuantrollError(f"paged attention: {keys_per_tile} keys per tile do not cover whole KV blocks of "
+                             f"{cache.block_size} positions; use a multiple of the block size")
+
+
 def _pools(cache, layer: int):
     k, v = cache.k[layer], cache.v[layer]
     ks = cache.k_scale[layer] if cache.quantized else k  # placeholders without scales (never read)
@@ -55,6 +64,7 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     b, h, d = q.shape
     hkv = cache.kv_heads
     group = h // hkv
+    _check_value_tiles(cache, tiles.decode_block_s)
     if splits is None:
         splits = decode_splits(b, hkv, q.device, tiles)
     out = torch.empty_like(q)
@@ -82,6 +92,7 @@ def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTil
     tiles = tiles or _tiles(cache)
     from quantroll.kernels.paged_attention_triton import paged_prefill_kernel
 
+    _check_value_tiles(cache, tiles.prefill_block_n)
     n, h, d = q.shape
     hkv = cache.kv_heads
     out = torch.empty_like(q)

@@ -59,9 +59,16 @@ def _load_tile(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.cons
 @triton.jit
 def _load_values_positions_minor(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr,
                                  BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr):
-    """[BLOCK_S, D_PAD] values of one head from a [num_blocks, HKV, D, BLOCK_SIZE] pool."""
+    """[BLOCK_S, D_PAD] values of one head from a [num_blocks, HKV, D, BLOCK_SIZE] pool.
+
+    Each block's BLOCK_SIZE positions are contiguous bytes (the hints say so: the compiler
+    cannot see it through the block table) and are loaded whole, unmasked, so the loads
+    vectorize (a per-position mask compiled to one-byte loads). Positions past the
+    sequence read codes the cache wrote (finite: stores clamp to +-448) or the zeroed pool,
+    and their probabilities and scales are 0, so they add exact zeros."""
     cols = ((slots // BLOCK_SIZE) * HKV + kvh) * (D * BLOCK_SIZE) + slots % BLOCK_SIZE
-    x = tl.load(pool + cols[None, :] + offs_d[:, None] * BLOCK_SIZE, mask=d_ok[:, None] & ok[None, :], other=0.0)
+    cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_SIZE), BLOCK_SIZE)
+    x = tl.load(pool + cols[None, :] + offs_d[:, None] * BLOCK_SIZE, mask=d_ok[:, None], other=0.0)
     return tl.trans(x.to(COMPUTE))
 
 

@@ -27,8 +27,9 @@ class EngineKernels:
     reduction order follows them; H200, 2026-12-01, a bench now in git history: FP8 out
     3.71 -> 3.28 us at 16 rows with 16 warps instead of 8, BF16 a tie). attention_bf16 /
     attention_fp8: paged-attention tiles per KV cache dtype (bench/paged_attention.py
-    --sweep, H200, 2026-12-02: BF16 64 keys / 3 stages at 0.96-1.0x its bytes from batch 64;
-    FP8 128 keys / 2 stages at 1.9x, 2.8x with the BF16 tiles). early_launch: the CUDA
+    --sweep, H200: BF16 64 keys / 3 stages at 1.0x its bytes from batch 64 (2026-12-02); FP8,
+    its values positions-minor, 128 keys / 3 stages at 1.5x (2026-12-03: 100 us at 64 x 2048,
+    197 at 256 x 1024; 150 and 235 with 2 stages). early_launch: the CUDA
     decode GEMM requests its first weight bytes while the kernel before it finishes
     (programmatic dependent launch), and ``releasing_producers`` let it start at theirs."""
 
@@ -36,7 +37,7 @@ class EngineKernels:
     fuse_activation_quant: bool = True
     norm_warps: int = 16
     attention_bf16: PagedTiles = PagedTiles()
-    attention_fp8: PagedTiles = PagedTiles(decode_block_s=128, decode_stages=2)
+    attention_fp8: PagedTiles = PagedTiles(decode_block_s=128, decode_stages=3)
     early_launch: bool = True
     releasing_producers: frozenset = field(default_factory=lambda: frozenset(PRODUCERS))
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from quantroll.errors import QuantrollError
 from quantroll.formats.kv_fp8 import KV_CODE_DTYPE, dequantize_kv, kv_bytes_per_element, quantize_kv
+from quantroll.kernels.quantize import triton_available
 from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
@@ -96,6 +97,8 @@ class PagedKVCache:
         self.num_blocks, self.block_size, self.dtype, self.kv_cache_dtype = num_blocks, block_size, dtype, kv_cache_dtype
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.gpu_kernels = gpu_kernels
+        # batch-invariant attention through the Triton prefill kernel (the trainer's too) on a GPU
+        self.invariant_kernels = kernels.batch_invariant and torch.device(device).type == "cuda" and triton_available()
         store = KV_CODE_DTYPE if kv_cache_dtype == "fp8_e4m3" else dtype
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         layers = cfg.num_hidden_layers
@@ -208,6 +211,10 @@ class PagedKVCache:
         """reference_attend in its batch-invariant form (model/invariant.attention): a key's
         place in every reduction is its absolute position, so one-token decode, a prefill
         chunk and the trainer's causal pass over the same keys give the same bits."""
+        if self.invariant_kernels:
+            from quantroll.kernels import paged_attention
+
+            return paged_attention.invariant_attention(q, self, layer, self.batch, self.kernels.invariant_attention)
         k, v, qp, positions, valid = self._gathered(layer, q)
         out = invariant.attention(qp, k, v, positions, self.kernels.attention_elements)
         return out[valid]

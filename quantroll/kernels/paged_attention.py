@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -90,23 +91,63 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
 def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None) -> torch.Tensor:
     """q [N, H, D] (the flattened queries of the batch's sequences) -> [N, H, D]."""
     tiles = tiles or _tiles(cache)
+    _check_value_tiles(cache, tiles.prefill_block_n)
+    k, v, ks, vs = _pools(cache, layer)
+    return _launch_prefill(q, k, v, ks, vs, batch.block_tables, batch.query_starts, batch.context_lens,
+                           batch.max_query, cache.kv_heads, cache.block_size, cache.quantized, tiles)
+
+
+def _launch_prefill(q, k, v, ks, vs, tables, query_starts, context_lens, max_query: int, hkv: int, block_size: int,
+                    fp8: bool, tiles: PagedTiles) -> torch.Tensor:
     from quantroll.kernels.paged_attention_triton import paged_prefill_kernel
 
-    _check_value_tiles(cache, tiles.prefill_block_n)
     n, h, d = q.shape
-    hkv = cache.kv_heads
     out = torch.empty_like(q)
-    k, v, ks, vs = _pools(cache, layer)
-    tables = batch.block_tables
-    seqs = tables.shape[0]
-    grid = (seqs, -(-batch.max_query // tiles.prefill_block_m), h)
+    grid = (tables.shape[0], -(-max_query // tiles.prefill_block_m), h)
     paged_prefill_kernel[grid](
-        q, k, v, ks, vs, tables, batch.query_starts, batch.context_lens, out, d**-0.5,
+        q, k, v, ks, vs, tables, query_starts, context_lens, out, d**-0.5,
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
-        HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=h // hkv, BLOCK_SIZE=cache.block_size,
-        BLOCK_M=tiles.prefill_block_m, BLOCK_N=tiles.prefill_block_n, FP8=cache.quantized,
+        HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=h // hkv, BLOCK_SIZE=block_size,
+        BLOCK_M=tiles.prefill_block_m, BLOCK_N=tiles.prefill_block_n, FP8=fp8,
         IEEE=q.dtype == torch.float32, num_warps=tiles.prefill_warps, num_stages=2)
     return out
+
+
+# -- batch-invariant attention (--true-on-policy-mode) -----------------------------------------
+# Every query, a decode step's one token, a prefill chunk's or the trainer's whole sequence,
+# goes through the prefill kernel with one fixed tile shape (KernelConfig.invariant_attention):
+# its key tiles start at absolute position 0 whatever tile of queries it sits in, a row of an
+# MMA depends on that row alone, and the tiles past a query's position are masked to exact
+# zeros (p = 0, rescale 1). So the engine's logprob and the trainer's recomputation attend
+# with the same bits, whatever else shares the batch and however the schedule cut it.
+def invariant_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles) -> torch.Tensor:
+    """The engine's side: the batch's queries [N, H, D] against the cache (BF16)."""
+    if batch.query_starts is None:  # decode: one query per sequence
+        starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        batch = dataclasses.replace(batch, query_starts=starts, max_query=1)
+    return prefill_attention(q, cache, layer, batch, tiles)
+
+
+def invariant_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: PagedTiles,
+                               block_size: int = 16) -> torch.Tensor:
+    """The trainer's side: q [B, L, H, D], k/v [B, L, Hkv, D] (positions 0 .. L-1 in every
+    row) -> [B, L, H, D], each row's keys laid out as consecutive blocks of a pool."""
+    b, length, h, d = q.shape
+    hkv = k.shape[2]
+    blocks = -(-length // block_size)
+    pad = blocks * block_size - length
+
+    def pool(x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) if pad else x
+        return x.reshape(b * blocks, block_size, hkv, d).contiguous()
+
+    kp, vp = pool(k), pool(v)
+    tables = torch.arange(b * blocks, dtype=torch.int32, device=q.device).view(b, blocks)
+    starts = torch.arange(b + 1, dtype=torch.int32, device=q.device) * length
+    contexts = torch.full((b,), length, dtype=torch.int32, device=q.device)
+    out = _launch_prefill(q.reshape(b * length, h, d).contiguous(), kp, vp, kp, vp, tables, starts, contexts, length,
+                          hkv, block_size, False, tiles)
+    return out.view(b, length, h, d)
 
 
 def attend(q: torch.Tensor, cache, layer: int, batch) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from quantroll.formats import Format
 from quantroll.kernels.backends import hardware_backend
+from quantroll.kernels.quantize import triton_available
 from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
@@ -35,8 +36,17 @@ def causal_attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 def invariant_causal_attend(kernels: KernelConfig) -> Attend:
-    """Full causal attention in its batch-invariant form (the trainer's side of true on-policy)."""
+    """Full causal attention in its batch-invariant form (the trainer's side of true on-policy):
+    on a GPU with Triton the engine's own attention kernel over the sequences' keys
+    (kernels/paged_attention.invariant_causal_attention), elsewhere the tree-sum torch form;
+    the backward is the ordinary attention's either way."""
     def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.is_cuda and triton_available():
+            from quantroll.kernels.paged_attention import invariant_causal_attention
+
+            return invariant.straight_through(
+                lambda a, b, c: invariant_causal_attention(a, b, c, kernels.invariant_attention),
+                lambda a, b, c: causal_attend(layer_idx, a, b, c), q, k, v)
         return invariant.causal_attention(q, k, v, kernels.attention_elements)
     return attend
 

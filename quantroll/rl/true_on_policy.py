@@ -25,8 +25,8 @@ def config_refusal(cfg) -> str | None:
     import torch
 
     if torch.device(cfg.models.device).type == "cuda":
-        return (f"true on-policy mode is CPU-only in this build: the GPU engine's kernels (the FP8 GEMM table, "
-                f"paged attention, fused sampling) are batch-variant and their invariant versions are not built yet; "
+        return (f"true on-policy mode is CPU-only in this build: its GPU path (one-shape GEMM tiles, the paged "
+                f"attention kernel shared by engine and trainer) has not yet passed its bitwise tests on a GPU; "
                 f"run {FLAG} with --device cpu")
     if cfg.engine.kv_cache_dtype != "bf16":
         return (f"{FLAG} cannot hold with --kv-cache-dtype {cfg.engine.kv_cache_dtype}: the engine would attend over E4M3 "

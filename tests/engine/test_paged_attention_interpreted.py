@@ -1,7 +1,8 @@
 """The paged attention kernels' indexing on a CPU, under Triton's interpreter (this file
 run as a script, in float32 so the dots are exact enough to compare tightly): decode with
 and without split-KV, prefill over cached prefixes with GQA and a head size that is not a
-power of two, the decode store kernel, and a whole engine whose cache runs the kernels
+power of two, the decode store kernel, the batch-invariant attention (engine side equal
+to the trainer side, bit for bit), and a whole engine whose cache runs the kernels
 against one that runs the reference. The device runs them compiled
 (test_paged_attention_gpu.py); the interpreter cannot check FP8 bits."""
 
@@ -117,10 +118,55 @@ def check_engine() -> None:
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+def check_invariant() -> None:
+    """The true-on-policy attention: a query's output from the engine's side (a decode step
+    among other sequences, or a row of a prefill chunk after a cached prefix) is the same
+    bits as from the trainer's side (its whole sequence, contiguous), and both are the
+    attention (against the reference, float32 rounding)."""
+    from quantroll.engine.paged_cache import AttentionBatch
+    from quantroll.kernels import paged_attention
+    from quantroll.model.kernel_config import INVARIANT_KERNELS
+    from quantroll.model.layers import causal_attend
+
+    tiles = INVARIANT_KERNELS.invariant_attention
+    heads, kv_heads, dim = 8, 2, 32
+    lengths = [5, 70, 131]
+    cache, table = _filled(_cfg(heads, kv_heads, dim), lengths)
+    length = max(lengths)
+    q = torch.randn(len(lengths), length, heads, dim)
+    k = torch.zeros(len(lengths), length, kv_heads, dim)
+    v = torch.zeros_like(k)
+    flat = (-1, kv_heads, dim)
+    for i, n in enumerate(lengths):  # the trainer's padded batch holds what the cache holds
+        slots = (table[i, (torch.arange(n) // 16)].long() * 16 + torch.arange(n) % 16)
+        k[i, :n], v[i, :n] = cache.k[0].view(flat)[slots], cache.v[0].view(flat)[slots]
+    trainer = paged_attention.invariant_causal_attention(q, k, v, tiles)
+    want = causal_attend(0, q, k, v)
+    for i, n in enumerate(lengths):
+        assert _rel(trainer[i, :n], want[i, :n]) < 1e-5
+    # decode: every sequence's query at its position p sees keys 0 .. p; a batch of all three, then alone
+    for rows in ([0, 1, 2], [2], [1]):
+        ctx = torch.tensor([lengths[i] for i in rows], dtype=torch.int32)
+        batch = AttentionBatch(torch.zeros(len(rows), dtype=torch.long), table[rows], ctx, None,
+                               max_context=int(ctx.max()))
+        got = paged_attention.invariant_attention(q[rows, ctx.long() - 1].clone(), cache, 0, batch, tiles)
+        for j, i in enumerate(rows):
+            assert torch.equal(got[j], trainer[i, lengths[i] - 1]), (rows, i)
+    # a prefill chunk: the last 40 queries of sequence 2, after 91 cached positions, beside all 5 of sequence 0
+    starts = torch.tensor([0, 5, 45], dtype=torch.int32)
+    chunk = torch.cat([q[0, :5], q[2, 91:131]])
+    batch = AttentionBatch(torch.zeros(45, dtype=torch.long), table[[0, 2]], torch.tensor([5, 131], dtype=torch.int32),
+                           starts, max_query=40, max_context=131)
+    got = paged_attention.invariant_attention(chunk, cache, 0, batch, tiles)
+    assert torch.equal(got[:5], trainer[0, :5])
+    assert torch.equal(got[5:], trainer[2, 91:131])
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     check_decode()
     check_prefill()
+    check_invariant()
     check_engine()
     print("paged kernels ok")
     sys.exit(0)

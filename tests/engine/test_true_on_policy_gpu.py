@@ -1,11 +1,15 @@
 """True on-policy on the GPU (for the device; skipped on CPU machines): the engine with the
-batch-invariant kernels (torch ops only: no Triton table, no fused kernels, no graphs) and
-the trainer's forward give bitwise-equal logprobs for batches of 1 to 256 sequences and
-contexts up to 4K, in BF16 and in mode 2 (emulated FP8 on both sides).
+batch-invariant kernels (GEMMs as one-shape cuBLAS tiles, tree-sum norms and softmaxes, and
+attention through the Triton prefill kernel with one tile shape, which the trainer's
+forward runs too; no fused kernels, no graphs) and the trainer's forward give bitwise-equal
+logprobs for batches of 1 to 256 sequences and contexts up to 4K, in BF16 and in mode 2
+(emulated FP8 on both sides).
 
 ``quantroll train --true-on-policy-mode`` still refuses --device cuda: these tests are what
 must pass (on the H200) before that refusal is lifted (rl/true_on_policy.config_refusal);
-they check the torch-op path's invariance on cuBLAS, not the speed."""
+they check invariance, not the speed. The torch-op path (before the Triton attention) passed
+them on the H200 (2026-12-02); the Triton attention has passed only the interpreter's
+equivalent (tests/engine/test_paged_attention_interpreted.py)."""
 
 import pytest
 import torch

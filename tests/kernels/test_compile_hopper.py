@@ -56,6 +56,11 @@ CASES = [
        dict(HKV=8, D=128, D_PAD=128, GROUP=4, BLOCK_SIZE=16, BLOCK_M=64, BLOCK_N=64, FP8=kv == "fp8e4nv",
             IEEE=False), dict(num_warps=4, num_stages=2))
       for kv in ("bf16", "fp8e4nv")],
+    ("paged_attention_triton", "paged_prefill_kernel",  # the batch-invariant attention's one tile (KernelConfig)
+     {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "ks_ptr": "bf16", "vs_ptr": "bf16", "table_ptr": "i32",
+      "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},
+     dict(HKV=8, D=128, D_PAD=128, GROUP=2, BLOCK_SIZE=16, BLOCK_M=16, BLOCK_N=64, FP8=False, IEEE=False),
+     dict(num_warps=4, num_stages=2)),
     *[("paged_attention_triton", "store_kv_kernel",
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
        | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},

@@ -23,6 +23,7 @@ logits can (batch-variant kernels).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Sequence as Seq
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -128,6 +129,13 @@ class Engine:
         self.gpu_kernels = self.device.type == "cuda" and triton_available() and not invariant
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda" and not invariant
         self.cache_config = cache or CacheConfig()
+        if self.gpu_kernels and self.cache_config.kv_cache_dtype == "fp8_e4m3":
+            tiles = self.kernels.gpu.attention_tiles(True)
+            keys = math.gcd(tiles.decode_block_s, tiles.prefill_block_n)
+            if keys % self.cache_config.block_size:
+                raise QuantrollError(f"--kv-cache-block-size {self.cache_config.block_size} with --kv-cache-dtype "
+                                     f"fp8_e4m3: the FP8 cache's attention reads whole blocks, {keys} keys per tile; "
+                                     f"use a block size that divides {keys}")
         if invariant and self.cache_config.kv_cache_dtype != "bf16":
             raise QuantrollError(f"batch-invariant (true on-policy) kernels need a BF16 KV cache: with "
                                  f"{self.cache_config.kv_cache_dtype} the engine attends over quantized keys and "

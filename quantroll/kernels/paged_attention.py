@@ -131,7 +131,9 @@ def invariant_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedT
 def invariant_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: PagedTiles,
                                block_size: int = 16) -> torch.Tensor:
     """The trainer's side: q [B, L, H, D], k/v [B, L, Hkv, D] (positions 0 .. L-1 in every
-    row) -> [B, L, H, D], each row's keys laid out as consecutive blocks of a pool."""
+    row) -> [B, L, H, D], each row's keys laid out as consecutive blocks of a pool. Its block
+    size need not be the engine cache's: BLOCK_SIZE only addresses keys, the tiles and every
+    operation on them are the same."""
     b, length, h, d = q.shape
     hkv = k.shape[2]
     blocks = -(-length // block_size)

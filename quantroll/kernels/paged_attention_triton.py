@@ -27,10 +27,9 @@ to float16 exactly and q is rounded to float16 for the dot; a key's scale multip
 divided by the tile's largest, its column of the probabilities before the PV dot (so P
 stays in [0, 1], where float16 is finer than BF16), the largest the dot's result. No
 dequantized tile is materialized. Softmax runs in float32 (online); with a BF16 cache P
-is rounded to BF16 for the PV dot. Measured (bench/paged_attention.py, H200, 2026-12-02):
-the BF16 cache reads at the copy rate from batch 64 up; the FP8 one takes ~1.9x its
-bytes there with 128-key tiles (2.8x with 64; widening to BF16 instead of float16, and
-prefetching the next tile into registers, did not help): the cause is not yet found.
+is rounded to BF16 for the PV dot. Measured (bench/paged_attention.py, H200, 2026-12-03):
+the BF16 cache reads at the copy rate from batch 64 up, the FP8 one at ~1.5x its bytes
+(128-key tiles, 3 stages), ~1.3x faster than BF16 (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -64,12 +63,15 @@ def _load_values_positions_minor(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.con
     Each block's BLOCK_SIZE positions are contiguous bytes (the hints say so: the compiler
     cannot see it through the block table) and are loaded whole, unmasked, so the loads
     vectorize (a per-position mask compiled to one-byte loads). Positions past the
-    sequence read codes the cache wrote (finite: stores clamp to +-448) or the zeroed pool,
-    and their probabilities and scales are 0, so they add exact zeros."""
+    sequence are zeroed after the load: they may hold any byte a freed block kept (a NaN
+    code of a NaN activation included), which a zero probability would not cancel. (In the
+    sequence's last block the hint is not literally true past its length, where the table
+    load gives block 0: those lanes read the block's own bytes, in bounds, then zeroed.)"""
     cols = ((slots // BLOCK_SIZE) * HKV + kvh) * (D * BLOCK_SIZE) + slots % BLOCK_SIZE
     cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_SIZE), BLOCK_SIZE)
     x = tl.load(pool + cols[None, :] + offs_d[:, None] * BLOCK_SIZE, mask=d_ok[:, None], other=0.0)
-    return tl.trans(x.to(COMPUTE))
+    x = tl.where(ok[None, :], x.to(COMPUTE), 0.0)
+    return tl.trans(x)
 
 
 @triton.jit

@@ -267,3 +267,14 @@ def test_fp8_kv_gpu_engine_is_as_close_to_its_reference_as_the_bf16_engine_to_it
         errors[kv_dtype] = torch.cat(diffs).mean().item()
     assert engine.kv_cache_label == "fp8_e4m3"
     assert errors["fp8_e4m3"] <= 2 * errors["bf16"] + 1e-2, errors
+
+
+def test_fp8_kv_block_larger_than_the_attention_tiles_is_refused_when_the_engine_is_built():
+    """An FP8 cache's value tiles read whole blocks: a block size the tiles do not cover is
+    refused up front, naming the flag (not at the first prefill, naming a tile)."""
+    from quantroll.errors import QuantrollError
+
+    model = random_model(_small(), DEV)
+    with pytest.raises(QuantrollError, match="--kv-cache-block-size 128 with --kv-cache-dtype fp8_e4m3"):
+        Engine.from_model(model, None, DEV, cache=CacheConfig(kv_cache_dtype="fp8_e4m3", block_size=128))
+    Engine.from_model(model, None, DEV, cache=CacheConfig(kv_cache_dtype="fp8_e4m3", block_size=32))  # divides 64

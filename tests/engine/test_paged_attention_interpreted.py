@@ -1,7 +1,7 @@
 """The paged attention kernels' indexing on a CPU, under Triton's interpreter (this file
 run as a script, in float32 so the dots are exact enough to compare tightly): decode with
 and without split-KV, prefill over cached prefixes with GQA and a head size that is not a
-power of two, the decode store kernel, the batch-invariant attention (engine side equal
+power of two, an FP8 cache's layout and scales, the decode store kernel, the batch-invariant attention (engine side equal
 to the trainer side, bit for bit), and a whole engine whose cache runs the kernels
 against one that runs the reference. The device runs them compiled
 (test_paged_attention_gpu.py); the interpreter cannot check FP8 bits."""
@@ -29,15 +29,18 @@ def _cfg(heads, kv_heads, head_dim):
                                head_dim=head_dim)
 
 
-def _filled(cfg, contexts, block_size=16, seed=0):
+def _filled(cfg, contexts, block_size=16, seed=0, kv_dtype="bf16"):
     from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache
 
     g = torch.Generator().manual_seed(seed)
     need = [-(-c // block_size) for c in contexts]
     num_blocks = sum(need) + 8
-    cache = PagedKVCache(cfg, num_blocks, block_size, torch.float32, "bf16", "cpu", gpu_kernels=False)
+    cache = PagedKVCache(cfg, num_blocks, block_size, torch.float32, kv_dtype, "cpu", gpu_kernels=False)
     for t in cache.k + cache.v:
-        t.normal_()  # garbage beyond each sequence's keys must not matter
+        if cache.quantized:
+            t.view(torch.uint8).random_(0, 120, generator=g)  # finite codes: garbage beyond the keys must not matter
+        else:
+            t.normal_()  # garbage beyond each sequence's keys must not matter
     order = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     table = torch.zeros(len(contexts), max(need), dtype=torch.int32)
     slots, at = [], 0
@@ -118,6 +121,36 @@ def check_engine() -> None:
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+def check_fp8() -> None:
+    """An FP8 cache (keys positions-major, values positions-minor, per-position scales):
+    decode with and without splits, and prefill, against the reference's exact
+    dequantization. The interpreter widens E4M3 its own way (not the GPU's bits), so the
+    bound is loose; what it checks is the layout and the scales' indexing."""
+    from quantroll.engine.paged_cache import AttentionBatch
+    from quantroll.kernels import paged_attention
+
+    for block_size in (16, 8):
+        contexts = [3, 97, 300]
+        cache, table = _filled(_cfg(8, 2, 32), contexts, block_size=block_size, kv_dtype="fp8_e4m3")
+        assert cache.values_positions_minor
+        b = len(contexts)
+        q = torch.randn(b, 8, 32)
+        cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long), table, torch.tensor(contexts, dtype=torch.int32),
+                                     None, max_context=max(contexts))
+        for splits in (1, 3):
+            tiles = paged_attention.PagedTiles(decode_block_s=32, max_splits=splits)
+            got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
+            err = _rel(got, cache.reference_attend(0, q))
+            assert err < 1e-2, (block_size, splits, err)
+        starts = torch.tensor([0, 3, 43, 63], dtype=torch.int32)  # all of seq 0, the last 40 of 1, the last 20 of 2
+        qp = torch.randn(63, 8, 32)
+        cache.batch = AttentionBatch(torch.zeros(63, dtype=torch.long), table, torch.tensor(contexts, dtype=torch.int32),
+                                     starts, max_query=40, max_context=300)
+        tiles = paged_attention.PagedTiles(prefill_block_m=16, prefill_block_n=32)
+        err = _rel(paged_attention.prefill_attention(qp, cache, 0, cache.batch, tiles), cache.reference_attend(0, qp))
+        assert err < 1e-2, (block_size, err)
+
+
 def check_invariant() -> None:
     """The true-on-policy attention: a query's output from the engine's side (a decode step
     among other sequences, or a row of a prefill chunk after a cached prefix) is the same
@@ -166,6 +199,7 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     check_decode()
     check_prefill()
+    check_fp8()
     check_invariant()
     check_engine()
     print("paged kernels ok")

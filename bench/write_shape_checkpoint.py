@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from quantroll.bench.shapes import SHAPES, shape_config
-from quantroll.builtin import TinyQwen3, write_tiny_qwen3
+from quantroll.bench.shapes import SHAPES, shape_config, write_shape_checkpoint
 
 
 def main() -> None:
@@ -21,15 +20,10 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    cfg = shape_config(args.shape, args.layers)
-    shape = TinyQwen3(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                      num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-                      num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                      max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
-                      rope_theta=cfg.rope.theta, tie_word_embeddings=cfg.tie_word_embeddings)
     t = time.perf_counter()
-    write_tiny_qwen3(args.out, shape, args.seed)
-    print(f"wrote {args.shape} ({cfg.num_hidden_layers} layers) to {args.out} in {time.perf_counter() - t:.0f} s")
+    write_shape_checkpoint(args.shape, args.out, args.layers, args.seed)
+    layers = shape_config(args.shape, args.layers).num_hidden_layers
+    print(f"wrote {args.shape} ({layers} layers) to {args.out} in {time.perf_counter() - t:.0f} s")
 
 
 if __name__ == "__main__":

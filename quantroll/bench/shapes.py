@@ -32,6 +32,22 @@ def shape_config(name: str, layers: int | None = None) -> ModelConfig:
     return dataclasses.replace(cfg, num_hidden_layers=layers) if layers else cfg
 
 
+def write_shape_checkpoint(name: str, out, layers: int | None = None, seed: int = 0):
+    """A random-weight BF16 HF checkpoint of a dense shape (with quantroll's character
+    tokenizer) at ``out``, for GPU runs of train / compare / benches at real sizes."""
+    from quantroll.builtin import TinyQwen3, write_tiny_qwen3
+
+    c = shape_config(name, layers)
+    if c.model_type != "qwen3":
+        raise ValueError(f"{name}: only dense shapes are written as checkpoints")
+    shape = TinyQwen3(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                      num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                      max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+                      rope_theta=c.rope.theta, tie_word_embeddings=c.tie_word_embeddings)
+    return write_tiny_qwen3(out, shape, seed)
+
+
 def layer_gemm_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     """(N, K) of a dense decoder layer's four GEMMs as the engine runs them (q/k/v and
     gate/up fused): what the decode-GEMM benches time per "layer set"."""

@@ -7,11 +7,11 @@ value cache was): the P.V product reduces over positions, and Hopper's shared-me
 matrix loads transpose 16-bit elements but not 8-bit ones, so FP8 values stored
 positions-major reach the tensor cores one byte at a time (measured: ~1.9x the bytes'
 time; compiled PTX: 128 single-byte shared loads per thread per tile, none with this
-layout). A sequence's block table lists its blocks in position order. Every forward pass, prefill (any number of tokens of several
-sequences, flattened into one row) or decode (one token per sequence), gives the cache
-an ``AttentionBatch``: where each new token's key/value goes (``slots``), and for each
-sequence its block table, its context length after this pass, and where its queries
-start in the flattened batch. Attention then writes the new keys/values and attends
+layout). A sequence's block table lists its blocks in position order. Every forward
+pass, prefill (any number of tokens of several sequences, flattened into one row) or
+decode (one token per sequence), gives the cache an ``AttentionBatch``: where each new
+token's key/value goes (``slots``), and for each sequence its block table, its context
+length after this pass, and where its queries start in the flattened batch. Attention then writes the new keys/values and attends
 each query to its own sequence's positions up to its own (causal).
 
 Two paths compute it: Triton kernels on the GPU (kernels/paged_attention.py) and the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from quantroll.errors import QuantrollError
-from quantroll.model.invariant import matmul_tiles
+from quantroll.model.invariant import matmul
 
 _ELEMENTWISE = {"exp": torch.exp, "log": lambda x: torch.log(x.abs() + 1e-3), "cos": torch.cos, "sin": torch.sin}
 _LARGE = 3 * 32768 + 37  # beyond torch's parallel grain, with a ragged tail
@@ -28,26 +28,28 @@ def _elementwise_ok(fn, dtype, device, gen) -> bool:
     return torch.equal(singles, whole[:64])
 
 
-def _gemm_ok(n: int, k: int, rows: int, dtype, device, gen) -> bool:
+def _gemm_ok(n: int, k: int, kernels, dtype, device, gen) -> bool:
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16).to(dtype).to(device)
     probe = torch.randn(k, generator=gen).to(dtype).to(device)
+    rows = kernels.invariant_gemm.block_m if torch.device(device).type == "cuda" else kernels.gemm_rows
     results = []
-    for place in sorted({0, 1, rows // 2, rows - 1, rows, 3 * rows - 1}):
+    for place in sorted({0, 1, rows // 2, rows - 1, rows, 3 * rows - 1, 40 * rows + 3}):
         x = torch.randn(place + 1 + (place % 3), k, generator=gen).to(dtype).to(device)
         x[place] = probe
-        results.append(matmul_tiles(x, w, rows)[place])
+        results.append(matmul(x, w, kernels)[place])
     return all(torch.equal(r, results[0]) for r in results)
 
 
-def check_invariance(rows: int, dtype: torch.dtype, device, shapes: list[tuple[int, int]]) -> None:
+def check_invariance(kernels, dtype: torch.dtype, device, shapes: list[tuple[int, int]]) -> None:
     """Raise QuantrollError naming the first op that is not invariant on this machine.
-    ``shapes``: (N, K) of the model's linears (a few are probed)."""
+    ``kernels``: the KernelConfig whose invariant GEMM runs; ``shapes``: (N, K) of the
+    model's linears (a few are probed)."""
     gen = torch.Generator().manual_seed(1234)
     for name, fn in _ELEMENTWISE.items():
         if not _elementwise_ok(fn, torch.float32, device, gen):
             raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: torch.{name} gives an element "
                                  "different bits depending on its place in the tensor")
     for n, k in list(dict.fromkeys(shapes))[:8]:
-        if not _gemm_ok(n, k, rows, dtype, device, gen):
-            raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the BLAS computes a row of a "
-                                 f"{rows} x {k} x {n} GEMM differently depending on its place in the tile")
+        if not _gemm_ok(n, k, kernels, dtype, device, gen):
+            raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the invariant GEMM computes a "
+                                 f"row of a {k} x {n} product differently depending on the rows beside it")

@@ -17,7 +17,8 @@ over is. Three rules make that hold:
 - A GEMM is cut into tiles of exactly ``rows`` rows (the last one zero-padded), each one
   BLAS call of the same shape: the library's choice of kernel, blocking and K order then
   cannot depend on the batch (MKL computes a row differently at 1-11 rows than at 12+;
-  measured), and a row's result does not depend on its place in the tile (probed).
+  measured), and a row's result does not depend on its place in the tile (probed). On a
+  GPU with Triton it is one launch of a GEMM with one fixed tile (kernels/invariant_gemm.py).
 
 The trainer's backward may use ordinary kernels: ``straight_through`` runs the invariant
 forward and backpropagates through the ordinary formula of the same function.
@@ -29,6 +30,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from quantroll.kernels.quantize import triton_available
 
 NEG_ZERO = -0.0  # x + (-0.0) == x for every x, +0.0 and -0.0 included
 # the trainer recipes (format names) whose forward these ops are proven invariant for, engine and trainer
@@ -95,9 +98,20 @@ def matmul_tiles(x: torch.Tensor, w: torch.Tensor, rows: int) -> torch.Tensor:
     return out[:m].reshape(*shape[:-1], n)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """y = x W^T (+ b): the tiled GEMM forward, F.linear's gradient."""
-    y = straight_through(lambda a, b: matmul_tiles(a, b, rows), lambda a, b: F.linear(a, b), x, w)
+def matmul(x: torch.Tensor, w: torch.Tensor, kernels) -> torch.Tensor:
+    """x [..., K] @ w[N, K]^T in x's dtype, batch-invariant: on a GPU with Triton one launch
+    with one fixed tile (kernels/invariant_gemm.py, ``kernels.invariant_gemm``), elsewhere
+    BLAS calls on tiles of ``kernels.gemm_rows`` rows (matmul_tiles)."""
+    if x.is_cuda and triton_available():
+        from quantroll.kernels.invariant_gemm import invariant_gemm
+
+        return invariant_gemm(x, w, kernels.invariant_gemm)
+    return matmul_tiles(x, w, kernels.gemm_rows)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
+    """y = x W^T (+ b): the invariant GEMM forward, F.linear's gradient."""
+    y = straight_through(lambda a, b: matmul(a, b, kernels), lambda a, b: F.linear(a, b), x, w)
     return y if bias is None else y + bias
 
 

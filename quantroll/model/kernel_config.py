@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from quantroll.errors import QuantrollError
 from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS, EngineKernels
+from quantroll.kernels.invariant_gemm import InvariantGemmTiles
 from quantroll.kernels.paged_attention import PagedTiles
 
 
@@ -29,13 +30,15 @@ class KernelConfig:
     invariant_attention: on a GPU with Triton, the one tile shape of the prefill kernel that
     every batch-invariant attention runs, the engine's and the trainer's
     (kernels/paged_attention.invariant_attention; 16 query rows: the fewest an MMA takes, so
-    that a decode step wastes least). gpu: the GPU kernels' choices (kernels/choices.py),
-    used where batch_invariant is False."""
+    that a decode step wastes least). invariant_gemm: on a GPU with Triton, the one tile of
+    every batch-invariant GEMM (kernels/invariant_gemm.py; gemm_rows is the CPU's). gpu: the
+    GPU kernels' choices (kernels/choices.py), used where batch_invariant is False."""
 
     batch_invariant: bool = False
     gemm_rows: int = 32  # CPU default study: 32 rows beat 16 by ~15% (rollout), 64 pads small batches more
     attention_elements: int = 1 << 24
     invariant_attention: PagedTiles = PagedTiles(prefill_block_m=16, prefill_block_n=64, prefill_warps=4)
+    invariant_gemm: InvariantGemmTiles = InvariantGemmTiles()
     gpu: EngineKernels = field(default=DEFAULT_ENGINE_KERNELS)
 
     def __post_init__(self):

@@ -31,7 +31,7 @@ def emulated_forward(layer: "QLinear", x: torch.Tensor) -> torch.Tensor:
     fmt = layer.format
     xq = fmt.dequantize(fmt.quantize_activation(x, name=f"input of {layer.name}"))
     if layer.kernels.batch_invariant:  # the trainer's mode-2 forward computes exactly this (quantized_forward)
-        y = invariant.matmul_tiles(xq, layer.dequantized_weight(), layer.kernels.gemm_rows).to(x.dtype)
+        y = invariant.matmul(xq, layer.dequantized_weight(), layer.kernels).to(x.dtype)
         return y if layer.bias is None else y + layer.bias
     y = xq @ layer.dequantized_weight().t()
     if layer.bias is not None:
@@ -102,7 +102,7 @@ class QLinear(torch.nn.Module):
             return quantized_forward_linear(x, self.weight, self.bias, self.train_format, self.train_real_fp8,
                                             self.kernels)
         if self.format is None and self.kernels.batch_invariant:
-            return invariant.linear(x, self.weight, self.bias, self.kernels.gemm_rows)
+            return invariant.linear(x, self.weight, self.bias, self.kernels)
         if self.format is None:
             return F.linear(x, self.weight, self.bias)
         return BACKENDS[self.backend](self, x)

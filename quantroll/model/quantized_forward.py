@@ -22,7 +22,7 @@ def _forward_emulated(x: torch.Tensor, w: torch.Tensor, fmt: Format, kernels: Ke
     xq = fmt.dequantize(fmt.quantize_activation(x.detach(), name="trainer activation"))
     wq = fmt.dequantize(fmt.quantize_weight(w.detach(), name="trainer weight"))
     if kernels.batch_invariant:
-        return invariant.matmul_tiles(xq, wq, kernels.gemm_rows).to(x.dtype)
+        return invariant.matmul(xq, wq, kernels).to(x.dtype)
     return (xq @ wq.t()).to(x.dtype)
 
 

@@ -56,6 +56,8 @@ CASES = [
        dict(HKV=8, D=128, D_PAD=128, GROUP=4, BLOCK_SIZE=16, BLOCK_M=64, BLOCK_N=64, FP8=kv == "fp8e4nv",
             IEEE=False), dict(num_warps=4, num_stages=2))
       for kv in ("bf16", "fp8e4nv")],
+    ("invariant_gemm_triton", "invariant_gemm_kernel", {"x_ptr": "bf16", "w_ptr": "bf16", "y_ptr": "bf16"},
+     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, IEEE=False), dict(num_warps=4, num_stages=3)),  # KernelConfig's tile
     ("paged_attention_triton", "paged_prefill_kernel",  # the batch-invariant attention's one tile (KernelConfig)
      {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "ks_ptr": "bf16", "vs_ptr": "bf16", "table_ptr": "i32",
       "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},
@@ -90,7 +92,8 @@ CASES = [
 # the compile would not be the one the device runs.
 UNIT_ARGS = {"fp8_decode_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
              "fp8_block_gemm_kernel": ("s_ak", "s_asm", "s_wk", "s_wsk", "s_cn"),
-             "grouped_gemm_kernel": ("s_wk", "s_asm", "s_wsk")}
+             "grouped_gemm_kernel": ("s_wk", "s_asm", "s_wsk"),
+             "invariant_gemm_kernel": ("s_xk", "s_wk", "s_yn")}
 
 
 def _signature(fn, pointers: dict, constexprs: dict) -> dict:

@@ -1,11 +1,14 @@
 """The batch-invariant ops (model/invariant.py) on their own: each value independent of the
 batch, of the row's place, of padding and of chunking, and close to the ordinary op."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from quantroll.model import invariant
+from quantroll.model.kernel_config import INVARIANT_KERNELS
 
 
 def test_tree_sum_ignores_trailing_padding_and_is_a_sum():
@@ -59,7 +62,7 @@ def test_attention_decode_prefill_and_causal_agree_bitwise():
 def test_straight_through_gradients_are_the_ordinary_ones():
     x = torch.randn(5, 32, requires_grad=True)
     w = torch.randn(8, 32, requires_grad=True)
-    invariant.linear(x, w, None, 4).square().sum().backward()
+    invariant.linear(x, w, None, dataclasses.replace(INVARIANT_KERNELS, gemm_rows=4)).square().sum().backward()
     gx, gw = x.grad.clone(), w.grad.clone()
     x.grad = w.grad = None
     F.linear(x, w).square().sum().backward()

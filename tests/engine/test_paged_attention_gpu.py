@@ -27,12 +27,16 @@ def _cfg(heads=32, kv_heads=8, head_dim=128):
     return dataclasses.replace(cfg, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim)
 
 
-def _filled_cache(cfg, kv_dtype, contexts, block_size=16, seed=0):
-    """A pool with every sequence's keys written at scattered blocks, and their tables."""
+def _filled_cache(cfg, kv_dtype, contexts, block_size=16, seed=0, stale_byte=None):
+    """A pool with every sequence's keys written at scattered blocks, and their tables;
+    ``stale_byte``: what every byte held before (as a freed block keeps it)."""
     g = torch.Generator().manual_seed(seed)
     need = [-(-c // block_size) for c in contexts]
     num_blocks = sum(need) + 8
     cache = PagedKVCache(cfg, num_blocks, block_size, torch.bfloat16, kv_dtype, DEV, gpu_kernels=True)
+    if stale_byte is not None:
+        for t in cache.k + cache.v:
+            t.view(torch.uint8).fill_(stale_byte)
     order = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     tables, at = [], 0
     for n in need:
@@ -73,6 +77,31 @@ def test_paged_decode_matches_the_reference(kv_dtype, contexts, tiles):
     got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles)
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)  # float32 attention over the same cache
     assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)  # P rounded to bf16 for the PV dot
+
+
+def test_fp8_cache_ignores_stale_nan_codes_past_each_sequence():
+    """Every byte of the pool an E4M3 NaN (0x7F) before the sequences' keys are written, as
+    blocks freed by a sequence whose activations went NaN would keep them: decode (with and
+    without splits) and prefill read whole value blocks, so the bytes past each sequence's
+    length, and the scratch block's, must not reach the result (a zero probability does not
+    cancel NaN)."""
+    cfg = _cfg()
+    contexts = [1, 17, 300, 33]
+    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts, stale_byte=0x7F)
+    b = len(contexts)
+    q = torch.randn(b, cfg.num_attention_heads, cfg.head_dim, device=DEV, dtype=torch.bfloat16)
+    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
+    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
+                                 max_context=max(contexts))
+    ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)  # gathers the written positions only
+    for splits in (1, 4):
+        got = paged_attention.decode_attention(q, cache, 0, cache.batch, splits=splits)
+        assert torch.isfinite(got).all() and _rel_err(got, ref) < 1e-2, splits
+    starts = torch.arange(b + 1, dtype=torch.int32, device=DEV)
+    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, starts, max_query=1,
+                                 max_context=max(contexts))
+    got = paged_attention.prefill_attention(q, cache, 0, cache.batch)
+    assert torch.isfinite(got).all() and _rel_err(got, ref) < 1e-2
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])

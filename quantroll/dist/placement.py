@@ -81,7 +81,9 @@ class Ranks:
         units = self.units[id(policy)]
         if self.groups.colocated:
             return BroadcastWeightSync(engine, policy, units, self.ctx, **kwargs).push
-        sync = BroadcastWeightSync(engine, policy, units, self.groups.broadcast, loads=False, **kwargs)
+        sync = BroadcastWeightSync(engine, policy, units, self.groups.broadcast, loads=False,
+                                   trainers=self.groups.trainers if self.groups.trainers.world_size > 1 else None,
+                                   **kwargs)
         self.requests.send("sync", units=[list(u.names) for u in units], bucket_bytes=sync.bucket_bytes)
 
         def push():

@@ -82,11 +82,16 @@ class BroadcastWeightSync:
     """The update of ``engine`` (this rank's) from the sharded ``policy``; every rank calls
     ``push`` together. ``ctx``: the broadcast group (None: this rank only unshards);
     ``src``: the rank in it that quantizes and sends; ``loads``: this rank's engine takes
-    the update (False on a source whose engine only describes the format)."""
+    the update (False on a source whose engine only describes the format). ``trainers``:
+    the trainer group when it is not the broadcast group (engines on ranks of their own):
+    the source tells it each unit's verdict too, so that a refusal at the source stops the
+    trainer ranks outside the broadcast group at the same unit (they would otherwise wait
+    in the next unit's unshard for a source that has left)."""
 
     def __init__(self, engine, policy, units: list[ShardUnit], ctx: DistContext | None, src: int = 0,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, loads: bool = True):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, loads: bool = True, trainers: DistContext | None = None):
         self.engine, self.policy, self.units, self.ctx, self.src = engine, policy, units, ctx, src
+        self.trainers = trainers
         self.is_src, self.loads, self.bucket_bytes = ctx is not None and ctx.rank == src, loads, bucket_bytes
         self.quantized = engine.quantized_layers()
         state = engine.state()
@@ -137,15 +142,18 @@ class BroadcastWeightSync:
                 out[name] = wire
         return out
 
-    def _status(self, status: int, message: str = "") -> None:
-        """Send (source) or receive the unit's status; a failure at the source raises on every rank."""
+    def _status(self, status: int, message: str = "", ctx: DistContext | None = None, src: int | None = None) -> None:
+        """Send (source) or receive the unit's status over ``ctx`` (default: the broadcast
+        group); a failure at the source raises on every rank of it."""
+        ctx = ctx or self.ctx
+        src = self.src if src is None else src
         word = torch.tensor([status], dtype=torch.int64, device=self.device)
-        broadcast(self.ctx, word, self.src)
+        broadcast(ctx, word, src)
         status = int(word.item())
         if status == OK:
             return
-        text = broadcast_text(self.ctx, message, self.src)
-        if self.is_src:
+        text = broadcast_text(ctx, message, src)
+        if ctx.rank == src:
             return  # the source raises its own error
         if status == NON_FINITE:
             name = text.partition("'")[2].partition("'")[0] or None
@@ -189,6 +197,8 @@ class BroadcastWeightSync:
                 t = lap("gather", t)
                 if member:
                     sent += self._unit(index, lap, t)
+                elif self.trainers is not None:  # a trainer rank outside the broadcast: the source's verdict
+                    self._status(OK, ctx=self.trainers, src=0)
             finally:
                 if unit.module is not None:
                     unit.module.reshard()
@@ -211,6 +221,8 @@ class BroadcastWeightSync:
                 status, message, failure = REFUSED, f"{type(err).__name__}: {err}", err
             t = lap("quantize", t)
             self._status(status, message)
+            if self.trainers is not None:
+                self._status(status, message, ctx=self.trainers, src=0)  # trainer rank 0 is the source
             if status != OK:
                 raise failure
         else:

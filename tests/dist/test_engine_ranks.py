@@ -45,3 +45,18 @@ def test_broadcast_leaves_every_engine_rank_bitwise_equal_to_one_process(ranks, 
     compare.check_sync(results, tensors, fmt, engines[fmt], check=fmt == "fp8")
     timing = results[f"sync/{fmt}"]["timing"]
     assert timing["weight_load_time"] > 0 and timing["weight_quantize_time"] > 0  # the engines' load reached rank 0
+
+
+@pytest.mark.parametrize("mode", ["push", "check"])
+def test_a_refusal_at_the_source_stops_every_rank_with_its_reason(mode):
+    """Trainer rank 1 is outside the broadcast group: without the source's verdict over the
+    trainer group it waited in the next unit's unshard until the collective timeout (10
+    minutes; the subprocess limit here is 3)."""
+    import re
+
+    done = torchrun(3, ["-m", "tests.dist.refusal_worker", mode], timeout=180)
+    lines = dict(re.findall(r"^rank (\d): (.*)$", done.stdout, re.M))
+    assert done.returncode != 0 and set(lines) == {"0", "1", "2"}, done.stdout[-3000:] + done.stderr[-3000:]
+    assert lines["0"].startswith("QuantrollError: injected refusal at the source, unit 1")
+    for rank in ("1", "2"):
+        assert lines[rank].startswith("PeerFailed: rank 0:") and "injected refusal" in lines[rank], lines

@@ -26,6 +26,11 @@ from quantroll.errors import QuantrollError
 # once (gloo, NCCL report it in well under a second), so this bounds only a peer that
 # hangs alive; rollouts of long responses must fit inside it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# With engines on ranks of their own a rank also waits a whole phase in a collective (an
+# engine rank for trainer rank 0's next request while the trainer steps or saves, a trainer
+# rank for the engines' results while they roll out): those groups wait this long. A dead
+# peer still fails them at once, and the heartbeats name it (quantroll/dist/liveness.py).
+PHASE_TIMEOUT = timedelta(hours=24)
 STORE_ENV = "QUANTROLL_STORE"  # host:port of a rendezvous store the launcher hosts (else MASTER_ADDR/PORT)
 
 
@@ -51,13 +56,14 @@ class DistContext:
         """The world's rank of this group's ``rank`` (what torch.distributed's ``src`` takes)."""
         return rank if self.members is None else self.members[rank]
 
-    def subgroup(self, members: Sequence[int]) -> DistContext | None:
+    def subgroup(self, members: Sequence[int], timeout: timedelta = COLLECTIVE_TIMEOUT) -> DistContext | None:
         """The context of the group of ``members`` (global ranks, in order), or None on a rank
-        outside it. Collective: every rank of the world calls it, with the same members."""
+        outside it; its collectives wait ``timeout`` for a peer. Collective: every rank of the
+        world calls it, with the same members."""
         import torch.distributed as dist
 
         members = tuple(members)
-        group = dist.new_group(list(members))
+        group = dist.new_group(list(members), timeout=timeout)
         if self.rank not in members:
             return None
         return replace(self, rank=members.index(self.rank), world_size=len(members), group=group, members=members)

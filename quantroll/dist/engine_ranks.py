@@ -63,7 +63,7 @@ def _shape(engine) -> tuple[int, int]:
 def send_results(groups: RankGroups, engine, results: list | None, stats: dict, error: str = "") -> None:
     """From the first engine rank to every rank of the world (the other engine ranks take
     part and drop what they receive): a status line, then the packed results."""
-    world, src = groups.world, groups.first_engine
+    world, src = groups.results, groups.first_engine
     sending = world.rank == src
     text = broadcast_text(world, json.dumps({"error": error, "stats": stats}) if sending else None, src)
     if json.loads(text)["error"]:
@@ -75,7 +75,7 @@ def send_results(groups: RankGroups, engine, results: list | None, stats: dict, 
 
 def receive_results(groups: RankGroups, engine, prompts: Sequence[Sequence[int]]) -> tuple[list, dict]:
     """The trainer ranks' side of ``send_results``: (results in prompt order, engine stats)."""
-    world, src = groups.world, groups.first_engine
+    world, src = groups.results, groups.first_engine
     status = json.loads(broadcast_text(world, None, src))
     if status["error"]:
         raise (QuantrollError if world.is_source else PeerFailed)(status["error"])

@@ -10,15 +10,21 @@ first T ranks train and its last R ranks hold one engine each:
     engines    ranks T..T+R-1     data-parallel rollout (each engine a share of the prompts)
     broadcast  rank 0, T..T+R-1   the control messages and the weight update: trainer rank 0
                                   quantizes and sends, every engine rank loads
-    world      every rank         the checks agreed before a run, the rollout's results
-                                  (from the first engine rank to every trainer rank), liveness
+    results    every rank         the rollout's results, from the first engine rank to every
+                                  trainer rank
+    world      every rank         the checks agreed before a run, liveness
+
+The broadcast and results groups wait a whole phase for a peer (context.PHASE_TIMEOUT):
+an engine rank waits there for the next request while the trainer steps, a trainer rank
+for the results while the engines roll out, and either may take longer than the
+ordinary collective timeout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quantroll.dist.context import DistContext
+from quantroll.dist.context import PHASE_TIMEOUT, DistContext
 
 
 @dataclass(frozen=True)
@@ -27,18 +33,20 @@ class RankGroups:
     trainers: DistContext | None  # None on an engine rank
     engines: DistContext | None  # None on a trainer rank that holds no engine
     broadcast: DistContext | None  # None on a trainer rank other than 0 when the engines are ranks of their own
+    results: DistContext  # every rank (the world's members with the phase-long timeout)
 
     @classmethod
     def of(cls, ctx: DistContext) -> RankGroups:
         """The groups of ``ctx``'s world. Collective when the engines are ranks of their own
         (every rank creates every group, in the same order)."""
         if not ctx.engine_ranks:
-            return cls(ctx, ctx, ctx, ctx)
+            return cls(ctx, ctx, ctx, ctx, ctx)
         first = ctx.world_size - ctx.engine_ranks
         trainers = ctx.subgroup(range(first))
         engines = ctx.subgroup(range(first, ctx.world_size))
-        broadcast = ctx.subgroup([0, *range(first, ctx.world_size)])
-        return cls(ctx, trainers, engines, broadcast)
+        broadcast = ctx.subgroup([0, *range(first, ctx.world_size)], timeout=PHASE_TIMEOUT)
+        results = ctx.subgroup(range(ctx.world_size), timeout=PHASE_TIMEOUT)
+        return cls(ctx, trainers, engines, broadcast, results)
 
     @property
     def colocated(self) -> bool:

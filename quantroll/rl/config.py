@@ -30,6 +30,9 @@ from quantroll.trainer.corrections import CorrectionConfig
 SEED_LIMIT = 2**64
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _bad(flag: str, what: str, value) -> QuantrollError:
     return QuantrollError(f"--{flag} must be {what}, got {value!r}")
 
@@ -144,6 +147,8 @@ class OptimizerConfig:
             if value is not None and value < 1:
                 raise _bad(name, ">= 1", value)
         _positive(lr=self.lr, max_grad_norm=self.max_grad_norm, eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high)
+        if self.lr > FLOAT32_MAX:  # AdamW steps FP32 master weights: torch's optimizer cannot even take such an lr
+            raise _bad("lr", f"at most {FLOAT32_MAX:.4g} (the FP32 master weights' range)", self.lr)
         _non_negative(kl_loss_coef=self.kl_loss_coef)
         if self.kl_loss_coef and not self.use_kl_loss:
             raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")

@@ -91,3 +91,10 @@ def test_train_config_file_refuses_a_setting_beside_it(tmp_path, capsys):
     path.write_text('{"rollout": {"seed": -1}}')
     assert main(["train", "--config", str(path)]) == 2
     assert "--seed must be >= 0" in capsys.readouterr().err
+
+
+def test_an_lr_beyond_float32_is_refused_in_one_line():
+    """torch's AdamW converts lr to float32 and crashed with a traceback at the first step."""
+    with pytest.raises(QuantrollError, match=r"--lr must be at most 3\.403e\+38 .*got 1e\+39"):
+        TrainConfig.of(lr=1e39)
+    assert TrainConfig.of(lr=1e38).optimizer.lr == 1e38

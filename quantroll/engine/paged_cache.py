@@ -103,8 +103,8 @@ class PagedKVCache:
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         layers = cfg.num_hidden_layers
         # a CPU pool is left uninitialized, so that its pages cost memory only once used (the
-        # reference zeroes what it gathers beyond a sequence's keys); the GPU kernels mask such
-        # loads, or zero them after loading whole blocks (an FP8 cache's values)
+        # reference zeroes what it gathers beyond a sequence's keys); a GPU pool starts zeroed:
+        # the kernels read an FP8 cache's values in whole blocks, and need every code finite
         alloc = torch.zeros if torch.device(device).type == "cuda" else torch.empty
         self.values_positions_minor = kv_cache_dtype == "fp8_e4m3"
         v_shape = (num_blocks, cfg.num_key_value_heads, cfg.head_dim, block_size) if self.values_positions_minor \

@@ -18,18 +18,23 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.formats.elements import to_e4m3
+from quantroll.formats.elements import E4M3_MAX, to_e4m3
 from quantroll.formats.fp8_block import fp8_block_scale
 
 KV_CODE_DTYPE = torch.float8_e4m3fn
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] -> (codes [..., D] e4m3, scales [...] float32): one scale per vector."""
+    """x [..., D] -> (codes [..., D] e4m3, scales [...] float32): one scale per vector.
+
+    A NaN element gets code 0, never the E4M3 NaN code: attention kernels read whole
+    blocks, past a sequence's end included, and a NaN byte a freed block kept would survive
+    its zero probability (0 * NaN). The sequence's NaN still shows where it came from: the
+    hidden state that made this vector is NaN, and so are its queries and logits."""
     x32 = x.to(torch.float32)
     scale = fp8_block_scale(x32.abs().amax(dim=-1))
     divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return to_e4m3(x32 / divisor[..., None]), scale
+    return to_e4m3(torch.nan_to_num(x32 / divisor[..., None], nan=0.0, posinf=E4M3_MAX, neginf=-E4M3_MAX)), scale
 
 
 def dequantize_kv(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,8 @@ def _filled_cache(cfg, kv_dtype, contexts, block_size=16, seed=0, stale_byte=Non
     if stale_byte is not None:
         for t in cache.k + cache.v:
             t.view(torch.uint8).fill_(stale_byte)
+        for t in cache.k_scale + cache.v_scale:
+            t.fill_(float("nan"))
     order = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     tables, at = [], 0
     for n in need:
@@ -79,15 +81,15 @@ def test_paged_decode_matches_the_reference(kv_dtype, contexts, tiles):
     assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)  # P rounded to bf16 for the PV dot
 
 
-def test_fp8_cache_ignores_stale_nan_codes_past_each_sequence():
-    """Every byte of the pool an E4M3 NaN (0x7F) before the sequences' keys are written, as
-    blocks freed by a sequence whose activations went NaN would keep them: decode (with and
-    without splits) and prefill read whole value blocks, so the bytes past each sequence's
-    length, and the scratch block's, must not reach the result (a zero probability does not
-    cancel NaN)."""
+def test_fp8_cache_ignores_stale_codes_and_scales_past_each_sequence():
+    """Every code byte of the pool 448 (0x7E, the largest) and every scale NaN before the
+    sequences' keys are written, as freed blocks keep what they held (never a NaN code: the
+    stores write none, test_stores_never_write_a_nan_code): decode (with and without splits)
+    and prefill read whole value blocks, so the codes past each sequence's length, and the
+    scratch block's, must meet zero probabilities, and their scales must not be read."""
     cfg = _cfg()
     contexts = [1, 17, 300, 33]
-    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts, stale_byte=0x7F)
+    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts, stale_byte=0x7E)
     b = len(contexts)
     q = torch.randn(b, cfg.num_attention_heads, cfg.head_dim, device=DEV, dtype=torch.bfloat16)
     ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
@@ -123,6 +125,50 @@ def test_paged_prefill_matches_the_reference(kv_dtype, heads, kv_heads, head_dim
         assert _rel_err(got[a:b], ref[a:b]) < 1e-2, (a, _rel_err(got[a:b], ref[a:b]))
 
 
+def _store_only(qkv, qn, kn, cos, sin, cache):
+    """decode_from_qkv's store kernel alone (its attention replaced): returns the queries."""
+    q_out = []
+
+    def grab(q, *_):
+        q_out.append(q)
+        return q
+    orig = paged_attention.decode_attention
+    paged_attention.decode_attention = grab
+    try:
+        paged_attention.decode_from_qkv(qkv, qn.weight, kn.weight, 1e-6, cos, sin, cache, 0, cache.batch)
+    finally:
+        paged_attention.decode_attention = orig
+    return q_out[0]
+
+
+def test_stores_never_write_a_nan_code():
+    """A NaN value element, through the decode store kernel and through the prefill's
+    cache.write, is stored as code 0 (its scale shows the NaN); the E4M3 NaN bytes 0x7F /
+    0xFF never enter the pool, which the whole-block value loads rely on."""
+    from quantroll.model.layers import RMSNorm
+
+    cfg = _cfg(8, 2, 128)
+    heads, kv, dim, b = 8, 2, 128, 3
+    qkv = torch.randn(b, (heads + 2 * kv) * dim, device=DEV, dtype=torch.bfloat16)
+    qkv[1, (heads + kv) * dim + 5] = float("nan")  # one value element of sequence 1
+    norm = RMSNorm(dim, 1e-6, torch.bfloat16, DEV)
+    cos = torch.ones(b, 1, dim, device=DEV, dtype=torch.bfloat16)
+    sin = torch.zeros(b, 1, dim, device=DEV, dtype=torch.bfloat16)
+    slots = torch.tensor([5, 40, 17], device=DEV)
+    for write in ("kernel", "torch"):
+        cache = PagedKVCache(cfg, 4, 16, torch.bfloat16, "fp8_e4m3", DEV, gpu_kernels=True)
+        cache.batch = AttentionBatch(slots, torch.tensor([[1, 2, 3]] * b, dtype=torch.int32, device=DEV),
+                                     torch.tensor([4, 18, 40], dtype=torch.int32, device=DEV), None)
+        if write == "kernel":
+            _store_only(qkv, norm, norm, cos, sin, cache)
+        else:
+            v = qkv[:, (heads + kv) * dim:].reshape(b, kv, dim)
+            cache.write(0, torch.zeros_like(v), v)
+        codes = cache.v[0].view(torch.uint8)
+        assert not ((codes & 0x7F) == 0x7F).any(), write
+        assert codes[slots[1] // 16, 0, 5, slots[1] % 16] == 0, write
+
+
 def test_store_kernel_matches_the_model_ops_and_quantizes_like_the_reference():
     from quantroll.model.layers import RMSNorm
     from quantroll.model.rope import apply_rotary
@@ -144,19 +190,7 @@ def test_store_kernel_matches_the_model_ops_and_quantizes_like_the_reference():
         cache = PagedKVCache(cfg, 4, 16, torch.bfloat16, kv_dtype, DEV, gpu_kernels=True)
         cache.batch = AttentionBatch(slots, torch.tensor([[1, 2, 3]] * b, dtype=torch.int32, device=DEV),
                                      (pos + 1).to(torch.int32), None)
-        store = paged_attention.decode_from_qkv
-        q_out = []
-
-        def grab(q, *_):
-            q_out.append(q)
-            return q
-        orig = paged_attention.decode_attention
-        paged_attention.decode_attention = grab
-        try:
-            store(qkv, qn.weight, kn.weight, 1e-6, cos, sin, cache, 0, cache.batch)
-        finally:
-            paged_attention.decode_attention = orig
-        caches[kv_dtype] = (cache, q_out[0])
+        caches[kv_dtype] = (cache, _store_only(qkv, qn, kn, cos, sin, cache))
     qr, kr, vr = qkv.split([heads * dim, kv * dim, kv * dim], -1)
     q_ref = apply_rotary(qn(qr.view(b, 1, heads, dim)), cos, sin)[:, 0]
     k_ref = apply_rotary(kn(kr.view(b, 1, kv, dim)), cos, sin)[:, 0]

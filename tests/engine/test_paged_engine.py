@@ -140,6 +140,20 @@ def test_fp8_kv_quantization_against_float64():
     assert (codes.float().abs().amax(-1)[amax > 0] == 448).all()  # the largest element maps onto 448 exactly
 
 
+def test_fp8_kv_quantization_never_writes_the_nan_code():
+    """NaN and infinite elements store finite codes (the GPU kernels read whole blocks past a
+    sequence's end, where a kept NaN byte would survive a zero probability)."""
+    x = torch.randn(3, 2, 16)
+    x[0, 1, 3] = float("nan")
+    x[1, 0, 7] = float("inf")
+    x[2, 0, 0] = float("-inf")
+    codes, _ = quantize_kv(x)
+    assert not torch.isnan(codes.float()).any()
+    assert codes[0, 1, 3].float() == 0
+    clean, _ = quantize_kv(x[:, 1:])  # vectors without a NaN are untouched by it
+    assert torch.equal(clean.view(torch.uint8)[1:], codes[1:, 1:].view(torch.uint8))
+
+
 def test_fp8_kv_engine_equals_a_forward_with_quantized_keys_and_values(tiny_qwen3_dir):
     import torch.nn.functional as F
 

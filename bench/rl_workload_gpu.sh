@@ -6,7 +6,7 @@
 #   bash bench/rl_workload_gpu.sh 8b-fp8   # Qwen3-8B: fp8 + fp8 KV
 #   bash bench/rl_workload_gpu.sh 16k      # Qwen3-8B: 64 sequences of 16K tokens resident (fp8 + fp8 KV)
 #   bash bench/rl_workload_gpu.sh 1.7b     # Qwen3-1.7B: the four weight x KV precision pairs
-#   bash bench/rl_workload_gpu.sh static   # Qwen3-1.7B, bf16 + bf16 KV: continuous against the static policy
+#   bash bench/rl_workload_gpu.sh static   # Qwen3-1.7B, bf16 + bf16 KV, the static policy (continuous: 1.7b)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -27,6 +27,6 @@ case "${1:-}" in
   1.7b)
     rl 1.7b --shape qwen3-1.7b --precisions bf16,fp8 --kv-cache-dtypes bf16,fp8_e4m3 ;;
   static)
-    rl 1.7b-static --shape qwen3-1.7b --precisions bf16 --kv-cache-dtypes bf16 --static ;;
+    rl 1.7b-static --shape qwen3-1.7b --precisions bf16 --kv-cache-dtypes bf16 --policies static ;;
   *) echo "usage: bash bench/rl_workload_gpu.sh 8b-bf16|8b-fp8|16k|1.7b|static" >&2; exit 2 ;;
 esac

@@ -9,11 +9,18 @@ samples x R new tokens, after a warm-up call) and the time of one training step
 The issue's ceiling: rollout >= 0.5x and train step <= 1.5x the ordinary kernels'.
 
     python bench/true_on_policy_gpu.py [--checkpoint DIR] [--prompts 16 --samples 8 --new-tokens 256]
+    python bench/true_on_policy_gpu.py --gemm-sweep   # the invariant GEMM's candidate tiles
+    python bench/true_on_policy_gpu.py --profile      # the invariant decode step's kernels
+
+--gemm-sweep times one decoder layer's GEMMs of the shape (q, k, v, o, gate, up, down) with
+each candidate tile of the invariant GEMM at a decode step's rows and a trainer chunk's,
+against cuBLAS: the evidence for InvariantGemmTiles' one choice (it must serve both).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +29,7 @@ import torch
 
 from quantroll.bench.shapes import write_shape_checkpoint
 from quantroll.engine import CacheConfig, Engine, SamplingParams
+from quantroll.kernels.invariant_gemm import InvariantGemmTiles
 from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.rollout import RolloutBatch
@@ -48,8 +56,9 @@ def measure(ckpt: Path, kernels, args) -> dict:
                 for _ in range(args.prompts)]
     prompts = [p for p in distinct for _ in range(args.samples)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=1, stop_token_ids=())
-    engine.generate(prompts[: args.samples], SamplingParams(temperature=1.0, max_new_tokens=8, seed=0,
-                                                            stop_token_ids=()))
+    # warm-up on the whole batch: every kernel compiled and the batch's decode graph captured
+    # before the clock starts (a warm-up of a few prompts left both inside the timed call)
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16, seed=0, stop_token_ids=()))
     _sync()
     start = time.perf_counter()
     results = engine.generate(prompts, params)
@@ -83,6 +92,86 @@ def measure(ckpt: Path, kernels, args) -> dict:
             "unequal": unequal, "tokens": tokens}
 
 
+SWEEP_TILES = ((64, 64, 64, 4, 3), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4),
+               (128, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+               (128, 128, 64, 8, 4), (128, 256, 64, 8, 3))
+
+
+def profile_decode(ckpt: Path, kernels, args) -> None:
+    """Per-kernel GPU time of the invariant engine's eager decode steps (8-token prompts, so
+    that the prefill is a small share), beside the graphed engine's decode step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts = torch.randint(0, 1000, (args.prompts * args.samples, 8)).tolist()
+    params = SamplingParams(temperature=1.0, max_new_tokens=33, seed=1, stop_token_ids=())
+    graphed = Engine(ckpt, device="cuda", kernels=kernels, cache=CacheConfig(memory_gb=args.kv_gb))
+    graphed.generate(prompts, params)
+    graphed.generate(prompts, params)
+    step_ms = graphed.last_stats["decode_step_ms"]
+    del graphed
+    eager = Engine(ckpt, device="cuda", kernels=kernels, cuda_graphs=False,
+                   cache=CacheConfig(memory_gb=args.kv_gb))
+    eager.generate(prompts, params)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager.generate(prompts, params)
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in events) / 1e3
+    print(f"invariant decode, batch {len(prompts)}: graphed step {step_ms:.2f} ms; eager profile of 32 steps + "
+          f"prefill: {total:.1f} ms GPU ({total / 32:.2f} ms a step), {sum(e.count for e in events)} kernels")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:15]:
+        print(f"  {e.self_device_time_total / 1e3 / 32:8.3f} ms/step {e.count // 32:5d}/step  {e.key[:80]}")
+
+
+def gemm_sweep(shape: str, rows: tuple[int, ...] = (128, 512, 16384)) -> None:
+    from quantroll.bench.shapes import shape_config
+    from quantroll.kernels.invariant_gemm import invariant_gemm
+
+    cfg = shape_config(shape)
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]  # apart, as the invariant forward runs them
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for n, k in shapes]
+
+    def layer_us(m: int, run) -> float:
+        """One layer's seven GEMMs replayed as one CUDA graph (launch costs out: a decode
+        step's GEMMs are graphed in the engine too), median of 20 replays."""
+        xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, k in shapes}
+
+        def layer():
+            for w in weights:
+                run(xs[w.shape[1]], w)
+        layer()  # compiles
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer()
+        for _ in range(3):
+            graph.replay()
+        times = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(times)
+
+    print(f"invariant GEMM tiles, one {shape} layer's GEMMs {shapes}: us (x cuBLAS)")
+    base = {m: layer_us(m, lambda x, w: x @ w.t()) for m in rows}
+    print(f"{'tile (m n k warps stages)':28s}" + "".join(f"{f'M={m}':>18s}" for m in rows))
+    print(f"{'cublas':28s}" + "".join(f"{base[m]:18.1f}" for m in rows))
+    for bm, bn, bk, warps, stages in SWEEP_TILES:
+        tiles = InvariantGemmTiles(block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages)
+        try:
+            cells = [layer_us(m, lambda x, w: invariant_gemm(x, w, tiles)) for m in rows]
+        except Exception as exc:  # a tile the compiler cannot fit (shared memory) is a row of the table
+            print(f"{str((bm, bn, bk, warps, stages)):28s} failed: {type(exc).__name__}")
+            continue
+        print(f"{str((bm, bn, bk, warps, stages)):28s}"
+              + "".join(f"{c:11.1f} ({c / base[m]:.2f})" for c, m in zip(cells, rows)), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="a BF16 Qwen3 checkpoint (default: --shape, random weights)")
@@ -95,13 +184,29 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--kv-gb", type=float, default=16.0)
     ap.add_argument("--device", default="cuda", help="cuda (what it is for) or cpu (a smoke run of the script)")
+    ap.add_argument("--gemm-sweep", action="store_true", help="time the invariant GEMM's candidate tiles instead")
+    ap.add_argument("--profile", action="store_true", help="where the invariant decode step's GPU time goes instead")
+    ap.add_argument("--gemm-tile", default=None, metavar="M,N,K,WARPS,STAGES",
+                    help="the invariant GEMM's tile for this run (default: KernelConfig's)")
     args = ap.parse_args()
+    invariant_kernels = INVARIANT_KERNELS
+    if args.gemm_tile:
+        bm, bn, bk, warps, stages = (int(v) for v in args.gemm_tile.split(","))
+        invariant_kernels = dataclasses.replace(INVARIANT_KERNELS, invariant_gemm=InvariantGemmTiles(
+            block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages))
+    if args.gemm_sweep:
+        gemm_sweep(args.shape)
+        return
     ckpt = Path(args.checkpoint) if args.checkpoint else shape_checkpoint(args.shape, Path(f"/tmp/{args.shape}"))
-    invariant = measure(ckpt, INVARIANT_KERNELS, args)  # correctness first
+    if args.profile:
+        profile_decode(ckpt, invariant_kernels, args)
+        return
+    invariant = measure(ckpt, invariant_kernels, args)  # correctness first
     print(f"invariant kernels: {invariant['unequal']} of {invariant['tokens']} response tokens' logprobs differ "
           "between engine and trainer (must be 0)", flush=True)
     ordinary = measure(ckpt, DEFAULT_KERNELS, args)
-    print(f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, {ckpt}")
+    print(f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, {ckpt}, invariant GEMM tile "
+          f"{invariant_kernels.invariant_gemm}")
     print(f"{'kernels':12s} {'rollout tok/s':>14s} {'train step s':>13s}")
     for label, r in (("ordinary", ordinary), ("invariant", invariant)):
         print(f"{label:12s} {r['tokens_per_s']:14.0f} {r['train_step_s']:13.3f}")

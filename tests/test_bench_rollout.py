@@ -54,6 +54,7 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
         (["--workload", "rl", "--mean-len", "9000"], "--mean-len 9000 is above the cap --new-tokens 8192"),
         (["--workload", "rl", "--samples", "0"], "--samples must be >= 1"),
         (["--workload", "rl", "--kv-cache-dtypes", "bf16,int4"], "unknown KV cache dtype 'int4'"),
+        (["--workload", "rl", "--policies", "continuous,paged"], "--policies continuous,paged: each must be"),
     ]
     for extra, message in cases:
         assert main(["bench", "rollout", *extra]) == 2, extra

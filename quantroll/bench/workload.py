@@ -104,7 +104,7 @@ class WorkloadResult:
 
 
 def run_workload(shape: str, layers: int | None, w: Workload, precisions: list[str], kv_dtypes: list[str],
-                 static: bool, memory_gb: float | None, device: str = "cuda") -> tuple[Peaks, list[WorkloadResult]]:
+                 policies: tuple[str, ...], memory_gb: float | None, device: str = "cuda") -> tuple[Peaks, list[WorkloadResult]]:
     cfg = shape_config(shape, layers)
     peaks = measure_peaks(device)
     lengths = draw_lengths(w)
@@ -116,7 +116,7 @@ def run_workload(shape: str, layers: int | None, w: Workload, precisions: list[s
         fmt = None if precision == "bf16" else get_format(precision)
         model = base if fmt is None else random_model(cfg, device, fmt=fmt, source=base)
         for kv in kv_dtypes:
-            for policy in ("continuous", "static") if static else ("continuous",):
+            for policy in policies:
                 engine = Engine.from_model(model, fmt, device, cache=CacheConfig(kv_cache_dtype=kv, memory_gb=memory_gb),
                                            scheduler=SchedulerConfig(policy=policy))
                 engine.generate(prompts[: 2 * w.samples], params, [min(64, n) for n in lengths[: 2 * w.samples]])

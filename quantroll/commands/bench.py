@@ -37,8 +37,9 @@ def register(subparsers) -> None:
     r.add_argument("--mean-len", type=int, default=2048, help="rl: mean response length (default: 2048)")
     r.add_argument("--kv-cache-dtypes", default="bf16,fp8_e4m3", help="rl: comma-separated KV cache dtypes "
                    "(default: bf16,fp8_e4m3)")
-    r.add_argument("--static", action="store_true", help="rl: also run the static policy (sub-batches reserving "
-                   "the maximum length, each run to its longest row) at the same KV budget")
+    r.add_argument("--policies", default="continuous", help="rl: comma-separated batching policies: continuous, "
+                   "static (sub-batches reserving the maximum length, each run to its longest row), at the same KV "
+                   "budget (default: continuous)")
     r.add_argument("--kv-cache-memory-gb", type=float, default=None, help="rl: the KV pool (default: 85%% of the "
                    "free GPU memory)")
     r.add_argument("--repeats", type=int, default=3, help="timed repeats per point, median reported (default: 3)")
@@ -94,6 +95,10 @@ def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[s
         args.kv_cache_dtypes = [kv_cache_dtype_name(d) for d in args.kv_cache_dtypes.split(",")]
         if args.mean_len > args.new_tokens:
             raise QuantrollError(f"--mean-len {args.mean_len} is above the cap --new-tokens {args.new_tokens}")
+        args.policies = tuple(p.strip() for p in args.policies.split(","))
+        unknown = [p for p in args.policies if p not in ("continuous", "static")]
+        if unknown or not args.policies:
+            raise QuantrollError(f"--policies {','.join(args.policies)}: each must be continuous or static")
     if args.json:
         check_output_path("--json", args.json, is_file=True)
     return batches, precisions
@@ -109,7 +114,7 @@ def run_rollout(args: argparse.Namespace) -> int:
         from quantroll.bench.workload import Workload, format_workload_table, run_workload
 
         w = Workload(args.prompts, args.samples, args.prompt_len, args.mean_len, args.new_tokens)
-        peaks, results = run_workload(args.shapes[0], args.layers, w, precisions, args.kv_cache_dtypes, args.static,
+        peaks, results = run_workload(args.shapes[0], args.layers, w, precisions, args.kv_cache_dtypes, args.policies,
                                       args.kv_cache_memory_gb)
         print(format_workload_table(peaks, w, results))
         if args.json:

@@ -157,9 +157,6 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_interval < 0:
         raise QuantrollError(f"--eval-interval must be >= 0, got {args.eval_interval}")
     source, label, moe = _source(args)
-    if args.true_on_policy and torch.device(args.device).type == "cuda":
-        raise QuantrollError("--true-on-policy: true on-policy mode is CPU-only in this build (its GPU path has not "
-                             "yet passed its bitwise tests on a GPU); run the compare with --device cpu")
     exceptions = _exceptions(args.bf16_exceptions)
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
                          moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy,

@@ -97,8 +97,8 @@ class Engine:
         them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
         on GPU (default on; off is the eager path, for debugging). cache / scheduler: the KV
         pool (budget, block size, dtype) and the batching policy. kernels: the ops' forms
-        (model/kernel_config.py); batch-invariant ones (true on-policy) run torch ops only,
-        unfused, without graphs, and need a BF16 KV cache."""
+        (model/kernel_config.py); batch-invariant ones (true on-policy) run unfused, with
+        one launch shape per op, and need a BF16 KV cache."""
         self.checkpoint_dir = Path(checkpoint_dir)
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
         self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
@@ -125,9 +125,10 @@ class Engine:
         self.last_stats: dict[str, float] = {}
         self.kernels = kernels or DEFAULT_KERNELS
         invariant = self.kernels.batch_invariant
-        # batch-invariant kernels are torch ops: none of the GPU kernel table, fused kernels or graphs
+        # batch-invariant kernels (model/invariant.py) replace the GPU kernel table and the fused
+        # kernels; decode graphs stay (padding a batch to its bucket adds rows no real row depends on)
         self.gpu_kernels = self.device.type == "cuda" and triton_available() and not invariant
-        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda" and not invariant
+        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.cache_config = cache or CacheConfig()
         if self.gpu_kernels and self.cache_config.kv_cache_dtype == "fp8_e4m3":
             tiles = self.kernels.gpu.attention_tiles(True)

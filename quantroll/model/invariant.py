@@ -4,12 +4,15 @@ A value computed here depends only on the values it is a function of, never on h
 other rows share the call, where its row sits, or how long the padded axis it is reduced
 over is. Three rules make that hold:
 
-- Reductions (sums over the hidden size, the vocabulary, the keys) are ``tree_sum``: adjacent
+- On a CPU, reductions (sums over the hidden size, the vocabulary, the keys) are ``tree_sum``: adjacent
   pairs (2i, 2i+1) added level by level with elementwise adds, so the order is fixed by the
   elements' absolute indices. Padding with -0.0 (the exact identity of IEEE addition) at the
   end changes nothing, which is what lets a one-token decode over a cache of C keys, a
   prefill chunk and the trainer's causal pass over L keys add the same terms in the same
-  order: a key's place in the tree is its absolute position.
+  order: a key's place in the tree is its absolute position. On a GPU with Triton, norms and
+  log-softmax run one program a row and attention the paged prefill kernel with one tile
+  shape (kernels/invariant_rows.py, kernels/paged_attention.invariant_attention): a fixed
+  reduction per row, whatever the launch around it.
 - Elementwise math uses correctly rounded ops (+ - * / sqrt, casts) and torch's exp / log /
   cos / sin, whose per-element result on the CPU does not depend on the element's index
   (verified at startup by model/invariance_probe.py; torch's own sigmoid and silu do depend
@@ -81,6 +84,11 @@ def straight_through(fast: Callable, reference: Callable, *tensors: torch.Tensor
     return fast(*tensors)
 
 
+def _on_gpu_kernels(x: torch.Tensor) -> bool:
+    """Whether the Triton forms run (one fixed launch shape each) instead of the torch ones."""
+    return x.is_cuda and triton_available()
+
+
 # -- GEMM ----------------------------------------------------------------------------------
 def matmul_tiles(x: torch.Tensor, w: torch.Tensor, rows: int) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T in x's dtype, one BLAS call per tile of exactly ``rows`` rows."""
@@ -102,7 +110,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, kernels) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T in x's dtype, batch-invariant: on a GPU with Triton one launch
     with one fixed tile (kernels/invariant_gemm.py, ``kernels.invariant_gemm``), elsewhere
     BLAS calls on tiles of ``kernels.gemm_rows`` rows (matmul_tiles)."""
-    if x.is_cuda and triton_available():
+    if _on_gpu_kernels(x):
         from quantroll.kernels.invariant_gemm import invariant_gemm
 
         return invariant_gemm(x, w, kernels.invariant_gemm)
@@ -116,12 +124,28 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kernels)
 
 
 # -- norms and activations --------------------------------------------------------------------
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * (x / sqrt(mean(x^2) + eps)), the mean a tree sum in float32."""
+def _rms_norm_tree(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     h = x.to(torch.float32)
     ms = tree_sum(h * h, -1, keepdim=True) / h.shape[-1]
     return weight * (h / torch.sqrt(ms + eps)).to(dtype)
+
+
+def _rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / sqrt(mean(x^2) + eps)), the mean a fixed-order float32 sum: on a GPU
+    with Triton one program a row (kernels/invariant_rows.py, the ordinary formula's
+    gradient), elsewhere the tree sum."""
+    if _on_gpu_kernels(x):
+        from quantroll.kernels import invariant_rows
+
+        return straight_through(lambda a, w: invariant_rows.rms_norm(a, w, eps),
+                                lambda a, w: _rms_norm_reference(a, w, eps), x, weight)
+    return _rms_norm_tree(x, weight, eps)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +163,12 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """log_softmax over the last axis (the full vocabulary) in float32: z - log(sum exp z)
-    with z = x - max."""
+    with z = x - max; on a GPU with Triton one program a row (kernels/invariant_rows.py,
+    torch's gradient), elsewhere the tree sum."""
+    if _on_gpu_kernels(x):
+        from quantroll.kernels import invariant_rows
+
+        return straight_through(invariant_rows.log_softmax, lambda a: torch.log_softmax(a, -1), x.to(torch.float32))
     z = x.to(torch.float32)
     z = z - z.amax(-1, keepdim=True)
     return z - torch.log(tree_sum(torch.exp(z), -1, keepdim=True))

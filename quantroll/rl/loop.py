@@ -239,6 +239,11 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 **timing.metrics(), "peak_memory_gib": peak_memory_gib(engine.device), **memory,
                 **trainer_memory(policy, trainer_dir, optimizer),
             }
+            if cfg.precision.true_on_policy_mode:
+                from quantroll.rl.true_on_policy import broken
+
+                if (warning := broken(record)) is not None:
+                    log(warning)
             with writing(f"--metrics-file {cfg.output.metrics_file}"):
                 sink.write(record)
             board.write(record)

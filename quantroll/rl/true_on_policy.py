@@ -22,12 +22,6 @@ FLAG = "--true-on-policy-mode"
 
 def config_refusal(cfg) -> str | None:
     """Why the mode cannot hold for this TrainConfig (None: it can), before anything loads."""
-    import torch
-
-    if torch.device(cfg.models.device).type == "cuda":
-        return (f"true on-policy mode is CPU-only in this build: its GPU path (one-shape GEMM tiles, the paged "
-                f"attention kernel shared by engine and trainer) has not yet passed its bitwise tests on a GPU; "
-                f"run {FLAG} with --device cpu")
     if cfg.engine.kv_cache_dtype != "bf16":
         return (f"{FLAG} cannot hold with --kv-cache-dtype {cfg.engine.kv_cache_dtype}: the engine would attend over E4M3 "
                 "keys and values while the trainer attends in its own precision; use --kv-cache-dtype bf16")
@@ -74,3 +68,13 @@ def notes(cfg, moe: bool) -> list[str]:
     if cfg.correction.enabled:
         out.append(f"{FLAG}: every TIS / mask ratio is exactly 1 (tis_ratio_min = tis_ratio_max = 1.0)")
     return out
+
+
+def broken(record: dict) -> str | None:
+    """The log's warning when a step's gap is not exactly 0.0 (None when it is): the run goes
+    on (its metrics are still true), but it is no longer on-policy and says so."""
+    gap = record["train_rollout_logprob_abs_diff"]
+    if gap == 0.0:
+        return None
+    return (f"warning: {FLAG} did not hold at step {record['step']}: train_rollout_logprob_abs_diff is {gap:.3e}, "
+            "not 0.0; the engine and the trainer computed different logprobs (please report it with the command)")

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
-FLOAT_ARGS = {"eps", "sm_scale", "temperature", "inv_temperature"}
+FLOAT_ARGS = {"eps", "sm_scale", "temperature", "inv_temperature", "h_float"}
 
 DECODE_GEMM_POINTERS = {"a_ptr": "fp8e4nv", "as_ptr": "fp32", "w_ptr": "fp8e4nv", "ws_ptr": "fp32",
                         "part_ptr": "fp32", "c_ptr": "bf16", "lock_ptr": "i32"}
@@ -58,6 +58,12 @@ CASES = [
       for kv in ("bf16", "fp8e4nv")],
     ("invariant_gemm_triton", "invariant_gemm_kernel", {"x_ptr": "bf16", "w_ptr": "bf16", "y_ptr": "bf16"},
      dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, IEEE=False), dict(num_warps=4, num_stages=3)),  # KernelConfig's tile
+    *[("invariant_rows_triton", "rms_norm_rows_kernel", {"x_ptr": "bf16", "w_ptr": "bf16", "y_ptr": "bf16"},
+       dict(BLOCK=block), dict(num_warps=warps)) for block, warps in ((128, 1), (4096, 8))],
+    *[("invariant_rows_triton", "log_softmax_rows_kernel",
+       {"x_ptr": "fp32", "y_ptr": "fp32", "seeds_ptr": "i64", "positions_ptr": "i64", "tokens_ptr": "i64",
+        "token_lp_ptr": "fp32"}, dict(BLOCK=4096, STORE=store, SAMPLE=not store, GREEDY=greedy), dict(num_warps=8))
+      for store, greedy in ((True, False), (False, False), (False, True))],
     ("paged_attention_triton", "paged_prefill_kernel",  # the batch-invariant attention's one tile (KernelConfig)
      {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "ks_ptr": "bf16", "vs_ptr": "bf16", "table_ptr": "i32",
       "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},

@@ -38,3 +38,14 @@ def test_bf16_mode1_and_mode2_train_on_gpu_with_real_fp8():
     # FP8 rollout adds a gap that BF16 rollout does not have; unified FP8 shrinks it
     assert mode1[0]["train_rollout_logprob_abs_diff"] > 3 * bf16[0]["train_rollout_logprob_abs_diff"]
     assert mode2[0]["train_rollout_logprob_abs_diff"] < mode1[0]["train_rollout_logprob_abs_diff"]
+
+
+@pytest.mark.parametrize("mode", [{}, dict(rollout_precision="fp8", train_recipe="fp8")], ids=["bf16", "mode2"])
+def test_true_on_policy_mode_gap_is_exactly_zero_on_gpu(mode):
+    """--true-on-policy-mode on the GPU: the engine's reported logprobs and the trainer's are
+    the same bits at step 0 and after every weight update (BF16, and mode 2 with its FP8
+    re-quantized by the sync)."""
+    history = _run(true_on_policy_mode=True, check_weight_update_equal=True, **mode)
+    assert [r["step"] for r in history] == [0, 1, 2]
+    assert [r["train_rollout_logprob_abs_diff"] for r in history] == [0.0, 0.0, 0.0]
+    assert all(r["true_on_policy"] for r in history)

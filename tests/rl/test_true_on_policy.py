@@ -134,9 +134,24 @@ def test_refused_where_it_cannot_hold(flags, message, capsys):
     assert len(err) == 1 and message in err[0]
 
 
-def test_refused_on_the_gpu_in_this_build():
-    with pytest.raises(QuantrollError, match="true on-policy mode is CPU-only in this build"):
-        TrainConfig.of(true_on_policy_mode=True, device="cuda")
+def test_the_gpu_is_accepted_and_refused_for_the_same_reasons_as_the_cpu():
+    """On the GPU the mode runs the Triton forms of the invariant ops (bitwise tests in
+    tests/engine/test_true_on_policy_gpu.py); its refusals do not depend on the device."""
+    from quantroll.rl.true_on_policy import config_refusal
+
+    assert config_refusal(TrainConfig.of(true_on_policy_mode=True, device="cuda")) is None
+    cfg = TrainConfig.of(true_on_policy_mode=True, device="cuda", rollout_precision="fp8", train_recipe="fp8")
+    assert config_refusal(cfg) is None
+    with pytest.raises(QuantrollError, match="cannot hold with --kv-cache-dtype fp8_e4m3"):
+        TrainConfig.of(true_on_policy_mode=True, device="cuda", kv_cache_dtype="fp8_e4m3")
+
+
+def test_a_nonzero_gap_is_logged_as_the_mode_not_holding():
+    from quantroll.rl.true_on_policy import broken
+
+    assert broken({"step": 3, "train_rollout_logprob_abs_diff": 0.0}) is None
+    warning = broken({"step": 3, "train_rollout_logprob_abs_diff": 2.5e-9})
+    assert "did not hold at step 3" in warning and "2.500e-09" in warning
 
 
 def test_refused_for_a_quantized_engine_checkpoint_without_a_recipe(tmp_path):

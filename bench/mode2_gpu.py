@@ -11,11 +11,11 @@
     python bench/mode2_gpu.py [--shape qwen3-1.7b] [--rows 32] [--prompt-len 128] [--response-len 256]
 """
 import argparse
-import statistics
 import tempfile
 
 import torch
 
+from quantroll.bench.roofline import median_ms
 from quantroll.bench.shapes import random_model, shape_config
 from quantroll.builtin import builtin_checkpoint
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
@@ -62,21 +62,6 @@ def step0_gaps(n_prompts: int = 256) -> dict[str, float]:
     return out
 
 
-def median_ms(fn, warmup: int = 2, reps: int = 7) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def trainer_steps(shape: str, rows: int, prompt_len: int, response_len: int) -> dict[str, float]:
     cfg = shape_config(shape)
     policy = random_model(cfg, DEV).train()
@@ -96,7 +81,7 @@ def trainer_steps(shape: str, rows: int, prompt_len: int, response_len: int) -> 
     for label, train_format, real in (("bf16", None, False), ("mode 2, real FP8", fmt, True),
                                       ("mode 2, emulated", fmt, False)):
         set_train_format(policy, names, train_format, real)
-        out[label] = median_ms(step)
+        out[label] = median_ms(step, reps=7, warmup=2)
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from quantroll.bench.roofline import median_ms
 from quantroll.bench.shapes import write_shape_checkpoint
 from quantroll.engine import CacheConfig, Engine, SamplingParams
 from quantroll.kernels.invariant_gemm import InvariantGemmTiles
@@ -145,17 +146,7 @@ def gemm_sweep(shape: str, rows: tuple[int, ...] = (128, 512, 16384)) -> None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             layer()
-        for _ in range(3):
-            graph.replay()
-        times = []
-        for _ in range(20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(times)
+        return median_ms(graph.replay, reps=20, warmup=3) * 1e3
 
     print(f"invariant GEMM tiles, one {shape} layer's GEMMs {shapes}: us (x cuBLAS)")
     base = {m: layer_us(m, lambda x, w: x @ w.t()) for m in rows}

@@ -23,8 +23,11 @@ class Peaks:
     fp8_flops: float
 
 
-def _median_ms(fn, reps: int = 10) -> float:
-    fn()
+def median_ms(fn, reps: int = 10, warmup: int = 1) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream (CUDA events around each
+    call), after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -43,7 +46,7 @@ def copy_bandwidth(device, nbytes: int = 4 << 30, repeats: int = 20) -> float:
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    seconds = _median_ms(lambda: dst.copy_(src), repeats) / 1e3
+    seconds = median_ms(lambda: dst.copy_(src), repeats) / 1e3
     del src, dst
     return nbytes / seconds
 
@@ -53,11 +56,11 @@ def measure_peaks(device: str = "cuda", n: int = 8192) -> Peaks:
     random n x n x n operands."""
     a = torch.randn(n, n, device=device).to(torch.bfloat16)
     b = torch.randn(n, n, device=device).to(torch.bfloat16)
-    bf16 = 2 * n**3 / (_median_ms(lambda: a @ b.t()) / 1e3)
+    bf16 = 2 * n**3 / (median_ms(lambda: a @ b.t()) / 1e3)
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
     sa = torch.ones(n, 1, device=device)
     sb = torch.ones(1, n, device=device)
-    fp8 = 2 * n**3 / (_median_ms(lambda: torch._scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)) / 1e3)
+    fp8 = 2 * n**3 / (median_ms(lambda: torch._scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)) / 1e3)
     return Peaks(copy_bandwidth(device), bf16, fp8)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantroll.kernels.gemm_tile_triton import gemm_tile
+
 
 FP32_TINY = tl.constexpr(1.1754943508222875e-38)
 
@@ -45,15 +47,8 @@ def fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F16: tl.constexpr,
                           IMPRECISE_ACC: tl.constexpr = 32):
     """Prefill GEMM (M > 64) for shapes cuBLAS does not take: y = (a * a_s) @ (w * w_s)^T."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements on long prefills
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None] * s_am + offs_k[None, :] * s_ak
-    w_ptrs = w_ptr + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk
+    offs_m, offs_n, offs_k, m_ok, n_ok, a_ptrs, w_ptrs = gemm_tile(a_ptr, w_ptr, M, N, s_am, s_ak, s_wn, s_wk,
+                                                                    BLOCK_M, BLOCK_N, BLOCK_K)
     as_ptrs = as_ptr + offs_m * s_asm
     ws_ptrs = ws_ptr + (offs_n // 128) * s_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -13,19 +13,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from quantroll.kernels.gemm_tile_triton import gemm_tile
+
 
 @triton.jit
 def invariant_gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, s_xm, s_xk, s_wn, s_wk, s_ym, s_yn,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements in long training batches
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None] * s_xm + offs_k[None, :] * s_xk
-    w_ptrs = w_ptr + offs_n[None, :] * s_wn + offs_k[:, None] * s_wk
+    offs_m, offs_n, offs_k, m_ok, n_ok, x_ptrs, w_ptrs = gemm_tile(x_ptr, w_ptr, M, N, s_xm, s_xk, s_wn, s_wk,
+                                                                    BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0

@@ -120,6 +120,26 @@ def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, H
 
 
 @triton.jit
+def _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr,
+                         D: tl.constexpr, BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr, FP8: tl.constexpr,
+                         IEEE: tl.constexpr, EMPTY_ROWS: tl.constexpr):
+    """One key tile of the online softmax: (acc, running max, running sum) after the tile's
+    masked scores qk (-inf where a key is not seen). EMPTY_ROWS: a row may have seen no key
+    yet (a prefill's padded queries), whose max stays -inf and must not make exp() NaN."""
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    if EMPTY_ROWS:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp(qk - m_use[:, None])
+    alpha = tl.exp(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE, FP8,
+                         IEEE)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, sm_scale,
                         s_qb, s_qh, s_tb, s_ob, s_oh,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
@@ -151,13 +171,8 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
         slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D, COMPUTE,
                                  FP8, IEEE)
         qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        p = tl.exp(qk - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE,
-                             FP8, IEEE)
-        m_i = m_new
+        acc, m_i, l_i = _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D,
+                                             BLOCK_SIZE, COMPUTE, FP8, IEEE, False)
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
         tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
@@ -229,14 +244,8 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, start_p
                                  FP8, IEEE)
         visible = ok[None, :] & (offs[None, :] <= qpos[:, None])
         qk = tl.where(visible, qk * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet (padding)
-        p = tl.exp(qk - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE,
-                             FP8, IEEE)
-        m_i = m_new
+        acc, m_i, l_i = _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D,
+                                             BLOCK_SIZE, COMPUTE, FP8, IEEE, True)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     tl.store(o_ptr + tok[:, None] * s_ot + h * s_oh + offs_d[None, :], (acc / safe_l[:, None]).to(o_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])

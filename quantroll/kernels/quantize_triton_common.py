@@ -61,19 +61,25 @@ def _div_setup(d, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _refined_quotient(a, d, y, INTERPRET: tl.constexpr):
+    """div.rn.f32's fast path for a / d given y, a reciprocal of d within an ulp: q0 = RN(a*y),
+    then one correction by the exact residual a - d*q0 (the interpreter's fma is not fused,
+    so there it divides)."""
+    if INTERPRET:
+        return tl.math.div_rn(a, d)
+    else:
+        q0 = a * y
+        r = tl.fma(-d, q0, a)
+        return tl.fma(y, r, q0)
+
+
+@triton.jit
 def _div_rn_pos(a, p, s, dn, y, INTERPRET: tl.constexpr):
     """RN(a / d) for a >= 0, given _div_setup(d): div.rn.f32's fast path on (a*p*s, dn).
 
     a*p*s is exact unless it underflows, and then the quotient is below 2**-125: every
-    format rounds it to a zero code, as it does the exact quotient. (The interpreter's
-    fma is not fused, so there it divides.)"""
-    a = (a * p) * s
-    if INTERPRET:
-        return tl.math.div_rn(a, dn)
-    else:
-        q0 = a * y
-        r = tl.fma(-dn, q0, a)
-        return tl.fma(y, r, q0)
+    format rounds it to a zero code, as it does the exact quotient."""
+    return _refined_quotient((a * p) * s, dn, y, INTERPRET)
 
 
 @triton.jit
@@ -97,12 +103,7 @@ def _div_rn_recip(a, d, Y, INTERPRET: tl.constexpr):
     q0 = RN(a * Y) is the same real product; the residual a - d*q0 = 2**k * (its residual)
     is a multiple of 2**(k - 50) >= 2**-149 when the quotient is >= 2**-3, so exact; and
     Y * r = y * (its residual). Three operations per element, no per-element scaling."""
-    if INTERPRET:
-        return tl.math.div_rn(a, d)
-    else:
-        q0 = a * Y
-        r = tl.fma(-d, q0, a)
-        return tl.fma(Y, r, q0)
+    return _refined_quotient(a, d, Y, INTERPRET)
 
 
 @triton.jit

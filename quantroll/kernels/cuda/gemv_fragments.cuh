@@ -125,6 +125,18 @@ struct Group {
   uint32_t a[MT][8];
 };
 
+// The 8 words of one weight row: its two 16-byte pieces.
+template <bool PINNED>
+__device__ __forceinline__ void load_row(uint32_t (&words)[8], const uint8_t* row) {
+  const Words4 first = load_stream<PINNED>(row);
+  const Words4 second = load_stream<PINNED>(row + SECOND_PIECE);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    words[i] = first.w[i];
+    words[4 + i] = second.w[i];
+  }
+}
+
 template <int MT, int RT, bool PINNED>
 __device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* w_row0, long long w_stride,
                                              long long offset) {
@@ -132,19 +144,8 @@ __device__ __forceinline__ void load_weights(Group<MT, RT>& grp, const uint8_t* 
   for (int rt = 0; rt < RT; ++rt) {
     const uint8_t* row0 = w_row0 + 16 * rt * w_stride + offset;
     const uint8_t* row1 = row0 + 8 * w_stride;
-    Words4 v;
-    v = load_stream<PINNED>(row0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) grp.w0[rt][i] = v.w[i];
-    v = load_stream<PINNED>(row0 + SECOND_PIECE);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) grp.w0[rt][4 + i] = v.w[i];
-    v = load_stream<PINNED>(row1);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) grp.w1[rt][i] = v.w[i];
-    v = load_stream<PINNED>(row1 + SECOND_PIECE);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) grp.w1[rt][4 + i] = v.w[i];
+    load_row<PINNED>(grp.w0[rt], row0);
+    load_row<PINNED>(grp.w1[rt], row1);
   }
 }
 

@@ -97,12 +97,25 @@ class Engine:
         them; False forces exact emulation). cuda_graphs: replay decode steps as CUDA graphs
         on GPU (default on; off is the eager path, for debugging). cache / scheduler: the KV
         pool (budget, block size, dtype) and the batching policy. kernels: the ops' forms
-        (model/kernel_config.py); batch-invariant ones (true on-policy) run unfused, with
-        one launch shape per op, and need a BF16 KV cache."""
+        (model/kernel_config.py); batch-invariant ones (true on-policy) run one launch shape
+        per op, none of the fused kernel table, and need a BF16 KV cache."""
         self.checkpoint_dir = Path(checkpoint_dir)
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
         self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
                     fused_kernels, cache, scheduler, kernels)
+
+    def _invariant_fusion(self) -> bool:
+        """Whether batch-invariant kernels may fuse q/k/v and gate/up (the trainer keeps them
+        apart): only where the fused GEMM gives each column its part's bits, i.e. the one
+        Triton tile on a GPU with BF16 weights and every part a whole number of the tile's
+        columns, so that a column sits at the same place in its tile either way (probed at
+        startup: model/invariance_probe). On the CPU, MKL's blocking follows the GEMM's shape."""
+        if not (self.device.type == "cuda" and triton_available() and self.format is None):
+            return False
+        cfg, block = self.config, self.kernels.invariant_gemm.block_n
+        widths = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim,
+                  cfg.intermediate_size)
+        return all(w % block == 0 for w in widths)
 
     @classmethod
     def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
@@ -146,7 +159,8 @@ class Engine:
             sched = replace(sched, decode_steps=8 if self.device.type == "cuda" else 1)
         self.scheduler_config = sched
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
-        if not invariant:  # batch-invariant: q/k/v and gate/up stay apart, as the trainer computes them
+        self.fused_projections = not invariant or self._invariant_fusion()
+        if self.fused_projections:
             self.model.fuse_projections_()
         self.model.use_kernels_(self.kernels)  # after fusing: the fused linears take it too
         if self.gpu_kernels and fused_kernels:

@@ -66,3 +66,44 @@ def sample(x: torch.Tensor, greedy: bool, seeds: torch.Tensor, positions: torch.
                                       BLOCK=LOG_SOFTMAX_BLOCK, STORE=False, SAMPLE=True, GREEDY=greedy,
                                       num_warps=_warps(LOG_SOFTMAX_BLOCK))
     return tokens, logprobs
+
+
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+              ) -> torch.Tensor:
+    """RMSNorm of each head then rotary: x [B, T, H, D] (any strides with unit last), weight
+    [D], cos / sin [B, T, D] -> [B, T, H, D] contiguous, in x's dtype."""
+    from quantroll.kernels.invariant_rows_triton import norm_rope_rows_kernel
+
+    b, t, h, d = x.shape
+    if d % 2 or d & (d - 1):
+        raise ValueError(f"norm_rope takes a power-of-two head_dim, got {d}")
+    if x.stride(-1) != 1 or x.stride(0) != t * x.stride(1):
+        x = x.contiguous()
+    cos2 = cos.reshape(b * t, d).contiguous()
+    sin2 = sin.reshape(b * t, d).contiguous()
+    y = torch.empty(b, t, h, d, dtype=x.dtype, device=x.device)
+    if x.numel():
+        norm_rope_rows_kernel[(b * t * h,)](x, weight.contiguous(), cos2, sin2, y, h, x.stride(1), x.stride(2),
+                                            cos2.stride(0), y.stride(1), y.stride(2), float(d), float(eps),
+                                            HALF=d // 2, num_warps=1)
+    return y
+
+
+SILU_BLOCK = 1024
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up over [..., I] tensors (rows of any stride, unit last), gate's dtype."""
+    from quantroll.kernels.invariant_rows_triton import silu_mul_rows_kernel
+
+    i = gate.shape[-1]
+    g2, u2 = gate.reshape(-1, i), up.reshape(-1, i)
+    if g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    if u2.stride(-1) != 1:
+        u2 = u2.contiguous()
+    y = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
+    if g2.shape[0] and i:
+        silu_mul_rows_kernel[(g2.shape[0], -(-i // SILU_BLOCK))](g2, u2, y, i, g2.stride(0), u2.stride(0),
+                                                                 y.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
+    return y.view(*gate.shape[:-1], i)

@@ -32,6 +32,53 @@ def rms_norm_rows_kernel(x_ptr, w_ptr, y_ptr, H, s_xm, s_ym, h_float, eps, BLOCK
 
 
 @triton.jit
+def norm_rope_rows_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, s_xr, s_xh, s_cr, s_yr, s_yh, h_float, eps,
+                          HALF: tl.constexpr):
+    """One head of one token: RMSNorm over its D = 2 HALF values (the mean of squares two
+    fixed float32 trees, one a half, then their sum), then rotary with that token's
+    cos / sin: y = n * cos + rotate_half(n) * sin, each product and the sum rounded to y's
+    dtype as the torch form (model/rope.apply_rotary) rounds them."""
+    pid = tl.program_id(0).to(tl.int64)
+    token = pid // HEADS
+    head = pid % HEADS
+    offs = tl.arange(0, HALF)
+    xr = x_ptr + token * s_xr + head * s_xh
+    x1 = tl.load(xr + offs).to(tl.float32)
+    x2 = tl.load(xr + HALF + offs).to(tl.float32)
+    mean_sq = tl.math.div_rn(tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0), h_float)
+    root = tl.math.sqrt_rn(mean_sq + eps)
+    dtype = y_ptr.dtype.element_ty
+    n1 = (tl.load(w_ptr + offs).to(tl.float32) * tl.math.div_rn(x1, root).to(dtype).to(tl.float32)).to(dtype)
+    n2 = (tl.load(w_ptr + HALF + offs).to(tl.float32) * tl.math.div_rn(x2, root).to(dtype).to(tl.float32)).to(dtype)
+    c1 = tl.load(cos_ptr + token * s_cr + offs).to(tl.float32)
+    c2 = tl.load(cos_ptr + token * s_cr + HALF + offs).to(tl.float32)
+    s1 = tl.load(sin_ptr + token * s_cr + offs).to(tl.float32)
+    s2 = tl.load(sin_ptr + token * s_cr + HALF + offs).to(tl.float32)
+    a1 = (n1.to(tl.float32) * c1).to(dtype).to(tl.float32)
+    b1 = (-n2.to(tl.float32) * s1).to(dtype).to(tl.float32)
+    a2 = (n2.to(tl.float32) * c2).to(dtype).to(tl.float32)
+    b2 = (n1.to(tl.float32) * s2).to(dtype).to(tl.float32)
+    yr = y_ptr + token * s_yr + head * s_yh
+    tl.store(yr + offs, (a1 + b1).to(dtype))
+    tl.store(yr + HALF + offs, (a2 + b2).to(dtype))
+
+
+@triton.jit
+def silu_mul_rows_kernel(g_ptr, u_ptr, y_ptr, I, s_gr, s_ur, s_yr, BLOCK: tl.constexpr):
+    """y = round(round(g / (1 + exp(-g))) * u) for a BLOCK of one row's I entries: silu in
+    float32 rounded once to y's dtype, then the product rounded, as the torch form
+    (model/invariant.silu(gate) * up) rounds it. Elementwise: nothing depends on the launch."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < I
+    g = tl.load(g_ptr + row * s_gr + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * s_ur + cols, mask=ok, other=0.0).to(tl.float32)
+    dtype = y_ptr.dtype.element_ty
+    silu = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(dtype).to(tl.float32)
+    tl.store(y_ptr + row * s_yr + cols, (silu * u).to(dtype), mask=ok)
+
+
+@triton.jit
 def _gumbel(seed, position, ids):
     """The engine's counter-based Gumbel(0, 1) noise of (seed, position, token id)
     (engine/sampling.gumbel_noise; the same uint32 hash as kernels/sampling_triton.py)."""

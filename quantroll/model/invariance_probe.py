@@ -40,10 +40,21 @@ def _gemm_ok(n: int, k: int, kernels, dtype, device, gen) -> bool:
     return all(torch.equal(r, results[0]) for r in results)
 
 
-def check_invariance(kernels, dtype: torch.dtype, device, shapes: list[tuple[int, int]]) -> None:
+def _columns_ok(n: int, k: int, kernels, dtype, device, gen) -> bool:
+    """A column's bits the same in its own GEMM and behind other columns in a fused one (the
+    engine's q/k/v and gate/up against the trainer's parts)."""
+    w = torch.randn(n, k, generator=gen).to(dtype).to(device)
+    before = torch.randn(kernels.invariant_gemm.block_n, k, generator=gen).to(dtype).to(device)
+    x = torch.randn(37, k, generator=gen).to(dtype).to(device)
+    return torch.equal(matmul(x, torch.cat([before, w]), kernels)[:, before.shape[0]:], matmul(x, w, kernels))
+
+
+def check_invariance(kernels, dtype: torch.dtype, device, shapes: list[tuple[int, int]],
+                     fused_columns: bool = False) -> None:
     """Raise QuantrollError naming the first op that is not invariant on this machine.
     ``kernels``: the KernelConfig whose invariant GEMM runs; ``shapes``: (N, K) of the
-    model's linears (a few are probed)."""
+    model's linears (a few are probed); ``fused_columns``: the engine fuses projections the
+    trainer runs apart (Engine.fused_projections), so a column's place must not matter."""
     gen = torch.Generator().manual_seed(1234)
     for name, fn in _ELEMENTWISE.items():
         if not _elementwise_ok(fn, torch.float32, device, gen):
@@ -53,3 +64,6 @@ def check_invariance(kernels, dtype: torch.dtype, device, shapes: list[tuple[int
         if not _gemm_ok(n, k, kernels, dtype, device, gen):
             raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the invariant GEMM computes a "
                                  f"row of a {k} x {n} product differently depending on the rows beside it")
+        if fused_columns and not _columns_ok(n, k, kernels, dtype, device, gen):
+            raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the invariant GEMM computes a "
+                                 f"column of a {k} x {n} product differently inside a fused projection")

@@ -148,6 +148,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms_norm_tree(x, weight, eps)
 
 
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each head's RMSNorm then rotary (x [B, T, H, D], cos / sin [B, T, D]): on a GPU with
+    Triton one program a head (kernels/invariant_rows.norm_rope; the ordinary formulas'
+    gradient), elsewhere rms_norm then model/rope.apply_rotary."""
+    from quantroll.model.rope import apply_rotary
+
+    if _on_gpu_kernels(x) and x.shape[-1] & (x.shape[-1] - 1) == 0:
+        from quantroll.kernels import invariant_rows
+
+        return straight_through(lambda a, w: invariant_rows.norm_rope(a, w, eps, cos, sin),
+                                lambda a, w: apply_rotary(_rms_norm_reference(a, w, eps), cos, sin), x, weight)
+    return apply_rotary(rms_norm(x, weight, eps), cos, sin)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, each rounded to gate's dtype: on a GPU with Triton one kernel
+    (kernels/invariant_rows.silu_mul; F.silu's gradient), elsewhere ``silu(gate) * up``."""
+    if _on_gpu_kernels(gate):
+        from quantroll.kernels import invariant_rows
+
+        return straight_through(invariant_rows.silu_mul, lambda g, u: F.silu(g) * u, gate, up)
+    return silu(gate) * up
+
+
 def silu(x: torch.Tensor) -> torch.Tensor:
     """x * sigmoid(x) as x / (1 + exp(-x)) in float32, rounded once to x's dtype."""
     h = x.to(torch.float32)

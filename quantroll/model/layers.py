@@ -144,10 +144,12 @@ class Attention(torch.nn.Module):
                 [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self.q_norm(q.reshape(b, t, -1, self.head_dim))
-        k = self.k_norm(k.reshape(b, t, -1, self.head_dim))
-        v = v.reshape(b, t, -1, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = (p.reshape(b, t, -1, self.head_dim) for p in (q, k, v))
+        if self.q_norm.kernels.batch_invariant:
+            q = invariant.norm_rope(q, self.q_norm.weight, self.eps, cos, sin)
+            k = invariant.norm_rope(k, self.k_norm.weight, self.eps, cos, sin)
+        else:
+            q, k = apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin)
         return self.o_proj(attend(self.layer_idx, q, k, v).reshape(b, t, -1))
 
 
@@ -178,5 +180,5 @@ class MLP(torch.nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         if self.kernels.batch_invariant:
-            return self.down_proj(invariant.silu(gate) * up)
+            return self.down_proj(invariant.silu_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)

@@ -55,7 +55,7 @@ def probe(engine, policy) -> None:
     from quantroll.model.linear import QLinear
 
     shapes = [(m.out_features, m.in_features) for m in policy.modules() if isinstance(m, QLinear)]
-    check_invariance(engine.kernels, engine.dtype, engine.device, shapes)
+    check_invariance(engine.kernels, engine.dtype, engine.device, shapes, fused_columns=engine.fused_projections)
 
 
 def notes(cfg, moe: bool) -> list[str]:

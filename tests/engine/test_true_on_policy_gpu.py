@@ -39,11 +39,20 @@ def long_ckpt(tiny_checkpoint):
     return tiny_checkpoint(max_position_embeddings=8192)
 
 
-@pytest.mark.parametrize("batch,graphs", [(1, True), (7, True), (7, False), (64, True), (256, True)])
-def test_bitwise_equal_for_batches_of_1_to_256(tiny_qwen3_dir, batch, graphs):
-    engine = Engine(tiny_qwen3_dir, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=4),
-                    cuda_graphs=graphs)
-    policy = load_policy(tiny_qwen3_dir, device=DEV, kernels=INVARIANT_KERNELS)
+# the tiny model (head_dim 96: norm and rotary as torch ops), head_dim 128 (the Triton norm +
+# rotary kernel), and widths that are not whole 64-column tiles (the engine cannot fuse q/k/v
+# and gate/up, so it runs them apart like the trainer)
+SHAPES = {"tiny": {}, "head128": dict(head_dim=128, num_key_value_heads=1), "unfused": dict(intermediate_size=360)}
+
+
+@pytest.mark.parametrize("batch,graphs,shape", [(1, True, "tiny"), (7, True, "tiny"), (7, False, "tiny"),
+                                                (64, True, "tiny"), (256, True, "tiny"), (64, True, "head128"),
+                                                (64, True, "unfused")])
+def test_bitwise_equal_for_batches_of_1_to_256(tiny_checkpoint, batch, graphs, shape):
+    ckpt = tiny_checkpoint(**SHAPES[shape])
+    engine = Engine(ckpt, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=4), cuda_graphs=graphs)
+    assert engine.fused_projections == (shape != "unfused")
+    policy = load_policy(ckpt, device=DEV, kernels=INVARIANT_KERNELS)
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 300, (int(n),), generator=gen).tolist()
                for n in torch.randint(3, 60, (batch,), generator=gen)]
@@ -54,9 +63,9 @@ def test_bitwise_equal_for_batches_of_1_to_256(tiny_qwen3_dir, batch, graphs):
 
 
 def test_row_kernels_in_bf16_are_batch_invariant_and_round_to_nearest():
-    """The row kernels compiled (the interpreter truncates BF16 casts, so only here): RMSNorm
-    within one BF16 rounding of each of its two steps against float64, log-softmax against
-    float64, and a row's bits the same alone and among 4096 rows."""
+    """The row kernels compiled (the interpreter truncates BF16 casts, so only here): RMSNorm,
+    norm + rotary and silu * up within their BF16 roundings of float64, log-softmax against
+    float64, and a row's bits the same alone and among many rows."""
     from quantroll.kernels.invariant_rows import log_softmax, rms_norm
 
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -68,10 +77,43 @@ def test_row_kernels_in_bf16_are_batch_invariant_and_round_to_nearest():
         ref = w.double() * normed
         assert ((got.double() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-30).all(), h  # <= 2 half-ulps
         assert torch.equal(rms_norm(x[1234:1235], w, 1e-6)[0], got[1234])
+    from quantroll.kernels.invariant_rows import norm_rope, silu_mul
+
+    x = (2 * torch.randn(64, 3, 16, 128, device=DEV, generator=gen)).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(128, device=DEV, generator=gen)).to(torch.bfloat16)
+    emb = torch.rand(64, 3, 64, device=DEV, generator=gen) * 100
+    cos, sin = torch.cat([emb, emb], -1).cos().to(torch.bfloat16), torch.cat([emb, emb], -1).sin().to(torch.bfloat16)
+    got = norm_rope(x, w, 1e-6, cos, sin)
+    n = w.double() * x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    ref = n * cos.double()[:, :, None] + torch.cat([-n[..., 64:], n[..., :64]], -1) * sin.double()[:, :, None]
+    assert ((got.double() - ref).abs() <= 2 ** -5 * n.abs().amax(-1, keepdim=True)).all()  # 5 BF16 roundings
+    assert torch.equal(norm_rope(x[7:8, 1:2], w, 1e-6, cos[7:8, 1:2], sin[7:8, 1:2])[0, 0], got[7, 1])
+    gate, up = (3 * torch.randn(2, 300, 6144, device=DEV, generator=gen)).to(torch.bfloat16)
+    y = silu_mul(gate, up)
+    ref = torch.nn.functional.silu(gate.double()) * up.double()
+    assert ((y.double() - ref).abs() <= 2 ** -7 * ref.abs() + 1e-30).all()  # 2 BF16 roundings
+    assert torch.equal(silu_mul(gate[123:124], up[123:124])[0], y[123])
     logits = 5 * torch.randn(512, 151936, device=DEV, generator=gen)
     lp = log_softmax(logits)
     assert torch.allclose(lp.double(), torch.log_softmax(logits.double(), -1), atol=5e-5, rtol=0)
     assert torch.equal(log_softmax(logits[300:301])[0], lp[300])
+
+
+def test_fused_projection_columns_equal_their_parts():
+    """What lets the engine fuse q/k/v and gate/up while the trainer runs them apart: on the
+    Qwen3-1.7B widths, every column of the one-tile GEMM of the fused weight has the bits of
+    its part's own GEMM, for a decode step's rows and a trainer chunk's."""
+    from quantroll.kernels.invariant_gemm import invariant_gemm
+
+    tiles = INVARIANT_KERNELS.invariant_gemm
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    for widths, k in (((2048, 1024, 1024), 2048), ((6144, 6144), 2048)):
+        parts = [torch.randn(n, k, device=DEV, generator=gen).to(torch.bfloat16) for n in widths]
+        for m in (1, 7, 128, 4099):
+            x = torch.randn(m, k, device=DEV, generator=gen).to(torch.bfloat16)
+            fused = invariant_gemm(x, torch.cat(parts), tiles).split(list(widths), -1)
+            for got, w in zip(fused, parts):
+                assert torch.equal(got, invariant_gemm(x, w, tiles)), (widths, m)
 
 
 @pytest.mark.parametrize("context", [1024, 4096])

@@ -60,6 +60,11 @@ CASES = [
      dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, IEEE=False), dict(num_warps=4, num_stages=3)),  # KernelConfig's tile
     *[("invariant_rows_triton", "rms_norm_rows_kernel", {"x_ptr": "bf16", "w_ptr": "bf16", "y_ptr": "bf16"},
        dict(BLOCK=block), dict(num_warps=warps)) for block, warps in ((128, 1), (4096, 8))],
+    ("invariant_rows_triton", "norm_rope_rows_kernel",
+     {"x_ptr": "bf16", "w_ptr": "bf16", "cos_ptr": "bf16", "sin_ptr": "bf16", "y_ptr": "bf16"}, dict(HALF=64),
+     dict(num_warps=1)),
+    ("invariant_rows_triton", "silu_mul_rows_kernel", {"g_ptr": "bf16", "u_ptr": "bf16", "y_ptr": "bf16"},
+     dict(BLOCK=1024), dict(num_warps=4)),
     *[("invariant_rows_triton", "log_softmax_rows_kernel",
        {"x_ptr": "fp32", "y_ptr": "fp32", "seeds_ptr": "i64", "positions_ptr": "i64", "tokens_ptr": "i64",
         "token_lp_ptr": "fp32"}, dict(BLOCK=4096, STORE=store, SAMPLE=not store, GREEDY=greedy), dict(num_warps=8))

@@ -1,6 +1,6 @@
 """The row-wise batch-invariant kernels (kernels/invariant_rows.py: RMSNorm, the
-vocabulary's log-softmax and the engine's sampling from it, of --true-on-policy-mode on a
-GPU) under Triton's interpreter (this
+vocabulary's log-softmax and the engine's sampling from it, each head's norm + rotary, and
+silu * up, of --true-on-policy-mode on a GPU) under Triton's interpreter (this
 file run as a script): against float64 references with stated tolerances, and a row's
 result the same bits alone, among other rows and at another place in the launch. The
 device runs them compiled, engine against trainer (test_true_on_policy_gpu.py)."""
@@ -82,10 +82,46 @@ def check_sample() -> None:
     assert (greedy == 3).all() and torch.equal(greedy_lp, log_softmax(tied)[:, 3])
 
 
+def check_norm_rope() -> None:
+    """Each head's RMSNorm then rotary against float64, a head's bits the same whatever
+    tokens share the launch, on a strided view (a split of a fused projection)."""
+    from quantroll.kernels.invariant_rows import norm_rope
+
+    b, t, h, d = 2, 5, 3, 64
+    fused = 2 * torch.randn(b, t, (h + 1) * d)
+    x = fused[..., : h * d].view(b, t, h, d)  # a view with the fused row stride
+    w = 1 + 0.1 * torch.randn(d)
+    ang = torch.arange(t)[None, :, None].float() * torch.rand(1, 1, d // 2) + torch.arange(b)[:, None, None]
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos(), emb.sin()
+    got = norm_rope(x, w, 1e-6, cos, sin)
+    x64 = x.double()
+    n = w.double() * x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    rotated = torch.cat([-n[..., d // 2:], n[..., : d // 2]], -1)
+    ref = n * cos.double()[:, :, None] + rotated * sin.double()[:, :, None]
+    assert torch.allclose(got.double(), ref, atol=1e-5, rtol=1e-5), (got.double() - ref).abs().max()
+    alone = norm_rope(x[1:2, 3:4], w, 1e-6, cos[1:2, 3:4], sin[1:2, 3:4])
+    assert torch.equal(alone[0, 0], got[1, 3])
+
+
+def check_silu_mul() -> None:
+    from quantroll.kernels.invariant_rows import SILU_BLOCK, silu_mul
+
+    i = SILU_BLOCK + 37  # two column blocks, the last partial
+    gate_up = 3 * torch.randn(4, 2 * i)
+    gate, up = gate_up.chunk(2, -1)  # strided rows, as a fused gate_up projection gives them
+    got = silu_mul(gate, up)
+    ref = torch.nn.functional.silu(gate.double()) * up.double()
+    assert torch.allclose(got.double(), ref, atol=1e-5, rtol=1e-5), (got.double() - ref).abs().max()
+    assert torch.equal(silu_mul(gate[2:3], up[2:3])[0], got[2])
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     check_rms_norm()
     check_log_softmax()
     check_sample()
+    check_norm_rope()
+    check_silu_mul()
     print("invariant rows ok")
     sys.exit(0)

@@ -79,3 +79,23 @@ def test_softmaxes_silu_norm_top_k_are_row_local_and_close():
     assert torch.equal(invariant.rms_norm(x, w, 1e-6)[3:4], invariant.rms_norm(x[3:4], w, 1e-6))
     ties = torch.tensor([[1.0, 3.0, 3.0, 2.0]])
     assert invariant.top_k(ties, 2).tolist() == [[1, 2]]
+
+
+def test_the_startup_probe_names_a_gemm_that_is_not_invariant(monkeypatch):
+    """model/invariance_probe refuses (one line, the op named) a GEMM whose row depends on the
+    rows beside it, and, where the engine fuses projections, one whose column depends on its
+    place in the weight; this CPU passes both with the real GEMM."""
+    from quantroll.errors import QuantrollError
+    from quantroll.model import invariance_probe
+    from quantroll.model.kernel_config import INVARIANT_KERNELS
+
+    shapes = [(96, 64), (64, 96)]
+    invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes)
+    real = invariance_probe.matmul
+    monkeypatch.setattr(invariance_probe, "matmul", lambda x, w, k: real(x, w, k) + 1e-3 * x.shape[0])
+    with pytest.raises(QuantrollError, match="a row of a 64 x 96 product differently depending on the rows"):
+        invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes)
+    monkeypatch.setattr(invariance_probe, "matmul", lambda x, w, k: real(x, w, k) + 1e-3 * torch.arange(w.shape[0]))
+    invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes)  # rows: fine
+    with pytest.raises(QuantrollError, match="differently inside a fused projection"):
+        invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes, fused_columns=True)

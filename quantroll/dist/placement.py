@@ -69,6 +69,12 @@ class Ranks:
     def optimizer(self, policy, lr: float) -> ShardedMasterAdamW:
         return ShardedMasterAdamW(policy, lr=lr, ctx=self.groups.trainers)
 
+    def engine_device(self, device: str) -> str:
+        """Where a trainer rank holds its engine: on its device where it samples (colocated)
+        or quantizes the broadcast into the engine's buffers (rank 0); elsewhere on the meta
+        device, a description (format, layout, precision) that takes no memory."""
+        return device if self.groups.colocated or self.ctx.is_source else "meta"
+
     def engines(self, engine):
         if self.groups.colocated:
             return DataParallelEngines(engine, self.ctx)

@@ -98,7 +98,8 @@ class BroadcastWeightSync:
         self.layouts = [layout(self._groups(unit, state), bucket_bytes) for unit in units]
         self.bf16_bytes = sum(self._numel(n, state) * 2 for u in units for n in u.names)
         size = max((b.nbytes for buckets in self.layouts for b in buckets), default=0) if ctx is not None else 0
-        self.device = ctx.device if ctx is not None else engine.device
+        group = ctx if ctx is not None else trainers  # a trainer rank outside the broadcast group hears statuses
+        self.device = group.device if group is not None else engine.device  # (its engine: on the meta device)
         self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
         # one-process quantizers, one per unit (each keeps its own GPU plan across updates)
         self.quantizers = [WeightSync(engine) for _ in units] if self.is_src else []

@@ -141,7 +141,8 @@ class Engine:
         # batch-invariant kernels (model/invariant.py) replace the GPU kernel table and the fused
         # kernels; decode graphs stay (padding a batch to its bucket adds rows no real row depends on)
         self.gpu_kernels = self.device.type == "cuda" and triton_available() and not invariant
-        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        # (without Triton the invariant attention's torch form reads host-side lengths: eager)
+        self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda" and (not invariant or triton_available())
         self.cache_config = cache or CacheConfig()
         if self.gpu_kernels and self.cache_config.kv_cache_dtype == "fp8_e4m3":
             tiles = self.kernels.gpu.attention_tiles(True)

@@ -133,8 +133,11 @@ def log_softmax_rows_kernel(x_ptr, y_ptr, seeds_ptr, positions_ptr, tokens_ptr, 
                 score = tl.where(ok, lp + _gumbel(seed, position, v0 + cols), float("-inf"))
             chunk_best = tl.max(score, axis=0)
             lane = tl.argmax(score, axis=0, tie_break_left=True)
-            take = chunk_best > best_score  # strictly: an earlier chunk keeps a tie
-            best_lp = tl.where(take, tl.max(tl.where(cols == lane, lp, float("-inf")), axis=0), best_lp)
+            # strictly: an earlier chunk keeps a tie; the first chunk is always taken, so a row of
+            # NaN scores reports its token's lp (NaN), as the trainer's STORE pass computes it
+            take = (chunk_best > best_score) | (v0 == 0)
+            # the lane's lp exactly (x + -0.0 == x; a NaN stays NaN, which max() would drop)
+            best_lp = tl.where(take, tl.sum(tl.where(cols == lane, lp, -0.0), axis=0), best_lp)
             best_id = tl.where(take, v0 + lane, best_id)
             best_score = tl.where(take, chunk_best, best_score)
     if SAMPLE:

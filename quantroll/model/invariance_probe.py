@@ -50,11 +50,12 @@ def _columns_ok(n: int, k: int, kernels, dtype, device, gen) -> bool:
 
 
 def check_invariance(kernels, dtype: torch.dtype, device, shapes: list[tuple[int, int]],
-                     fused_columns: bool = False) -> None:
+                     fused_shapes: list[tuple[int, int]] = ()) -> None:
     """Raise QuantrollError naming the first op that is not invariant on this machine.
     ``kernels``: the KernelConfig whose invariant GEMM runs; ``shapes``: (N, K) of the
-    model's linears (a few are probed); ``fused_columns``: the engine fuses projections the
-    trainer runs apart (Engine.fused_projections), so a column's place must not matter."""
+    model's linears (a few are probed); ``fused_shapes``: those of the projections the engine
+    fuses while the trainer runs them apart (Engine.fused_projections), whose columns must
+    not depend on their place."""
     gen = torch.Generator().manual_seed(1234)
     for name, fn in _ELEMENTWISE.items():
         if not _elementwise_ok(fn, torch.float32, device, gen):
@@ -64,6 +65,7 @@ def check_invariance(kernels, dtype: torch.dtype, device, shapes: list[tuple[int
         if not _gemm_ok(n, k, kernels, dtype, device, gen):
             raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the invariant GEMM computes a "
                                  f"row of a {k} x {n} product differently depending on the rows beside it")
-        if fused_columns and not _columns_ok(n, k, kernels, dtype, device, gen):
+    for n, k in list(dict.fromkeys(fused_shapes))[:4]:
+        if not _columns_ok(n, k, kernels, dtype, device, gen):
             raise QuantrollError(f"--true-on-policy-mode cannot hold on this machine: the invariant GEMM computes a "
                                  f"column of a {k} x {n} product differently inside a fused projection")

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from quantroll.formats import Format, QuantizedTensor
+from quantroll.formats.stored import DATA, GLOBAL_SCALE, SCALE
 from quantroll.kernels.backends import BACKENDS
 from quantroll.model import invariant
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
@@ -57,12 +58,13 @@ class QLinear(torch.nn.Module):
         if fmt is None:
             self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         else:
-            proto = fmt.quantize_weight(torch.zeros(out_features, in_features, device=device))
-            self.register_buffer("weight", torch.empty_like(proto.data))
-            self.register_buffer("weight_scale", torch.empty_like(proto.scale))
-            if proto.global_scale is not None:
-                self.register_buffer("weight_global", torch.empty_like(proto.global_scale))
-            self._block = proto.block
+            # the format's stored layout is its in-memory one: no placeholder is quantized, so
+            # a model can be laid out on the meta device (a trainer rank's engine description)
+            held = {t.role: t for t in fmt.stored_tensors((out_features, in_features))}
+            for buffer, role in (("weight", DATA), ("weight_scale", SCALE), ("weight_global", GLOBAL_SCALE)):
+                if role in held:
+                    self.register_buffer(buffer, torch.empty(held[role].shape, dtype=held[role].dtype, device=device))
+            self._block = fmt.weight_block
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
     @property

@@ -34,6 +34,7 @@ from quantroll.rl.evaluate import evaluate
 from quantroll.builtin import builtin_checkpoint
 from quantroll.durable import writing
 from quantroll.engine.sampling import SEED_LIMIT
+from quantroll.kernels.quantize import triton_available
 from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS
 from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
@@ -55,7 +56,10 @@ def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
                              f"{engine.format.name if engine.format else 'bf16'}")
     fmt = engine.format
     names = set(engine.quantized_layers())
-    real = (not fmt.emulated_only and engine.device.type == "cuda" and engine.gpu_kernels)
+    # the trainer's device decides (a trainer rank's engine may be a description on the meta
+    # device); the GPU kernels run where an engine on this device would run them
+    real = (not fmt.emulated_only and torch.device(cfg.models.device).type == "cuda" and triton_available()
+            and not cfg.precision.true_on_policy_mode)
     for module in policy.modules():
         if getattr(module, "name", None) in names:
             module.train_format = fmt
@@ -130,11 +134,12 @@ def _check_same_architecture(cfg: TrainConfig, engine_cfg, policy_cfg) -> None:
         raise QuantrollError("--use-rollout-routing-replay/--use-routing-replay need a MoE model; this one is dense")
 
 
-def _engine(cfg: TrainConfig, engine_dir: Path) -> Engine:
-    """The rollout engine the settings ask for (its KV pool is allocated at its first generate)."""
+def _engine(cfg: TrainConfig, engine_dir: Path, device: str | None = None) -> Engine:
+    """The rollout engine the settings ask for (its KV pool is allocated at its first generate);
+    ``device``: where it lives when not --device (the meta device: a description only)."""
     dtype = resolve_compute_dtype(cfg.models.device, cfg.models.compute_dtype)
     kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
-    return Engine(engine_dir, device=cfg.models.device, dtype=dtype, kernels=kernels,
+    return Engine(engine_dir, device=device or cfg.models.device, dtype=dtype, kernels=kernels,
                   cache=CacheConfig(memory_gb=cfg.engine.kv_cache_memory_gb, kv_cache_dtype=cfg.engine.kv_cache_dtype,
                                     block_size=cfg.engine.kv_cache_block_size))
 
@@ -158,7 +163,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     if torch.device(cfg.models.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(cfg.models.device)
     kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
-    engine = _engine(cfg, engine_dir)
+    engine = _engine(cfg, engine_dir, place.engine_device(cfg.models.device))
     policy = load_policy(trainer_dir, device=cfg.models.device, dtype=dtype, kernels=kernels)
     _check_same_architecture(cfg, engine.config, policy.config)
     _apply_train_recipe(cfg, policy, engine)
@@ -235,19 +240,19 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 "response_len_mean": batch.num_tokens / len(batch.results),
                 **metrics, **held_out,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,
-                **batch.engine_stats,
-                **timing.metrics(), "peak_memory_gib": peak_memory_gib(engine.device), **memory,
+                **memory, **batch.engine_stats,  # the engines' measured KV capacity over the local estimate
+                **timing.metrics(), "peak_memory_gib": peak_memory_gib(torch.device(cfg.models.device)),
                 **trainer_memory(policy, trainer_dir, optimizer),
             }
-            if cfg.precision.true_on_policy_mode:
-                from quantroll.rl.true_on_policy import broken
-
-                if (warning := broken(record)) is not None:
-                    log(warning)
             with writing(f"--metrics-file {cfg.output.metrics_file}"):
                 sink.write(record)
             board.write(record)
             history.append(record)
+            if cfg.precision.true_on_policy_mode:
+                from quantroll.rl.true_on_policy import broken
+
+                if (failure := broken(record)) is not None:
+                    raise QuantrollError(failure)
             out = cfg.output
             if out.save and out.save_interval and ((step + 1) % out.save_interval == 0 or step + 1 == ro.num_rollout):
                 with writing(f"--save {cfg.output.save}"), place.stage("the save", step):

@@ -45,9 +45,13 @@ def stored_bytes(tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype
 def engine_memory(engine) -> dict[str, float]:
     """engine_weight_gib: every tensor the engine holds (codes, scales, BF16 parts) as stored.
     kv_cache_capacity_tokens: tokens the engine's KV pool holds (--kv-cache-memory-gb, or
-    the default budget: a fraction of the GPU memory free when the pool is allocated)."""
+    the default budget: a fraction of the GPU memory free when the pool is allocated); an
+    estimate before the first rollout, which reports the pool it ran in (rl/rollout.py)."""
     weights = stored_bytes(engine.state(), stored_dtypes(engine.checkpoint_dir))
-    return {"engine_weight_gib": weights / GIB, "kv_cache_capacity_tokens": float(engine.kv_cache_capacity_tokens())}
+    out = {"engine_weight_gib": weights / GIB}
+    if engine.device.type != "meta":  # a description of engines on other ranks has no pool of its own
+        out["kv_cache_capacity_tokens"] = float(engine.kv_cache_capacity_tokens())
+    return out
 
 
 def trainer_memory(policy, trainer_dir: str | Path, optimizer) -> dict[str, float]:

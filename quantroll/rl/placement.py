@@ -26,6 +26,10 @@ class OneProcess:
     def optimizer(self, policy, lr: float) -> MasterWeightAdamW:
         return MasterWeightAdamW(policy.parameters(), lr=lr)
 
+    def engine_device(self, device: str) -> str:
+        """Where the trainer's process holds its engine: here, the engine it samples from."""
+        return device
+
     def engines(self, engine):
         return engine
 

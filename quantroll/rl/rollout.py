@@ -113,4 +113,6 @@ def rollout(engine: Engine, tokenizer, task, rng: random.Random, prompts_per_ste
     stats = engine.last_stats
     counters = {f"rollout_{k}": float(stats[k]) for k in ("preemptions", "prefill_tokens", "prefill_tokens_saved",
                                                           "peak_blocks_used") if k in stats}
+    if "num_blocks" in stats and "block_size" in stats:  # the pool this rollout ran in, on whichever rank held it
+        counters["kv_cache_capacity_tokens"] = float(stats["num_blocks"] * stats["block_size"])
     return RolloutBatch(prompts, labels, results, torch.tensor(rewards, dtype=torch.float32), seconds, counters)

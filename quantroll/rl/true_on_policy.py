@@ -18,6 +18,7 @@ from quantroll.formats import get_format
 from quantroll.model.invariant import TESTED_RECIPES  # the recipes the mode is proven for
 
 FLAG = "--true-on-policy-mode"
+FUSED_PARTS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # what Engine.fused_projections fuses
 
 
 def config_refusal(cfg) -> str | None:
@@ -54,8 +55,12 @@ def probe(engine, policy) -> None:
     from quantroll.model.invariance_probe import check_invariance
     from quantroll.model.linear import QLinear
 
-    shapes = [(m.out_features, m.in_features) for m in policy.modules() if isinstance(m, QLinear)]
-    check_invariance(engine.kernels, engine.dtype, engine.device, shapes, fused_columns=engine.fused_projections)
+    linears = [m for m in policy.modules() if isinstance(m, QLinear)]
+    shapes = [(m.out_features, m.in_features) for m in linears]
+    fused = [(m.out_features, m.in_features) for m in linears
+             if engine.fused_projections and m.name.rsplit(".", 1)[-1] in FUSED_PARTS]
+    device = next(policy.parameters()).device  # the engine may be a description on the meta device
+    check_invariance(engine.kernels, engine.dtype, device, shapes, fused)
 
 
 def notes(cfg, moe: bool) -> list[str]:
@@ -71,10 +76,11 @@ def notes(cfg, moe: bool) -> list[str]:
 
 
 def broken(record: dict) -> str | None:
-    """The log's warning when a step's gap is not exactly 0.0 (None when it is): the run goes
-    on (its metrics are still true), but it is no longer on-policy and says so."""
+    """Why the run must stop when a step's gap is not exactly 0.0 (None when it is): the mode
+    never runs approximately; the step's metrics are written first."""
     gap = record["train_rollout_logprob_abs_diff"]
     if gap == 0.0:
         return None
-    return (f"warning: {FLAG} did not hold at step {record['step']}: train_rollout_logprob_abs_diff is {gap:.3e}, "
-            "not 0.0; the engine and the trainer computed different logprobs (please report it with the command)")
+    return (f"{FLAG} did not hold at step {record['step']}: train_rollout_logprob_abs_diff is {gap:.3e}, not 0.0 "
+            "(the engine and the trainer computed different logprobs); the run is stopped with that step's metrics "
+            "written: please report it with the command, or train without the flag")

@@ -143,8 +143,8 @@ def _store_only(qkv, qn, kn, cos, sin, cache):
 
 def test_stores_never_write_a_nan_code():
     """A NaN value element, through the decode store kernel and through the prefill's
-    cache.write, is stored as code 0 (its scale shows the NaN); the E4M3 NaN bytes 0x7F /
-    0xFF never enter the pool, which the whole-block value loads rely on."""
+    cache.write, is stored as code 0; the E4M3 NaN bytes 0x7F / 0xFF never enter the pool,
+    which the whole-block value loads rely on."""
     from quantroll.model.layers import RMSNorm
 
     cfg = _cfg(8, 2, 128)

@@ -39,16 +39,18 @@ def long_ckpt(tiny_checkpoint):
     return tiny_checkpoint(max_position_embeddings=8192)
 
 
-# the tiny model (head_dim 96: norm and rotary as torch ops), head_dim 128 (the Triton norm +
-# rotary kernel), and widths that are not whole 64-column tiles (the engine cannot fuse q/k/v
+# the tiny model (head_dim 96: the heads' norms by the RMSNorm row kernel, rotary as torch ops),
+# head_dim 128 (the Triton norm + rotary kernel), and widths that are not whole 64-column tiles (the engine cannot fuse q/k/v
 # and gate/up, so it runs them apart like the trainer)
 SHAPES = {"tiny": {}, "head128": dict(head_dim=128, num_key_value_heads=1), "unfused": dict(intermediate_size=360)}
 
 
-@pytest.mark.parametrize("batch,graphs,shape", [(1, True, "tiny"), (7, True, "tiny"), (7, False, "tiny"),
-                                                (64, True, "tiny"), (256, True, "tiny"), (64, True, "head128"),
-                                                (64, True, "unfused")])
-def test_bitwise_equal_for_batches_of_1_to_256(tiny_checkpoint, batch, graphs, shape):
+# top_p 1 (RL's default) samples in the log-softmax kernel's own pass; top_p < 1 in torch ops
+@pytest.mark.parametrize("batch,graphs,shape,top_p", [
+    (1, True, "tiny", 1.0), (7, True, "tiny", 1.0), (7, False, "tiny", 1.0), (7, True, "tiny", 0.95),
+    (64, True, "tiny", 1.0), (64, True, "tiny", 0.95), (256, True, "tiny", 1.0), (64, True, "head128", 1.0),
+    (64, True, "unfused", 1.0)])
+def test_bitwise_equal_for_batches_of_1_to_256(tiny_checkpoint, batch, graphs, shape, top_p):
     ckpt = tiny_checkpoint(**SHAPES[shape])
     engine = Engine(ckpt, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=4), cuda_graphs=graphs)
     assert engine.fused_projections == (shape != "unfused")
@@ -56,7 +58,7 @@ def test_bitwise_equal_for_batches_of_1_to_256(tiny_checkpoint, batch, graphs, s
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 300, (int(n),), generator=gen).tolist()
                for n in torch.randint(3, 60, (batch,), generator=gen)]
-    params = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=batch, stop_token_ids=())
+    params = SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=16, seed=batch, stop_token_ids=())
     unequal, tokens = _gap_and_bits(engine, policy, prompts, params)
     assert tokens > 0 and unequal == 0
     assert (engine.last_stats["graph_captures"] > 0) == graphs
@@ -97,6 +99,13 @@ def test_row_kernels_in_bf16_are_batch_invariant_and_round_to_nearest():
     lp = log_softmax(logits)
     assert torch.allclose(lp.double(), torch.log_softmax(logits.double(), -1), atol=5e-5, rtol=0)
     assert torch.equal(log_softmax(logits[300:301])[0], lp[300])
+    from quantroll.kernels.invariant_rows import sample
+
+    broken = logits[:2].clone()
+    broken[0, 10] = float("nan")  # a NaN logit: the reported logprob is NaN, as the trainer's (the
+    tokens, token_lp = sample(broken, False, torch.tensor([1, 2], device=DEV),  # interpreter cannot run it)
+                              torch.tensor([5, 5], device=DEV))
+    assert torch.isnan(token_lp[0]) and torch.equal(token_lp[1], log_softmax(broken)[1, tokens[1]])
 
 
 def test_fused_projection_columns_equal_their_parts():

@@ -98,4 +98,4 @@ def test_the_startup_probe_names_a_gemm_that_is_not_invariant(monkeypatch):
     monkeypatch.setattr(invariance_probe, "matmul", lambda x, w, k: real(x, w, k) + 1e-3 * torch.arange(w.shape[0]))
     invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes)  # rows: fine
     with pytest.raises(QuantrollError, match="differently inside a fused projection"):
-        invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes, fused_columns=True)
+        invariance_probe.check_invariance(INVARIANT_KERNELS, torch.float32, "cpu", shapes, fused_shapes=shapes[:1])

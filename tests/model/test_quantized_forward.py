@@ -37,3 +37,21 @@ def test_bf16_layer_without_train_format_is_plain_linear():
     torch.nn.init.normal_(layer.weight)
     x = torch.randn(4, 64)
     assert torch.equal(layer(x), x @ layer.weight.t())
+
+
+@pytest.mark.parametrize("fmt_name", ["fp8", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("shape", [(384, 256), (130, 96)])
+def test_quantized_linear_buffers_are_what_quantizing_gives(fmt_name, shape):
+    """QLinear lays out its buffers from the format's stored layout (no placeholder is
+    quantized, so the meta device works): the same shapes and dtypes as quantize_weight's
+    output, for whole and partial blocks."""
+    fmt = get_format(fmt_name)
+    q = fmt.quantize_weight(torch.randn(*shape))
+    for device in ("cpu", "meta"):
+        layer = QLinear(shape[1], shape[0], fmt=fmt, device=device)
+        held = layer.quantized_weight()
+        for got, want in ((held.data, q.data), (held.scale, q.scale), (held.global_scale, q.global_scale)):
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert (tuple(got.shape), got.dtype) == (tuple(want.shape), want.dtype)
+        assert held.block == q.block and held.data.device.type == device

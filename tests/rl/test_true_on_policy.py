@@ -146,12 +146,18 @@ def test_the_gpu_is_accepted_and_refused_for_the_same_reasons_as_the_cpu():
         TrainConfig.of(true_on_policy_mode=True, device="cuda", kv_cache_dtype="fp8_e4m3")
 
 
-def test_a_nonzero_gap_is_logged_as_the_mode_not_holding():
-    from quantroll.rl.true_on_policy import broken
+def test_a_nonzero_gap_stops_the_run_after_writing_its_step(tmp_path, prompt_file, monkeypatch):
+    """The mode never runs approximately: an engine whose reported logprobs are off by 1e-6
+    (a broken invariant op) stops the run at step 0, with one line, step 0's metrics kept."""
+    from quantroll.engine import sampling
 
-    assert broken({"step": 3, "train_rollout_logprob_abs_diff": 0.0}) is None
-    warning = broken({"step": 3, "train_rollout_logprob_abs_diff": 2.5e-9})
-    assert "did not hold at step 3" in warning and "2.500e-09" in warning
+    exact = sampling.reported_logprobs
+    monkeypatch.setattr(sampling, "reported_logprobs", lambda *a, **k: exact(*a, **k) + 1e-6)
+    gap = r"did not hold at step 0: train_rollout_logprob_abs_diff is [0-9.]+e-0[67], not 0"
+    with pytest.raises(QuantrollError, match=gap):
+        _run(tmp_path, prompt_file, builtin_model="dense", true_on_policy_mode=True)
+    steps = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [0] and steps[0]["train_rollout_logprob_abs_diff"] > 0
 
 
 def test_refused_for_a_quantized_engine_checkpoint_without_a_recipe(tmp_path):

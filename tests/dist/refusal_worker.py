@@ -6,6 +6,7 @@ unit's collectives for a source that has left. ``mode``: "push" (an update) or "
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -20,6 +21,11 @@ from quantroll.trainer.policy import load_policy
 
 _payload = weight_broadcast.BroadcastWeightSync._payload
 
+
+def _say(line: str) -> None:
+    """One line in one write(2): the ranks share the pipe, and print's separate write of the
+    newline let another rank's line land in the middle (a flaky match)."""
+    os.write(1, (line.replace("\n", " ") + "\n").encode())
 
 def _refusing(self, index):
     if index == 1:
@@ -48,9 +54,9 @@ def main(mode: str) -> None:
                 place.release_engines(err)
                 raise
             place.release_engines(None)
-        print(f"rank {ctx.rank}: finished", flush=True)
+        _say(f"rank {ctx.rank}: finished")
     except Exception as err:  # noqa: BLE001 - the line the test reads
-        print(f"rank {ctx.rank}: {type(err).__name__}: {err}", flush=True)
+        _say(f"rank {ctx.rank}: {type(err).__name__}: {err}")
         sys.exit(1)
 
 

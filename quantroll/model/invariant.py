@@ -131,7 +131,8 @@ def _rms_norm_tree(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return weight * (h / torch.sqrt(ms + eps)).to(dtype)
 
 
-def _rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in ordinary ops: the default kernels' form, and the invariant forms' gradient."""
     h = x.to(torch.float32)
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -144,7 +145,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from quantroll.kernels import invariant_rows
 
         return straight_through(lambda a, w: invariant_rows.rms_norm(a, w, eps),
-                                lambda a, w: _rms_norm_reference(a, w, eps), x, weight)
+                                lambda a, w: rms_norm_reference(a, w, eps), x, weight)
     return _rms_norm_tree(x, weight, eps)
 
 
@@ -158,7 +159,7 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tens
         from quantroll.kernels import invariant_rows
 
         return straight_through(lambda a, w: invariant_rows.norm_rope(a, w, eps, cos, sin),
-                                lambda a, w: apply_rotary(_rms_norm_reference(a, w, eps), cos, sin), x, weight)
+                                lambda a, w: apply_rotary(rms_norm_reference(a, w, eps), cos, sin), x, weight)
     return apply_rotary(rms_norm(x, weight, eps), cos, sin)
 
 

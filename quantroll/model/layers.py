@@ -66,10 +66,7 @@ class RMSNorm(torch.nn.Module):
             from quantroll.kernels.fused import add_rmsnorm
 
             return add_rmsnorm(x, None, self.weight, self.eps, kernels=self.kernels.gpu)[1]
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return invariant.rms_norm_reference(x, self.weight, self.eps)
 
 
 def linear(prefix: str, fmt_for: FormatFor, n_in: int, n_out: int, bias: bool, dtype, device) -> QLinear:

@@ -73,7 +73,7 @@ def weight_bytes_per_step(model, batch: int) -> float:
     cfg = model.config
     total = 0.0
     for m in model.modules():
-        if not isinstance(m, QLinear) or m._fused_into:
+        if not isinstance(m, QLinear) or m.is_fused_part:
             continue  # a fused layer's parts are views into it: counted once, with it
         n = sum(t.numel() * t.element_size() for t in (m.weight, getattr(m, "weight_scale", None),
                                                        getattr(m, "weight_global", None)) if t is not None)

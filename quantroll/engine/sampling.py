@@ -146,14 +146,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, po
     invariant log-softmax's own pass, kernels/invariant_rows.sample), everything else
     through the torch reference ``_sample_torch``. Either way the reported logprob is read
     from the logprobs the token was drawn from."""
-    if _fused_applies(logits, params) and kernels.batch_invariant:
-        # one pass forms the log-softmax the trainer recomputes (the same kernel, bit for bit)
-        # and draws from it, instead of ~15 torch ops over [B, V] int64 noise
-        from quantroll.kernels import invariant_rows
-
-        t = params.temperature if params.temperature > 0 else 1.0
-        return invariant_rows.sample(logits.to(torch.float32) / t, params.greedy, seeds, positions)
     if _fused_applies(logits, params):
+        if kernels.batch_invariant:
+            # one pass forms the log-softmax the trainer recomputes (the same kernel, bit for bit)
+            # and draws from it, instead of ~15 torch ops over [B, V] int64 noise
+            from quantroll.kernels import invariant_rows
+
+            t = params.temperature if params.temperature > 0 else 1.0
+            return invariant_rows.sample(logits.to(torch.float32) / t, params.greedy, seeds, positions)
         from quantroll.kernels.sampling import fused_sample
 
         return fused_sample(logits, params.temperature, seeds, positions)

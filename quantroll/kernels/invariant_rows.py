@@ -14,14 +14,18 @@ def _warps(block: int) -> int:
     return max(1, min(8, block // 256))
 
 
+def _unit_rows(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x as [rows, width] with unit stride along each row (a view where it can be)."""
+    rows = x.reshape(-1, width)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis (its length: ``weight``'s) in x's dtype."""
     from quantroll.kernels.invariant_rows_triton import rms_norm_rows_kernel
 
     h = weight.shape[0]
-    x2 = x.reshape(-1, h)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _unit_rows(x, h)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = next_pow2(h, 16)
@@ -33,8 +37,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def _rows(x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32:
         raise TypeError(f"the invariant log-softmax takes float32 logits, got {x.dtype}")
-    x2 = x.reshape(-1, x.shape[-1])
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+    return _unit_rows(x, x.shape[-1])
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -97,11 +100,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     from quantroll.kernels.invariant_rows_triton import silu_mul_rows_kernel
 
     i = gate.shape[-1]
-    g2, u2 = gate.reshape(-1, i), up.reshape(-1, i)
-    if g2.stride(-1) != 1:
-        g2 = g2.contiguous()
-    if u2.stride(-1) != 1:
-        u2 = u2.contiguous()
+    g2, u2 = _unit_rows(gate, i), _unit_rows(up, i)
     y = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
     if g2.shape[0] and i:
         silu_mul_rows_kernel[(g2.shape[0], -(-i // SILU_BLOCK))](g2, u2, y, i, g2.stride(0), u2.stride(0),

@@ -91,6 +91,11 @@ class QLinear(torch.nn.Module):
             self.weight_global.copy_(q.global_scale)
         self.invalidate()
 
+    @property
+    def is_fused_part(self) -> bool:
+        """Whether this layer's weights are views into a fused layer (q/k/v, gate/up)."""
+        return bool(self._fused_into)
+
     def invalidate(self) -> None:
         """Forget derived state after the buffers were written from outside."""
         self._dequant_cache = None

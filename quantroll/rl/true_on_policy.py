@@ -18,7 +18,6 @@ from quantroll.formats import get_format
 from quantroll.model.invariant import TESTED_RECIPES  # the recipes the mode is proven for
 
 FLAG = "--true-on-policy-mode"
-FUSED_PARTS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # what Engine.fused_projections fuses
 
 
 def config_refusal(cfg) -> str | None:
@@ -55,10 +54,10 @@ def probe(engine, policy) -> None:
     from quantroll.model.invariance_probe import check_invariance
     from quantroll.model.linear import QLinear
 
-    linears = [m for m in policy.modules() if isinstance(m, QLinear)]
-    shapes = [(m.out_features, m.in_features) for m in linears]
-    fused = [(m.out_features, m.in_features) for m in linears
-             if engine.fused_projections and m.name.rsplit(".", 1)[-1] in FUSED_PARTS]
+    shapes = [(m.out_features, m.in_features) for m in policy.modules() if isinstance(m, QLinear)]
+    # the parts the engine fuses while the trainer runs them apart: their columns are probed too
+    fused = [(m.out_features, m.in_features) for m in engine.model.modules()
+             if isinstance(m, QLinear) and m.is_fused_part]
     device = next(policy.parameters()).device  # the engine may be a description on the meta device
     check_invariance(engine.kernels, engine.dtype, device, shapes, fused)
 

@@ -50,6 +50,34 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+class StatelessSGD:
+    """The trainer's optimizer interface (rl/step.train_on_batch) with no state at all: the
+    BF16 gradients accumulate in place and the step subtracts them. A timing stand-in only,
+    for shapes whose AdamW state does not fit; both kernel sets get the same one."""
+
+    def __init__(self, params, lr: float):
+        self.params, self.lr = [p for p in params if p.requires_grad], lr
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def accumulate(self) -> None:
+        pass  # autograd already sums each micro-batch's gradient into p.grad
+
+    def grad_norm(self) -> float:
+        return sum(float(p.grad.float().pow(2).sum()) for p in self.params if p.grad is not None) ** 0.5
+
+    @torch.no_grad()
+    def step(self, max_grad_norm: float | None = None) -> float:
+        norm = self.grad_norm()
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+        self.zero_grad()
+        return norm
+
+
 def measure(ckpt: Path, kernels, args) -> dict:
     engine = Engine(ckpt, device=args.device, kernels=kernels, cache=CacheConfig(memory_gb=args.kv_gb))
     gen = torch.Generator().manual_seed(0)
@@ -74,7 +102,10 @@ def measure(ckpt: Path, kernels, args) -> dict:
             logp, _ = response_logprobs(policy, [r.prompt_tokens for r in results], [r.tokens for r in results], 1.0)
         unequal = sum(int((logp[i, :len(r.logprobs)].cpu() != torch.tensor(r.logprobs)).sum())
                       for i, r in enumerate(results))
-    optimizer = MasterWeightAdamW(policy.parameters(), lr=1e-7)
+    # plain SGD keeps no state: the 8B shape's FP32 master copy and AdamW moments (~12 bytes a
+    # parameter) do not fit one H200 beside its BF16 weights and gradients
+    optimizer = (StatelessSGD(policy.parameters(), lr=1e-7) if args.optimizer == "sgd"
+                 else MasterWeightAdamW(policy.parameters(), lr=1e-7))
     cfg = TrainConfig.of(rollout_batch_size=args.prompts, n_samples_per_prompt=args.samples, lr=1e-7,
                          micro_batch_size=args.micro_batch_size)
     rewards = torch.tensor([float(i % 2) for i in range(len(results))])
@@ -174,6 +205,8 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--kv-gb", type=float, default=16.0)
+    ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                    help="sgd: no optimizer state, for shapes whose AdamW state does not fit (8B on one H200)")
     ap.add_argument("--device", default="cuda", help="cuda (what it is for) or cpu (a smoke run of the script)")
     ap.add_argument("--gemm-sweep", action="store_true", help="time the invariant GEMM's candidate tiles instead")
     ap.add_argument("--profile", action="store_true", help="where the invariant decode step's GPU time goes instead")
@@ -196,8 +229,8 @@ def main() -> None:
     print(f"invariant kernels: {invariant['unequal']} of {invariant['tokens']} response tokens' logprobs differ "
           "between engine and trainer (must be 0)", flush=True)
     ordinary = measure(ckpt, DEFAULT_KERNELS, args)
-    print(f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, {ckpt}, invariant GEMM tile "
-          f"{invariant_kernels.invariant_gemm}")
+    print(f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, {ckpt}, optimizer "
+          f"{args.optimizer}, micro-batch {args.micro_batch_size}, invariant GEMM tile {invariant_kernels.invariant_gemm}")
     print(f"{'kernels':12s} {'rollout tok/s':>14s} {'train step s':>13s}")
     for label, r in (("ordinary", ordinary), ("invariant", invariant)):
         print(f"{label:12s} {r['tokens_per_s']:14.0f} {r['train_step_s']:13.3f}")

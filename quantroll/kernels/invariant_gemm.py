@@ -10,14 +10,16 @@ import torch
 @dataclass(frozen=True)
 class InvariantGemmTiles:
     """The one launch shape every batch-invariant GEMM takes, engine and trainer alike (any
-    fixed choice is invariant; this one is not yet timed on a GPU). 64 x 64 tiles keep 32-96
-    programs busy on the Qwen3-1.7B decode shapes, which have no split-K to fill the GPU."""
+    fixed choice is invariant). Chosen on the H200 (bench/true_on_policy_gpu.py --gemm-sweep
+    and the default bench, docs/PERFORMANCE.md): 64 x 64 tiles keep 32-96 programs busy on the
+    Qwen3-1.7B decode shapes, which have no split-K to fill the GPU, and a fourth stage hides
+    the loads best at decode rows; 128 x 128 tiles train faster but decode slower."""
 
     block_m: int = 64
     block_n: int = 64
     block_k: int = 64
     warps: int = 4
-    stages: int = 3
+    stages: int = 4
 
 
 def invariant_gemm(x: torch.Tensor, w: torch.Tensor, tiles: InvariantGemmTiles) -> torch.Tensor:

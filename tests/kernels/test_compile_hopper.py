@@ -16,7 +16,11 @@ import re
 
 import pytest
 
+from quantroll.kernels.invariant_gemm import InvariantGemmTiles
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+_TILE = InvariantGemmTiles()  # the one tile KernelConfig ships
 
 FLOAT_ARGS = {"eps", "sm_scale", "temperature", "inv_temperature", "h_float"}
 
@@ -57,7 +61,8 @@ CASES = [
             IEEE=False), dict(num_warps=4, num_stages=2))
       for kv in ("bf16", "fp8e4nv")],
     ("invariant_gemm_triton", "invariant_gemm_kernel", {"x_ptr": "bf16", "w_ptr": "bf16", "y_ptr": "bf16"},
-     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, IEEE=False), dict(num_warps=4, num_stages=3)),  # KernelConfig's tile
+     dict(BLOCK_M=_TILE.block_m, BLOCK_N=_TILE.block_n, BLOCK_K=_TILE.block_k, IEEE=False),
+     dict(num_warps=_TILE.warps, num_stages=_TILE.stages)),  # KernelConfig's tile
     *[("invariant_rows_triton", "rms_norm_rows_kernel", {"x_ptr": "bf16", "w_ptr": "bf16", "y_ptr": "bf16"},
        dict(BLOCK=block), dict(num_warps=warps)) for block, warps in ((128, 1), (4096, 8))],
     ("invariant_rows_triton", "norm_rope_rows_kernel",

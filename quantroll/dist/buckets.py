@@ -74,6 +74,23 @@ def layout(groups: Sequence[Sequence[tuple[str, torch.dtype, tuple[int, ...]]]],
     return buckets
 
 
+def manifest(units: Sequence[Sequence[Bucket]]) -> list[str]:
+    """One line per slot ("unit bucket key dtype shape offset"): what a receiver must agree
+    on with the sender before any bytes travel."""
+    return [f"{u} {b} {s.key} {str(s.dtype).removeprefix('torch.')} {list(s.shape)} {s.offset}"
+            for u, buckets in enumerate(units) for b, bucket in enumerate(buckets) for s in bucket.slots]
+
+
+def first_difference(mine: Sequence[str], theirs: Sequence[str]) -> str | None:
+    """Where two manifests part (None: they are the same), in words."""
+    for a, b in zip(mine, theirs):
+        if a != b:
+            return f"this rank lays out {a!r} where the source lays out {b!r}"
+    if len(mine) != len(theirs):
+        return f"this rank lays out {len(mine)} tensors, the source {len(theirs)}"
+    return None
+
+
 def pack_into(buffer: torch.Tensor, bucket: Bucket, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """Copy the bucket's tensors into ``buffer`` (uint8, at least bucket.nbytes); returns
     the bucket's bytes (a view of ``buffer``)."""

@@ -104,7 +104,8 @@ def broadcast_text(ctx: DistContext, text: str | None, src: int = 0) -> str:
 
 def agree(ctx: DistContext, fn: Callable[[], T]) -> T:
     """Run ``fn`` on every rank; if it raised a QuantrollError on any, raise on all: the
-    first failing rank's own error there, PeerFailed (quiet) on the others. Without this a
+    first failing rank's own error there, PeerFailed (quiet) on the others (a rank that
+    failed only with a PeerFailed is not the one that failed first). Without this a
     rank that refuses (a bad flag, a mismatched weight) leaves the others waiting in their
     next collective until the timeout."""
     result, failure = None, None
@@ -116,10 +117,13 @@ def agree(ctx: DistContext, fn: Callable[[], T]) -> T:
     failed = [(r, tensor_to_text(m)) for r, m in enumerate(messages) if m.numel()]
     if not failed:
         return result
-    first, text = failed[0]
+    # a rank whose failure is PeerFailed only repeats another's (a verdict heard inside ``fn``):
+    # the rank that failed on its own says it
+    first, text = next(((r, m) for r, m in failed if not m.startswith(f"{PeerFailed.__name__}\n")), failed[0])
     if first == ctx.rank:
         raise failure
     kind, _, message = text.partition("\n")
+    who = ctx.global_rank(first)  # the rank a user can find in the launcher's output, not its index in the group
     if kind == "NonFiniteError":
-        raise NonFiniteError(f"rank {first}: {message}")
-    raise PeerFailed(f"rank {first}: {message}")
+        raise NonFiniteError(f"rank {who}: {message}")
+    raise PeerFailed(f"rank {who}: {message}")

@@ -9,6 +9,8 @@ the RL loop's order of stages (evaluation, rollout, the first-update check, resu
     generate  the prompts, sampling parameters and caps; the engine ranks split them
               (DataParallelEngines over the engine group), and the first engine rank
               sends every result, in prompt order, to every rank (``send_results``)
+    describe  what the engine ranks compute in (Engine.precision), which the trainer ranks'
+              descriptions on the meta device cannot tell
     sync      the units of the weight broadcast (the trainer's parameter names per FSDP2
               unit) and the bucket size: the engine ranks build their receiving side
     update    one weight update (dist/weight_broadcast.py): trainer rank 0 quantizes and
@@ -86,12 +88,14 @@ def receive_results(groups: RankGroups, engine, prompts: Sequence[Sequence[int]]
 
 class RemoteEngines:
     """The engine ranks, seen from a trainer rank (the loop's ``engines``). ``engine``: this
-    trainer rank's engine object, which is never sampled from (it holds the checkpoint's
-    weights, no KV pool): it answers the loop's questions about the engine (precision,
-    stop tokens, config) and describes the format to the weight broadcast's source."""
+    trainer rank's engine object, a description on the meta device (no weights, no KV
+    pool), never sampled from: it answers the loop's questions about the engine (stop tokens,
+    config) and describes the format to the weight broadcast's source; the precision is the
+    engine ranks' own."""
 
-    def __init__(self, engine, groups: RankGroups, requests: EngineRequests):
+    def __init__(self, engine, groups: RankGroups, requests: EngineRequests, precision: str):
         self.engine, self.groups, self.requests = engine, groups, requests
+        self.precision = precision  # the engine ranks' (Engine.precision), not the description's
         self.last_stats: dict = {}
 
     def __getattr__(self, name):
@@ -131,10 +135,12 @@ class EngineServer:
         try:
             if op == "generate":
                 self._generate(request)
+            elif op == "describe":
+                self._describe()
             elif op == "sync":
                 self._sync(request)
             elif op == "update":
-                self.sync.push()
+                self._update()
             elif op == "check":
                 self._check(request["allow_quant_error"])
             else:
@@ -162,6 +168,21 @@ class EngineServer:
         units = [ShardUnit(None, tuple(names)) for names in request["units"]]
         self.sync = BroadcastWeightSync(self.engine, None, units, self.groups.broadcast,
                                         bucket_bytes=request["bucket_bytes"])
+        try:
+            self.sync.check_layout()
+        except QuantrollError:
+            self.sync = None  # agreed over the broadcast group: trainer rank 0 says it, then stops us
+
+    def _describe(self) -> None:
+        """What the trainer ranks cannot know from their engine descriptions: the precision."""
+        first = self.groups.first_engine
+        broadcast_text(self.groups.results, self.engine.precision if self.groups.world.rank == first else None, first)
+
+    def _update(self) -> None:
+        try:
+            self.sync.push()
+        except QuantrollError:
+            pass  # a refused load is agreed per unit over the broadcast group: trainer rank 0 says it, then stops us
 
     def _next_update(self) -> None:
         request = self.requests.receive()

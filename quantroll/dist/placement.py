@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from quantroll.dist.collectives import PeerFailed, agree, all_max
+from quantroll.dist.collectives import PeerFailed, agree, all_max, broadcast_text
 from quantroll.dist.context import DistContext
 from quantroll.dist.data_parallel import DataParallelEngines
 from quantroll.dist.engine_ranks import EngineRequests, EngineServer, RemoteEngines
@@ -70,15 +70,19 @@ class Ranks:
         return ShardedMasterAdamW(policy, lr=lr, ctx=self.groups.trainers)
 
     def engine_device(self, device: str) -> str:
-        """Where a trainer rank holds its engine: on its device where it samples (colocated)
-        or quantizes the broadcast into the engine's buffers (rank 0); elsewhere on the meta
-        device, a description (format, layout, precision) that takes no memory."""
-        return device if self.groups.colocated or self.ctx.is_source else "meta"
+        """Where a trainer rank holds its engine: on its device where it samples (colocated);
+        with engines on ranks of their own, on the meta device: a description (format,
+        layout) that takes no memory (the broadcast's source quantizes on its own device)."""
+        return device if self.groups.colocated else "meta"
 
     def engines(self, engine):
         if self.groups.colocated:
             return DataParallelEngines(engine, self.ctx)
-        return RemoteEngines(engine, self.groups, self.requests)
+        # what the engine ranks compute in: this rank's engine is a description on the meta
+        # device, where no real FP8 backend can be chosen
+        self.requests.send("describe")
+        precision = broadcast_text(self.groups.results, None, self.groups.first_engine)
+        return RemoteEngines(engine, self.groups, self.requests, precision)
 
     def sync(self, engine, policy):
         """A callable that pushes the policy's weights into every engine (every trainer rank
@@ -86,11 +90,14 @@ class Ranks:
         kwargs = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}
         units = self.units[id(policy)]
         if self.groups.colocated:
-            return BroadcastWeightSync(engine, policy, units, self.ctx, **kwargs).push
+            sync = BroadcastWeightSync(engine, policy, units, self.ctx, **kwargs)
+            sync.check_layout()
+            return sync.push
         sync = BroadcastWeightSync(engine, policy, units, self.groups.broadcast, loads=False,
                                    trainers=self.groups.trainers if self.groups.trainers.world_size > 1 else None,
                                    **kwargs)
         self.requests.send("sync", units=[list(u.names) for u in units], bucket_bytes=sync.bucket_bytes)
+        sync.check_layout()
 
         def push():
             self.requests.send("update")

@@ -10,9 +10,10 @@ Per FSDP2 unit (one decoder layer, then embedding/norm, then lm_head), on every 
     reshard
 
 so the extra memory is one layer's full weights plus one bucket. The source quantizes
-with ``quantroll.sync.WeightSync.quantize`` itself (the checkpoint's rules: format,
-MXFP8 scale rule, NVFP4 shared global scales, the Triton plan on a GPU), so every engine
-ends bitwise equal to an engine updated by the one-process sync from the same weights.
+with the one-process sync's quantizer (``quantroll.sync.update_quantizer``: the
+checkpoint's rules, format, MXFP8 scale rule, NVFP4 shared global scales, the Triton plan
+on a GPU), so every engine ends bitwise equal to an engine updated by the one-process
+sync from the same weights.
 BF16 tensors travel as bfloat16 (on a CPU the trainer's float32 tensors hold BF16
 values: checked, then cast exactly), quantized weights as their codes and scales: on a
 Qwen3 that is ~58% of the BF16 bytes (embeddings, lm_head and norms stay BF16).
@@ -28,30 +29,31 @@ Roles (quantroll/dist/groups.py). Colocated, every rank holds a trainer shard an
 engine: it unshards, and loads what the source sends. With engines on ranks of their
 own, the trainer ranks unshard (FSDP2 over the trainer group), trainer rank 0 quantizes
 and sends over the broadcast group (itself and the engine ranks) without loading (its
-engine is the quantizer's description: format, rules, layout; it is never sampled
-from), the engine ranks receive and load (their units name the tensors, no module), and
+engine is a description on the meta device: format, rules, layout; no memory), the
+engine ranks receive and load (their units name the tensors, no module), and
 the other trainer ranks take part in the unshard only (``ctx`` None). The slowest
 engine's load time and the engines' version reach the source at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
 import torch
 
-from quantroll.dist.buckets import DEFAULT_BUCKET_BYTES, Bucket, layout, pack_into, views
-from quantroll.dist.collectives import PeerFailed, all_max, broadcast, broadcast_text
+from quantroll.dist.buckets import DEFAULT_BUCKET_BYTES, Bucket, first_difference, layout, manifest, pack_into, views
+from quantroll.dist.collectives import PeerFailed, agree, all_max, all_true, broadcast, broadcast_text
 from quantroll.dist.context import DistContext
 from quantroll.dist.fsdp import ShardUnit
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
-from quantroll.sync import WeightSync
+from quantroll.sync.update_quantizer import UpdateQuantizer
 from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
 
 WIRE_DTYPE = torch.bfloat16
-OK, NON_FINITE, REFUSED = 0, 1, 2
+OK, NON_FINITE, REFUSED, PEER = 0, 1, 2, 3  # PEER: the text already names the rank that failed
 PARTS = ("data", "scale", "global")
 
 
@@ -101,8 +103,9 @@ class BroadcastWeightSync:
         group = ctx if ctx is not None else trainers  # a trainer rank outside the broadcast group hears statuses
         self.device = group.device if group is not None else engine.device  # (its engine: on the meta device)
         self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
-        # one-process quantizers, one per unit (each keeps its own GPU plan across updates)
-        self.quantizers = [WeightSync(engine) for _ in units] if self.is_src else []
+        # quantizers on this rank's device, one per unit (each keeps its own GPU plan across
+        # updates); the source's engine may be a description on the meta device
+        self.quantizers = [UpdateQuantizer(engine, self.device) for _ in units] if self.is_src else []
         self.copy_s = copy_seconds(engine_weight_bytes(engine), self.device)
 
     def _numel(self, name: str, state: dict) -> int:
@@ -124,6 +127,43 @@ class BroadcastWeightSync:
                 raise QuantrollError(f"the trainer's {name} has no counterpart in the engine; the two must hold the "
                                      "same model")
         return groups
+
+    def check_layout(self) -> None:
+        """Every receiver's bucket layout (computed from its own engine) must be the
+        source's, or bytes would land in the wrong tensors: a digest first, the whole
+        manifest only when one differs, so that the rank that differs names the first tensor
+        where it does. Called once after construction, by every rank that pushes; the
+        trainer ranks outside the broadcast group hear the verdict from the source."""
+        if self.ctx is None:
+            if self.trainers is not None:
+                self._status(OK, ctx=self.trainers, src=0)
+            return
+        mine = manifest(self.layouts)
+        digest = hashlib.sha256("\n".join(mine).encode()).hexdigest()
+        same = broadcast_text(self.ctx, digest if self.is_src else None, self.src) == digest
+        if all_true(self.ctx, same):
+            self._tell_trainers(OK)
+            return
+        theirs = broadcast_text(self.ctx, "\n".join(mine) if self.is_src else None, self.src).split("\n")
+
+        def compare() -> None:
+            if (where := first_difference(mine, theirs)) is not None:
+                raise QuantrollError(f"the weight update's layout differs from the source's: {where}; the trainer and "
+                                     "every engine must load the same model with the same quantroll")
+        self._agreed(lambda: agree(self.ctx, compare))
+        self._tell_trainers(OK)
+
+    def _agreed(self, fn) -> None:
+        """``fn``'s agreement over the broadcast group: a refusal on a receiver reaches the
+        trainer ranks outside it, and is said once, by the source, when it came from an
+        engine of its own rank (colocated, the refusing rank says it)."""
+        try:
+            fn()
+        except PeerFailed as err:
+            self._tell_trainers(PEER, str(err))
+            if self.is_src and not self.loads:
+                raise QuantrollError(str(err)) from None
+            raise
 
     # -- the source's side ---------------------------------------------------------------
     def _payload(self, index: int) -> dict[str, torch.Tensor]:
@@ -159,7 +199,7 @@ class BroadcastWeightSync:
         if status == NON_FINITE:
             name = text.partition("'")[2].partition("'")[0] or None
             raise NonFiniteError(f"rank {self.src}: {text}", tensor=name)
-        raise PeerFailed(f"rank {self.src}: {text}")
+        raise PeerFailed(text if status == PEER else f"rank {self.src}: {text}")
 
     # -- every rank ----------------------------------------------------------------------
     def _load(self, data: torch.Tensor, bucket: Bucket) -> None:
@@ -210,7 +250,11 @@ class BroadcastWeightSync:
                                self.bf16_bytes, int(version), self.copy_s)
 
     def _unit(self, index: int, lap, t: float) -> int:
-        """One unshard unit through the broadcast group: status, then its buckets; the bytes sent."""
+        """One unshard unit through the broadcast group: the source's verdict on its
+        quantization, its buckets, then every loading rank's verdict on its loads (agreed
+        over the group, so that an engine that refuses a bucket stops every rank at this
+        unit, named, instead of leaving the others in the next unit's collectives); the
+        trainer ranks outside the group hear the unit's outcome from the source. The bytes sent."""
         payload, sent = None, 0
         if self.is_src:
             status, message = OK, ""
@@ -222,20 +266,36 @@ class BroadcastWeightSync:
                 status, message, failure = REFUSED, f"{type(err).__name__}: {err}", err
             t = lap("quantize", t)
             self._status(status, message)
-            if self.trainers is not None:
-                self._status(status, message, ctx=self.trainers, src=0)  # trainer rank 0 is the source
             if status != OK:
+                self._tell_trainers(status, message)
                 raise failure
         else:
             self._status(OK)
+        refusal = None
         for bucket in self.layouts[index]:
             data = self.buffer[: bucket.nbytes]
             if self.is_src:
                 pack_into(self.buffer, bucket, payload)
-            broadcast(self.ctx, data, self.src)
+            broadcast(self.ctx, data, self.src)  # a rank that refused a bucket still takes part
             sent += bucket.nbytes
             t = lap("broadcast", t)
-            if self.loads:
-                self._load(data, bucket)
+            if self.loads and refusal is None:
+                try:
+                    self._load(data, bucket)
+                except QuantrollError as err:
+                    refusal = err
                 t = lap("load", t)
+        self._agreed(lambda: agree(self.ctx, lambda: _raise(refusal)))
+        self._tell_trainers(OK)
         return sent
+
+    def _tell_trainers(self, status: int, message: str = "") -> None:
+        """The source's word to the trainer ranks outside the broadcast group (engines on
+        ranks of their own), which wait for it at every unit."""
+        if self.is_src and self.trainers is not None:
+            self._status(status, message, ctx=self.trainers, src=0)  # trainer rank 0 is the source
+
+
+def _raise(error: Exception | None) -> None:
+    if error is not None:
+        raise error

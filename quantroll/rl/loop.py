@@ -233,7 +233,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             with place.stage("the weight update", step):
                 timing = push()
             record = {
-                "step": step, "rollout_precision": engine.precision, "kv_cache_dtype": engine.kv_cache_label,
+                "step": step, "rollout_precision": engines.precision, "kv_cache_dtype": engine.kv_cache_label,
                 "loss_agg": cfg.optimizer.loss_agg, **({"true_on_policy": True} if cfg.precision.true_on_policy_mode else {}),
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),

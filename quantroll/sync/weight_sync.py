@@ -1,9 +1,8 @@
 """Push the trainer's BF16 weights into the engine, in the engine's format, in place.
 
-Every weight the engine holds quantized is re-quantized by the rules the checkpoint
-was made with (``quantize_for_checkpoint``: the format with its MXFP8 scale rule, and
-NVFP4's global scale shared within fused q/k/v and gate/up), so that an update of
-unchanged weights reproduces the checkpoint bit for bit. Quantize and load are timed
+The quantization is update_quantizer.py's (the checkpoint's own rules, so an update of
+unchanged weights reproduces the checkpoint bit for bit); on one CUDA device the update
+goes straight into the engine's buffers instead (direct.py). Quantize and load are timed
 separately: on small models the per-update quantization can cost more than FP8 saves.
 """
 
@@ -15,10 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.checkpoint.plan import scale_group
-from quantroll.checkpoint.quantize import quantize_for_checkpoint, tensor_amax
-from quantroll.kernels.quantize_launch import gpu_quantizer
 from quantroll.formats import QuantizedTensor
+from quantroll.sync.update_quantizer import UpdateQuantizer
 
 
 @dataclass(frozen=True)
@@ -47,15 +44,7 @@ class WeightSync:
         self.direct = direct
         self._direct = None
         self._direct_key: tuple = ()
-        self.format = engine.format
-        # modules the engine stores quantized, by checkpoint name (fused parents excluded)
-        self.quantized = set(engine.quantized_layers())
-        # on a GPU with triton, quantize every weight of an update by one CUDA-graph replay
-        # (formats whose kernels registered a GPU quantizer; the others quantize on the reference)
-        self._gpu_path = (self.format is not None and engine.device.type == "cuda" and engine.gpu_kernels
-                          and gpu_quantizer(self.format) is not None)
-        self._plan = None  # QuantizePlan over the trainer's tensors, rebuilt if their storage changes
-        self._plan_key: tuple = ()
+        self.quantizer = UpdateQuantizer(engine)
         self._copy_s: float | None = None  # measured at the first push
 
     def copy_seconds(self) -> float:
@@ -66,55 +55,9 @@ class WeightSync:
             self._copy_s = copy_seconds(engine_weight_bytes(self.engine), self.engine.device)
         return self._copy_s
 
-    def _shared_amaxes(self, named: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        if self.format is None or not self.format.shared_global_scale:
-            return {}
-        groups: dict[str, list[str]] = {}
-        for name in named:
-            module = name.removesuffix(".weight")
-            if module in self.quantized and (key := scale_group(module)) is not None:
-                groups.setdefault(key, []).append(name)
-        shared = {}
-        for names in groups.values():
-            amax = max(tensor_amax(named[n]) for n in names)
-            shared.update({n: amax for n in names})
-        return shared
-
     def quantize(self, named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor | QuantizedTensor]:
         """The update as the engine stores it: QuantizedTensor for quantized weights."""
-        shared = self._shared_amaxes(named)
-        out: dict[str, torch.Tensor | QuantizedTensor] = {}
-        gpu: list[str] = []  # weights for the batched Triton path (bit-identical to the reference)
-        for name, tensor in named.items():
-            module = name.removesuffix(".weight")
-            if name.endswith(".weight") and module in self.quantized:
-                w = tensor.detach().to(self.engine.device)
-                if self._gpu_path and name not in shared:
-                    gpu.append(name)
-                    out[name] = w
-                else:
-                    out[name] = quantize_for_checkpoint(self.format, w, name, shared.get(name))
-            else:
-                out[name] = tensor.detach()
-        if gpu:
-            for name, q in zip(gpu, self._quantize_gpu([out[n] for n in gpu], gpu)):
-                out[name] = q
-        return out
-
-    def _quantize_gpu(self, weights: list[torch.Tensor], names: list[str]) -> list[QuantizedTensor]:
-        """One graph replay when the trainer's tensors are the ones seen before (an
-        optimizer updates them in place, so from the second update on); the plan is
-        built, and its first run made eagerly, otherwise. Outputs are the plan's own
-        buffers, overwritten by the next update (load_weights copies them first)."""
-        from quantroll.kernels import QuantizePlan
-
-        key = tuple((n, w.data_ptr(), tuple(w.shape), w.dtype) for n, w in zip(names, weights))
-        if self._plan is None or key != self._plan_key:
-            self._plan = None  # free the old buffers first
-            self._plan = QuantizePlan(weights, self.format, names)
-            self._plan_key = key
-            return list(self._plan.outputs)
-        return self._plan.run(check_finite=True)
+        return self.quantizer.quantize(named)
 
     def _direct_update(self, named: Mapping[str, torch.Tensor]):
         """The copy-speed path (quantroll/sync/direct.py) for these tensors, or None where it

@@ -1,8 +1,11 @@
-"""One weight update whose source refuses at its second unit (an injected error where a
-real one would be a non-finite weight or a layout mismatch), on 2 trainer ranks and 1
-engine rank: every rank must leave with the source's reason at once, not wait in the next
-unit's collectives for a source that has left. ``mode``: "push" (an update) or "check"
-(the first-update check's agreement around it). Prints one line per rank."""
+"""One weight update, on 2 trainer ranks and 1 engine rank, that is refused at its second
+unit (an injected error where a real one would be a non-finite weight or a layout
+mismatch): by the source while it quantizes (``where`` "source") or by the engine rank
+while it loads a bucket ("engine"; "colocated": every rank a trainer and an engine, rank 1
+refuses; "layout": the engine rank lays the update out differently from the source). Every rank must leave with the reason, naming the
+rank that refused, at once: not wait in the next unit's collectives for a rank that has
+left. ``mode``: "push" (an update) or "check" (the first-update check's agreement around
+it). Prints one line per rank."""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from quantroll.errors import QuantrollError
 from quantroll.trainer.policy import load_policy
 
 _payload = weight_broadcast.BroadcastWeightSync._payload
+_load = weight_broadcast.BroadcastWeightSync._load
+_groups = weight_broadcast.BroadcastWeightSync._groups
+_loads_seen = []
+_where = []
 
 
 def _say(line: str) -> None:
@@ -33,10 +40,33 @@ def _refusing(self, index):
     return _payload(self, index)
 
 
-def main(mode: str) -> None:
-    weight_broadcast.BroadcastWeightSync._payload = _refusing
+def _refusing_load(self, data, bucket):
+    _loads_seen.append(bucket)
+    # the refusing rank's second bucket (buckets of 64 KiB: within the first units): the engine
+    # rank (2), or, with every rank colocated, rank 1 alone
+    refuser = 1 if _where == ["colocated"] else 2
+    if int(os.environ["RANK"]) == refuser and len(_loads_seen) == 2:
+            raise QuantrollError("injected load refusal on an engine")
+    return _load(self, data, bucket)
+
+
+def _misordered_groups(self, unit, state):
+    groups = _groups(self, unit, state)
+    if int(os.environ["RANK"]) == 2 and len(groups) > 1:  # the engine rank's layout: two tensors swapped
+        groups[0], groups[1] = groups[1], groups[0]
+    return groups
+
+
+def main(mode: str, where: str) -> None:
+    if where == "source":
+        weight_broadcast.BroadcastWeightSync._payload = _refusing
+    elif where == "layout":
+        weight_broadcast.BroadcastWeightSync._groups = _misordered_groups
+    else:
+        weight_broadcast.BroadcastWeightSync._load = _refusing_load
     torch.set_num_threads(1)
-    ctx = from_environ("cpu", 1)
+    _where.append(where)
+    ctx = from_environ("cpu", 0 if where == "colocated" else 1)
     init_process_group(ctx)
     place = Ranks(ctx, bucket_bytes=64 * 1024)
     ckpt = builtin_checkpoint("dense")
@@ -47,8 +77,8 @@ def main(mode: str) -> None:
             engine = Engine(ckpt, dtype=torch.float32)
             policy = load_policy(ckpt, device="cpu", dtype=torch.float32)
             place.shard(policy)
-            push = place.sync(engine, policy)
-            try:
+            try:  # as quantroll/rl/ranks.py: whatever fails on a trainer rank, rank 0 releases the engines
+                push = place.sync(engine, policy)
                 place.check_weight_update(engine, push, allow_quant_error=False) if mode == "check" else push()
             except BaseException as err:
                 place.release_engines(err)
@@ -61,4 +91,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "source")

@@ -52,11 +52,47 @@ def test_a_refusal_at_the_source_stops_every_rank_with_its_reason(mode):
     """Trainer rank 1 is outside the broadcast group: without the source's verdict over the
     trainer group it waited in the next unit's unshard until the collective timeout (10
     minutes; the subprocess limit here is 3)."""
-    import re
-
-    done = torchrun(3, ["-m", "tests.dist.refusal_worker", mode], timeout=180)
-    lines = dict(re.findall(r"^rank (\d): (.*)$", done.stdout, re.M))
-    assert done.returncode != 0 and set(lines) == {"0", "1", "2"}, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = _refusal_lines(mode, "source")
     assert lines["0"].startswith("QuantrollError: injected refusal at the source, unit 1")
     for rank in ("1", "2"):
         assert lines[rank].startswith("PeerFailed: rank 0:") and "injected refusal" in lines[rank], lines
+
+
+@pytest.mark.parametrize("mode", ["push", "check"])
+def test_a_load_refused_on_an_engine_rank_stops_every_rank_naming_it(mode):
+    """The engine rank (2) refuses its second bucket: the unit's load verdict, agreed over
+    the broadcast group, stops the source at that unit; trainer rank 0 says the engine
+    rank's reason once (it had been left to the heartbeat, which names only a death)."""
+    lines = _refusal_lines(mode, "engine")
+    assert lines["0"].startswith("QuantrollError: rank 2: injected load refusal on an engine"), lines
+    for rank in ("1", "2"):
+        assert lines[rank].startswith("PeerFailed: ") and "rank 2: injected load refusal" in lines[rank], lines
+
+
+@pytest.mark.parametrize("mode", ["push", "check"])
+def test_a_load_refused_on_one_colocated_rank_is_said_by_that_rank(mode):
+    """Every rank a trainer and an engine; rank 1 refuses a bucket: it says its own reason,
+    the others leave quietly at the same unit, naming it."""
+    lines = _refusal_lines(mode, "colocated")
+    assert lines["1"].startswith("QuantrollError: injected load refusal on an engine"), lines
+    for rank in ("0", "2"):
+        assert lines[rank].startswith("PeerFailed: rank 1: injected load refusal"), lines
+
+
+def test_an_engine_rank_whose_layout_differs_is_named_before_any_byte_travels():
+    """The layout is computed on each side from its own engine (the source's on the meta
+    device): a receiver that differs would load bytes into the wrong tensors."""
+    lines = _refusal_lines("push", "layout")
+    assert lines["0"].startswith("QuantrollError: rank 2: the weight update's layout differs from the source's: "
+                                 "this rank lays out '0 0 "), lines
+    for rank in ("1", "2"):
+        assert lines[rank].startswith("PeerFailed: ") and "rank 2: the weight update's layout differs" in lines[rank]
+
+
+def _refusal_lines(mode: str, where: str) -> dict[str, str]:
+    import re
+
+    done = torchrun(3, ["-m", "tests.dist.refusal_worker", mode, where], timeout=180)
+    lines = dict(re.findall(r"^rank (\d): (.*)$", done.stdout, re.M))
+    assert done.returncode != 0 and set(lines) == {"0", "1", "2"}, done.stdout[-3000:] + done.stderr[-3000:]
+    return lines

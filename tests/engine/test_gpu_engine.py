@@ -329,7 +329,7 @@ def test_weight_sync_gpu_path_equals_the_reference():
     base = random_model(cfg, DEV)
     engine = Engine.from_model(random_model(cfg, DEV, fmt=FP8, source=base), FP8, DEV)
     sync = WeightSync(engine)
-    assert sync._gpu_path
+    assert sync.quantizer.gpu_path
     named = {n: p.detach() for n, p in base.named_parameters()}
     for update in range(3):  # build the plan, then replay its graph on weights changed in place
         if update:
@@ -337,12 +337,12 @@ def test_weight_sync_gpu_path_equals_the_reference():
                 for p in base.parameters():
                     p.mul_(1.5 if update == 1 else -0.25)
         fast = sync.quantize(named)
-        for name in (f"{m}.weight" for m in sync.quantized):
+        for name in (f"{m}.weight" for m in sync.quantizer.quantized):
             ref = FP8.quantize_weight(named[name], name)
             assert torch.equal(fast[name].data.view(torch.uint8), ref.data.view(torch.uint8)), (update, name)
             assert torch.equal(fast[name].scale, ref.scale), (update, name)
     sync.push(named)  # the plan's outputs load into the engine
-    for name in (f"{m}.weight" for m in sync.quantized):
+    for name in (f"{m}.weight" for m in sync.quantizer.quantized):
         layer = engine.quantized_layers()[name.removesuffix(".weight")]
         assert torch.equal(layer.weight.view(torch.uint8), FP8.quantize_weight(named[name], name).data.view(torch.uint8))
 

@@ -138,18 +138,56 @@ def test_bitwise_equal_at_contexts_up_to_4k_with_preemption(long_ckpt, context):
     assert tokens == 64 and unequal == 0
 
 
-def test_mode2_bitwise_equal(tiny_qwen3_dir, tmp_path):
-    from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+def _mode2(engine_ckpt, policy_ckpt):
+    """The engine on the converted block FP8 checkpoint, the trainer on the BF16 one with the same
+    format on the engine's quantized layers (emulated on both sides: train_real_fp8 False)."""
     from quantroll.formats import get_format
 
-    fp8 = tmp_path / "fp8"
-    convert_checkpoint(tiny_qwen3_dir, fp8, ConvertConfig(format="fp8", progress=False, allow_partial_blocks=True))
-    engine = Engine(fp8, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=2))
-    policy = load_policy(tiny_qwen3_dir, device=DEV, kernels=INVARIANT_KERNELS)
+    engine = Engine(engine_ckpt, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=2))
+    policy = load_policy(policy_ckpt, device=DEV, kernels=INVARIANT_KERNELS)
     names = set(engine.quantized_layers())
+    assert names
     for module in policy.modules():
         if getattr(module, "name", None) in names:
-            module.train_format = get_format("fp8")  # emulated on both sides (train_real_fp8 False)
+            module.train_format = get_format("fp8")
+    return engine, policy
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_mode2_bitwise_equal(tiny_checkpoint, tmp_path, moe):
+    from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
+
+    bf16, fp8 = tiny_checkpoint(moe=moe), tmp_path / "fp8"
+    convert_checkpoint(bf16, fp8, ConvertConfig(format="fp8", progress=False, allow_partial_blocks=True))
+    engine, policy = _mode2(fp8, bf16)
     prompts = [[5 + i, 6, 7, 8][: 1 + i % 4] for i in range(32)]
     unequal, tokens = _gap_and_bits(engine, policy, prompts, SamplingParams(max_new_tokens=12, seed=2))
     assert tokens > 0 and unequal == 0
+
+
+@pytest.mark.parametrize("batch", [1, 48])
+def test_moe_bitwise_equal_and_same_experts(tiny_checkpoint, batch):
+    """Qwen3-MoE in BF16: the invariant router (tree-sum softmax, argmax top-k) and the
+    per-expert invariant GEMMs give the engine's logprobs bit for bit, and the engine's
+    recorded experts are the ones the trainer chooses (routing replay would be a no-op)."""
+    from quantroll.metrics.mismatch import routing_agreement
+    from quantroll.model.moe import RecordRouting
+    from quantroll.rl.step import _per_sequence_routes
+
+    ckpt = tiny_checkpoint(moe=True)
+    engine = Engine(ckpt, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=2))
+    policy = load_policy(ckpt, device=DEV, kernels=INVARIANT_KERNELS)
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, 300, (int(n),), generator=gen).tolist()
+               for n in torch.randint(3, 40, (batch,), generator=gen)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=batch, stop_token_ids=())
+    results = engine.generate(prompts, params)
+    record = RecordRouting()
+    with torch.no_grad():
+        logp, _ = response_logprobs(policy, prompts, [r.tokens for r in results], 1.0, routing=record)
+    unequal = sum(int((logp[i, :len(r.logprobs)].cpu() != torch.tensor(r.logprobs)).sum())
+                  for i, r in enumerate(results))
+    assert sum(len(r.tokens) for r in results) > 0 and unequal == 0
+    trainer = torch.cat(_per_sequence_routes(record, prompts, [r.tokens for r in results], policy.config.moe_layers))
+    engine_routes = torch.cat([r.routed_experts.long() for r in results])
+    assert routing_agreement(trainer, engine_routes) == [1.0] * len(policy.config.moe_layers)

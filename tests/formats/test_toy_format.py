@@ -84,7 +84,7 @@ def test_engine_loads_generates_and_syncs(toy, toy_dir, tiny_checkpoint):
     sync = WeightSync(engine)
     errors = check_weight_update(engine, lambda: sync.push(weights), allow_quant_error=False)
     assert errors and all(v == 0.0 for v in errors.values())
-    assert set(errors) >= {f"{m}.weight" for m in sync.quantized}
+    assert set(errors) >= {f"{m}.weight" for m in sync.quantizer.quantized}
 
 
 def test_report_labels_name_the_format(toy):

@@ -40,12 +40,17 @@ def test_bf16_mode1_and_mode2_train_on_gpu_with_real_fp8():
     assert mode2[0]["train_rollout_logprob_abs_diff"] < mode1[0]["train_rollout_logprob_abs_diff"]
 
 
-@pytest.mark.parametrize("mode", [{}, dict(rollout_precision="fp8", train_recipe="fp8")], ids=["bf16", "mode2"])
+@pytest.mark.parametrize("mode", [{}, dict(rollout_precision="fp8", train_recipe="fp8"),
+                                  dict(builtin_model="moe", use_rollout_routing_replay=True)],
+                         ids=["bf16", "mode2", "moe-bf16-r3"])
 def test_true_on_policy_mode_gap_is_exactly_zero_on_gpu(mode):
     """--true-on-policy-mode on the GPU: the engine's reported logprobs and the trainer's are
-    the same bits at step 0 and after every weight update (BF16, and mode 2 with its FP8
-    re-quantized by the sync)."""
+    the same bits at step 0 and after every weight update (BF16, mode 2 with its FP8
+    re-quantized by the sync, and the MoE model, whose routing then agrees everywhere)."""
     history = _run(true_on_policy_mode=True, check_weight_update_equal=True, **mode)
     assert [r["step"] for r in history] == [0, 1, 2]
     assert [r["train_rollout_logprob_abs_diff"] for r in history] == [0.0, 0.0, 0.0]
     assert all(r["true_on_policy"] for r in history)
+    routing = [v for r in history for k, v in r.items() if k.startswith("routing_agreement_layer")]
+    assert routing == ([1.0] * len(routing) if "builtin_model" in mode else [])
+    assert len(routing) > 0 or "builtin_model" not in mode

@@ -71,3 +71,24 @@ def test_a_nan_is_named(engine_dirs, name):
         named[name].view(-1)[3] = float("nan")
     with pytest.raises(NonFiniteError, match=name.replace(".", r"\.")):
         sync.push(named)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8"])
+def test_a_source_with_its_engine_on_the_meta_device_quantizes_the_same_bits_on_its_gpu(engine_dirs, fmt):
+    """The weight broadcast's source (engines on ranks of their own) holds no engine
+    weights: it quantizes on its GPU with the Triton plan, and must send exactly what an
+    engine on that GPU would have quantized."""
+    from quantroll.sync.update_quantizer import UpdateQuantizer
+
+    named = {n: p.detach() for n, p in _moved_policy().named_parameters()}
+    source = UpdateQuantizer(Engine(engine_dirs[fmt], device="meta"), "cuda")
+    assert source.gpu_path
+    got = source.quantize(named)
+    want = WeightSync(Engine(engine_dirs[fmt], device="cuda")).quantize(named)
+    assert set(got) == set(want)
+    for name, w in want.items():
+        if isinstance(w, torch.Tensor):
+            assert torch.equal(got[name], w), name
+        else:
+            assert torch.equal(got[name].data.view(torch.uint8), w.data.view(torch.uint8)), name
+            assert torch.equal(got[name].scale, w.scale), name

@@ -34,11 +34,11 @@ def trainer_weights(bf16_dir):
 def test_honest_update_of_unchanged_weights_is_bitwise_equal(bf16_dir, converted, fmt):
     engine = Engine(converted[fmt])
     sync = WeightSync(engine)
-    assert sync.quantized, "the converted checkpoint must hold quantized layers"
+    assert sync.quantizer.quantized, "the converted checkpoint must hold quantized layers"
     weights = trainer_weights(bf16_dir)
     errors = check_weight_update(engine, lambda: sync.push(weights), allow_quant_error=False)
     assert errors and all(v == 0.0 for v in errors.values())
-    assert set(errors) >= {f"{m}.weight" for m in sync.quantized}
+    assert set(errors) >= {f"{m}.weight" for m in sync.quantizer.quantized}
 
 
 def test_push_times_quantize_and_load_separately(bf16_dir, converted):
@@ -159,3 +159,32 @@ def test_nvfp4_sync_shares_the_global_scale_within_fused_groups(bf16_dir, conver
     g = {n: update[f"{p}{n}.weight"].global_scale.item() for n in ("q_proj", "k_proj", "v_proj")}
     assert len(set(g.values())) == 1
     assert update["model.layers.0.mlp.gate_proj.weight"].global_scale == update["model.layers.0.mlp.up_proj.weight"].global_scale
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4"])
+def test_an_engine_described_on_the_meta_device_quantizes_the_same_bits(bf16_dir, converted, fmt):
+    """The cross-process broadcast's source holds its engine on the meta device and
+    quantizes on its own device: the same update, bit for bit, as an engine that holds
+    its weights (NVFP4's shared global scales included)."""
+    from quantroll.sync.update_quantizer import UpdateQuantizer
+
+    weights = trainer_weights(bf16_dir)
+    described = Engine(converted[fmt], device="meta")
+    assert all(t.is_meta for t in described.state().values())
+    got = UpdateQuantizer(described, "cpu").quantize(weights)
+    want = WeightSync(Engine(converted[fmt])).quantize(weights)
+    assert set(got) == set(want)
+    quantized = 0
+    for name, w in want.items():
+        if hasattr(w, "data") and hasattr(w, "scale") and not isinstance(w, torch.Tensor):
+            quantized += 1
+            assert torch.equal(got[name].data.view(torch.uint8), w.data.view(torch.uint8)), name
+            assert torch.equal(got[name].scale, w.scale), name
+            assert (got[name].global_scale is None) == (w.global_scale is None), name
+            if w.global_scale is not None:
+                assert torch.equal(got[name].global_scale, w.global_scale), name
+        else:
+            assert torch.equal(got[name], w), name
+    assert quantized > 0
+    with pytest.raises(ValueError, match="meta device"):
+        UpdateQuantizer(described)

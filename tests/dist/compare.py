@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 from pathlib import Path
 
 import torch
@@ -40,20 +41,42 @@ def load(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return json.loads((out / "results.json").read_text()), tensors
 
 
+def _fresh(fn, *args):
+    """``fn(*args)`` in a fresh interpreter (spawned), as every rank starts: in the pytest
+    process, after other tests, the step-0 loss of the one-process reference (a cancelled
+    sum near 0, compared within 1e-8) once came out -1.3e-5 where every fresh process gives
+    7.45e-9, whatever its number of threads; the cause inside the long-lived process was
+    not found."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def _train(name: str) -> dict:
+    return scenarios.train_case(OneProcess(), name)
+
+
+def _generate(engine_dir: Path) -> dict:
+    return scenarios.generate_case(OneProcess(), engine_dir)
+
+
+def _sync(engine_dir: Path, check: bool) -> dict:
+    return scenarios.sync_case(OneProcess(), engine_dir, check)
+
+
 # one-process references, computed once per test session (the 2-rank, 4-rank and Ray runs share them)
 @functools.cache
 def _train_ref(name: str) -> dict:
-    return scenarios.train_case(OneProcess(), name)
+    return _fresh(_train, name)
 
 
 @functools.cache
 def _generate_ref(engine_dir: Path) -> dict:
-    return scenarios.generate_case(OneProcess(), engine_dir)
+    return _fresh(_generate, engine_dir)
 
 
 @functools.cache
 def _sync_ref(engine_dir: Path, check: bool) -> dict:
-    return scenarios.sync_case(OneProcess(), engine_dir, check)
+    return _fresh(_sync, engine_dir, check)
 
 
 def check_training(results: dict, tensors: dict, name: str) -> None:

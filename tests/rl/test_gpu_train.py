@@ -35,7 +35,9 @@ def test_bf16_mode1_and_mode2_train_on_gpu_with_real_fp8():
                         "weight_quantize_time", "weight_load_time"):
                 assert math.isfinite(r[key]), key
         assert "eval_engine_accuracy" in history[-1]
-    # FP8 rollout adds a gap that BF16 rollout does not have; unified FP8 shrinks it
+    # without --true-on-policy-mode even BF16 on both sides has a gap on the GPU (the negative
+    # control of the mode's exact 0.0 below); FP8 rollout adds to it; unified FP8 shrinks it
+    assert bf16[0]["train_rollout_logprob_abs_diff"] > 0.0
     assert mode1[0]["train_rollout_logprob_abs_diff"] > 3 * bf16[0]["train_rollout_logprob_abs_diff"]
     assert mode2[0]["train_rollout_logprob_abs_diff"] < mode1[0]["train_rollout_logprob_abs_diff"]
 

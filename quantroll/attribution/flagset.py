@@ -15,7 +15,7 @@ import argparse
 import shlex
 from dataclasses import dataclass
 
-from quantroll.attribution.units import Cell, cell_order
+from quantroll.attribution.units import Cell
 from quantroll.checkpoint.plan import KEEP, PlanRules, plan
 from quantroll.errors import QuantrollError
 from quantroll.formats import get_format

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.attribution.divergence import gap, relative_error, routing_flips, squared_sums
+from quantroll.attribution.divergence import gap, routing_flips, squared_sums
 from quantroll.attribution.hybrid import Hybrid
 from quantroll.attribution.units import cell_of
 from quantroll.model.moe import RecordRouting, ReplayRouting

@@ -38,7 +38,6 @@ def _ranked(result: dict, level: str) -> list[dict]:
 
 
 def format_report(result: dict) -> str:
-    n = len(result["gap_full_per_seed"])
     cfg = result["config"]
     lines = [f"# Where the {result['precision_label']} rollout gap comes from", "",
              f"Model: {result['model']}. Gap: mean |logp_train - logp_rollout| over response tokens (the compare "

@@ -9,8 +9,8 @@ the RL loop's order of stages (evaluation, rollout, the first-update check, resu
     generate  the prompts, sampling parameters and caps; the engine ranks split them
               (DataParallelEngines over the engine group), and the first engine rank
               sends every result, in prompt order, to every rank (``send_results``)
-    describe  what the engine ranks compute in (Engine.precision), which the trainer ranks'
-              descriptions on the meta device cannot tell
+    describe  what the engine ranks compute in (Engine.precision, Engine.kv_cache_label),
+              which the trainer ranks' descriptions on the meta device cannot tell
     sync      the units of the weight broadcast (the trainer's parameter names per FSDP2
               unit) and the bucket size: the engine ranks build their receiving side
     update    one weight update (dist/weight_broadcast.py): trainer rank 0 quantizes and
@@ -86,16 +86,26 @@ def receive_results(groups: RankGroups, engine, prompts: Sequence[Sequence[int]]
     return unpack(ints, lps, routes, prompts, *_shape(engine), engine.route_dtype), status["stats"]
 
 
+def describe_engines(engine, groups: RankGroups, requests: EngineRequests) -> "RemoteEngines":
+    """The engine ranks as a trainer rank sees them, with what they compute in: asked of
+    the first engine rank (every trainer rank calls this together)."""
+    requests.send("describe")
+    said = json.loads(broadcast_text(groups.results, None, groups.first_engine))
+    return RemoteEngines(engine, groups, requests, said["precision"], said["kv_cache_label"])
+
+
 class RemoteEngines:
     """The engine ranks, seen from a trainer rank (the loop's ``engines``). ``engine``: this
     trainer rank's engine object, a description on the meta device (no weights, no KV
     pool), never sampled from: it answers the loop's questions about the engine (stop tokens,
-    config) and describes the format to the weight broadcast's source; the precision is the
-    engine ranks' own."""
+    config) and describes the format to the weight broadcast's source; the precision and
+    the KV cache's label are the engine ranks' own (``describe_engines``)."""
 
-    def __init__(self, engine, groups: RankGroups, requests: EngineRequests, precision: str):
+    def __init__(self, engine, groups: RankGroups, requests: EngineRequests, precision: str, kv_cache_label: str):
         self.engine, self.groups, self.requests = engine, groups, requests
-        self.precision = precision  # the engine ranks' (Engine.precision), not the description's
+        # the engine ranks' (Engine.precision, Engine.kv_cache_label), not the description's: on
+        # the meta device no real FP8 backend and no GPU KV kernel can be chosen
+        self.precision, self.kv_cache_label = precision, kv_cache_label
         self.last_stats: dict = {}
 
     def __getattr__(self, name):
@@ -174,9 +184,10 @@ class EngineServer:
             self.sync = None  # agreed over the broadcast group: trainer rank 0 says it, then stops us
 
     def _describe(self) -> None:
-        """What the trainer ranks cannot know from their engine descriptions: the precision."""
+        """What the trainer ranks cannot know from their engine descriptions (``describe_engines``)."""
         first = self.groups.first_engine
-        broadcast_text(self.groups.results, self.engine.precision if self.groups.world.rank == first else None, first)
+        said = json.dumps({"precision": self.engine.precision, "kv_cache_label": self.engine.kv_cache_label})
+        broadcast_text(self.groups.results, said if self.groups.world.rank == first else None, first)
 
     def _update(self) -> None:
         try:
@@ -203,4 +214,4 @@ class EngineServer:
         all_max(self.groups.world, [worst])
 
 
-__all__ = ["EngineRequests", "EngineServer", "RemoteEngines", "receive_results", "send_results"]
+__all__ = ["EngineRequests", "EngineServer", "RemoteEngines", "describe_engines", "receive_results", "send_results"]

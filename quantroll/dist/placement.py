@@ -21,10 +21,10 @@ import contextlib
 
 import torch
 
-from quantroll.dist.collectives import PeerFailed, agree, all_max, broadcast_text
+from quantroll.dist.collectives import PeerFailed, agree, all_max
 from quantroll.dist.context import DistContext
 from quantroll.dist.data_parallel import DataParallelEngines
-from quantroll.dist.engine_ranks import EngineRequests, EngineServer, RemoteEngines
+from quantroll.dist.engine_ranks import EngineRequests, EngineServer, describe_engines
 from quantroll.dist.fsdp import full_tensor, shard_policy
 from quantroll.dist.groups import RankGroups
 from quantroll.dist.liveness import Stopped
@@ -78,11 +78,7 @@ class Ranks:
     def engines(self, engine):
         if self.groups.colocated:
             return DataParallelEngines(engine, self.ctx)
-        # what the engine ranks compute in: this rank's engine is a description on the meta
-        # device, where no real FP8 backend can be chosen
-        self.requests.send("describe")
-        precision = broadcast_text(self.groups.results, None, self.groups.first_engine)
-        return RemoteEngines(engine, self.groups, self.requests, precision)
+        return describe_engines(engine, self.groups, self.requests)
 
     def sync(self, engine, policy):
         """A callable that pushes the policy's weights into every engine (every trainer rank

@@ -14,16 +14,19 @@ with the one-process sync's quantizer (``quantroll.sync.update_quantizer``: the
 checkpoint's rules, format, MXFP8 scale rule, NVFP4 shared global scales, the Triton plan
 on a GPU), so every engine ends bitwise equal to an engine updated by the one-process
 sync from the same weights.
-BF16 tensors travel as bfloat16 (on a CPU the trainer's float32 tensors hold BF16
-values: checked, then cast exactly), quantized weights as their codes and scales: on a
-Qwen3 that is ~58% of the BF16 bytes (embeddings, lm_head and norms stay BF16).
+BF16 tensors travel as bfloat16 (checked finite at the source; on a CPU the trainer's
+float32 tensors hold BF16 values: checked, then cast exactly), quantized weights as
+their codes and scales: on a Qwen3 that is ~58% of the BF16 bytes (embeddings, lm_head
+and norms stay BF16).
 
-The layout of every bucket follows from the engine's own tensors, so a receiver needs no
-metadata from the source: only a status word per unit (so that a non-finite weight or
-any other refusal at the source stops every rank, not only the source) and the bytes.
-An update is loaded bucket by bucket (each bucket all or nothing) and its version moves
-once, at the end; an update that fails midway stops the run, so a half-updated engine
-is never sampled from.
+The layout of every bucket follows from each rank's own engine, so the bytes carry no
+metadata: the layouts are compared once, when the sync is built (``check_layout``: a
+digest, and the first differing tensor named where one differs). Per unit, a status
+word from the source (a non-finite weight or any other refusal there stops every rank,
+not only the source), the buckets, then the loading ranks' verdict, agreed (an engine
+that refuses a bucket stops every rank at that unit, named). An update is loaded bucket
+by bucket (each bucket all or nothing) and its version moves once, at the end; an
+update that fails midway stops the run, so a half-updated engine is never sampled from.
 
 Roles (quantroll/dist/groups.py). Colocated, every rank holds a trainer shard and an
 engine: it unshards, and loads what the source sends. With engines on ranks of their
@@ -66,7 +69,7 @@ class BroadcastTiming:
     bytes_sent: int  # payload bytes the source broadcast this update
     bf16_bytes: int  # what the same tensors take in BF16 (the ratio is the wire's saving)
     version: int
-    copy_s: float  # one device copy of this rank's engine weight bytes (sync/copy_reference.py)
+    copy_s: float  # one copy of the engine's weight bytes on this rank's device (sync/copy_reference.py)
 
     def metrics(self) -> dict[str, float]:
         return {"weight_gather_time": self.gather_s, "weight_quantize_time": self.quantize_s,
@@ -97,8 +100,14 @@ class BroadcastWeightSync:
         self.is_src, self.loads, self.bucket_bytes = ctx is not None and ctx.rank == src, loads, bucket_bytes
         self.quantized = engine.quantized_layers()
         state = engine.state()
-        self.layouts = [layout(self._groups(unit, state), bucket_bytes) for unit in units]
-        self.bf16_bytes = sum(self._numel(n, state) * 2 for u in units for n in u.names)
+        # a tensor this rank's engine lacks is said by check_layout, agreed, so that the
+        # other ranks leave with it instead of waiting in the layout's collectives
+        self.layout_error: QuantrollError | None = None
+        try:
+            self.layouts = [layout(self._groups(unit, state), bucket_bytes) for unit in units]
+            self.bf16_bytes = sum(self._numel(n, state) * 2 for u in units for n in u.names)
+        except QuantrollError as err:
+            self.layouts, self.bf16_bytes, self.layout_error = [], 0, err
         size = max((b.nbytes for buckets in self.layouts for b in buckets), default=0) if ctx is not None else 0
         group = ctx if ctx is not None else trainers  # a trainer rank outside the broadcast group hears statuses
         self.device = group.device if group is not None else engine.device  # (its engine: on the meta device)
@@ -135,18 +144,23 @@ class BroadcastWeightSync:
         where it does. Called once after construction, by every rank that pushes; the
         trainer ranks outside the broadcast group hear the verdict from the source."""
         if self.ctx is None:
-            if self.trainers is not None:
-                self._status(OK, ctx=self.trainers, src=0)
+            if self.trainers is not None:  # the source's verdict (its description is this rank's: it
+                self._status(OK, ctx=self.trainers, src=0)  # lacks the same tensor, and says so)
+            if self.layout_error is not None:
+                raise self.layout_error
             return
         mine = manifest(self.layouts)
         digest = hashlib.sha256("\n".join(mine).encode()).hexdigest()
-        same = broadcast_text(self.ctx, digest if self.is_src else None, self.src) == digest
+        same = (broadcast_text(self.ctx, digest if self.is_src else None, self.src) == digest
+                and self.layout_error is None)
         if all_true(self.ctx, same):
             self._tell_trainers(OK)
             return
         theirs = broadcast_text(self.ctx, "\n".join(mine) if self.is_src else None, self.src).split("\n")
 
         def compare() -> None:
+            if self.layout_error is not None:
+                raise self.layout_error
             if (where := first_difference(mine, theirs)) is not None:
                 raise QuantrollError(f"the weight update's layout differs from the source's: {where}; the trainer and "
                                      "every engine must load the same model with the same quantroll")
@@ -159,8 +173,8 @@ class BroadcastWeightSync:
         engine of its own rank (colocated, the refusing rank says it)."""
         try:
             fn()
-        except PeerFailed as err:
-            self._tell_trainers(PEER, str(err))
+        except QuantrollError as err:  # PeerFailed, a peer's NonFiniteError (agree names its rank), or our own
+            self._tell_trainers(PEER, str(err))  # only a source that loads nothing has trainers to tell
             if self.is_src and not self.loads:
                 raise QuantrollError(str(err)) from None
             raise
@@ -175,7 +189,11 @@ class BroadcastWeightSync:
                 out[f"{name}:data"], out[f"{name}:scale"] = value.data, value.scale
                 if value.global_scale is not None:
                     out[f"{name}:global"] = value.global_scale
-            else:
+            else:  # a quantized weight's finiteness is its quantizer's check; a BF16 one's is here, so
+                # that NaN/Inf stops every rank at the source, named, before a byte of it is sent
+                if not bool(torch.isfinite(value).all()):
+                    raise NonFiniteError(f"weight update: tensor '{name}' holds NaN/Inf value(s); the trainer's "
+                                         "weights diverged (lower the learning rate or check the loss)", tensor=name)
                 wire = value.to(self.device, WIRE_DTYPE)
                 if value.dtype != WIRE_DTYPE and not torch.equal(wire.to(value.dtype), value.to(self.device)):
                     raise QuantrollError(f"the trainer's {name} holds values that are not BF16; the optimizer must "

@@ -28,7 +28,7 @@ def _quantization(checkpoint: Path) -> dict | None:
     if not path.is_file():
         raise QuantrollError(f"--hf-checkpoint {checkpoint}: config.json not found; point it at an HF checkpoint "
                              "directory (or leave it out for the built-in model)")
-    qc = read_json(path, f"--hf-checkpoint's config", fix="fix or re-download it").get("quantization_config")
+    qc = read_json(path, "--hf-checkpoint's config", fix="fix or re-download it").get("quantization_config")
     generation = checkpoint / "generation_config.json"
     if generation.is_file():  # the engine reads it too: refused here in one line, before any work
         read_json(generation, "generation config", fix="fix or delete it")

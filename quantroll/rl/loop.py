@@ -154,9 +154,10 @@ def _serve(cfg: TrainConfig, engine_dir: Path, place) -> None:
 def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool, task, eval_problems, claim,
            log, place=None) -> list[dict]:
     """``place``: where the pieces run (quantroll/rl/placement.py; default this process).
-    With engines on ranks of their own, ``engine`` here is never sampled from: it answers
-    for the checkpoint (format, precision, stop tokens) and is the weight broadcast's
-    description of the format; the engine ranks sample."""
+    With engines on ranks of their own, ``engine`` here is a description on the meta
+    device, never sampled from: it answers for the checkpoint (format, stop tokens,
+    config) and describes the format to the weight broadcast; the engine ranks sample,
+    and ``engines`` carries what they compute in (precision, KV cache)."""
     place = place or OneProcess()
     torch.manual_seed(cfg.rollout.seed)
     dtype = resolve_compute_dtype(cfg.models.device, cfg.models.compute_dtype)
@@ -179,8 +180,9 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
     if ref_policy is not None:
         place.shard(ref_policy)
     optimizer = place.optimizer(policy, cfg.optimizer.lr)
-    push = place.sync(engine, policy)
-    engines = place.engines(engine)
+    with place.stage("the weight sync's set-up"):
+        push = place.sync(engine, policy)
+        engines = place.engines(engine)
     memory = engine_memory(engine)
     tokenizer = _tokenizer(engine_dir)
     rng = random.Random(cfg.rollout.seed)
@@ -233,7 +235,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             with place.stage("the weight update", step):
                 timing = push()
             record = {
-                "step": step, "rollout_precision": engines.precision, "kv_cache_dtype": engine.kv_cache_label,
+                "step": step, "rollout_precision": engines.precision, "kv_cache_dtype": engines.kv_cache_label,
                 "loss_agg": cfg.optimizer.loss_agg, **({"true_on_policy": True} if cfg.precision.true_on_policy_mode else {}),
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),

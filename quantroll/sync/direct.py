@@ -30,13 +30,17 @@ import torch
 
 from quantroll.errors import NonFiniteError
 from quantroll.kernels.counters import device_key
+from quantroll.kernels.quantize import triton_available
 from quantroll.kernels.quantize_launch import gpu_quantizer
 
 
 def direct_applies(engine, named: Mapping[str, torch.Tensor]) -> bool:
-    """Whether this update can take the direct path (one CUDA device, a graphable format,
-    contiguous BF16 sources of the engine's shapes)."""
-    if engine.device.type != "cuda" or not engine.gpu_kernels:
+    """Whether this update can take the direct path (one CUDA device with Triton, a
+    graphable format, contiguous BF16 sources of the engine's shapes). Not the engine's
+    ``gpu_kernels``: that is its forward's choice (off in true on-policy mode, where the
+    forward runs the invariant kernels), while the update's quantizer is bit-identical to
+    the reference either way, as the general path's Triton plan is (update_quantizer.py)."""
+    if engine.device.type != "cuda" or not triton_available():
         return False
     if engine.format is not None and not getattr(gpu_quantizer(engine.format), "direct", False):
         return False  # BF16, or a format whose GPU quantizer writes engine buffers in place

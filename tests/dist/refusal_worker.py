@@ -1,11 +1,14 @@
-"""One weight update, on 2 trainer ranks and 1 engine rank, that is refused at its second
-unit (an injected error where a real one would be a non-finite weight or a layout
-mismatch): by the source while it quantizes (``where`` "source") or by the engine rank
-while it loads a bucket ("engine"; "colocated": every rank a trainer and an engine, rank 1
-refuses; "layout": the engine rank lays the update out differently from the source). Every rank must leave with the reason, naming the
-rank that refused, at once: not wait in the next unit's collectives for a rank that has
-left. ``mode``: "push" (an update) or "check" (the first-update check's agreement around
-it). Prints one line per rank."""
+"""One weight update, on 2 trainer ranks and 1 engine rank, that is refused: by the source
+while it quantizes its second unit (``where`` "source": an injected error), by the engine
+rank while it loads its second bucket ("engine": an injected QuantrollError;
+"engine-nonfinite": an injected NonFiniteError, which the agreement hands on under its own
+type; "colocated": every rank a trainer and an engine, rank 1 refuses), because the engine
+rank lays the update out differently from the source ("layout") or its engine lacks a
+tensor the trainer sends ("missing": its layout cannot be built), or because the trainer's
+final norm holds NaN ("nan": no injection, the source's own check). Every rank must leave
+with the reason, naming the rank that refused, at once: not wait in the next unit's
+collectives for a rank that has left. ``mode``: "push" (an update) or "check" (the
+first-update check's agreement around it). Prints one line per rank."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from quantroll.dist import weight_broadcast
 from quantroll.dist.context import from_environ, init_process_group
 from quantroll.dist.placement import Ranks
 from quantroll.engine import Engine
-from quantroll.errors import QuantrollError
+from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.trainer.policy import load_policy
 
 _payload = weight_broadcast.BroadcastWeightSync._payload
@@ -46,7 +49,9 @@ def _refusing_load(self, data, bucket):
     # rank (2), or, with every rank colocated, rank 1 alone
     refuser = 1 if _where == ["colocated"] else 2
     if int(os.environ["RANK"]) == refuser and len(_loads_seen) == 2:
-            raise QuantrollError("injected load refusal on an engine")
+        if _where == ["engine-nonfinite"]:
+            raise NonFiniteError("injected non-finite load on an engine", tensor="model.layers.0.mlp.up_proj.weight")
+        raise QuantrollError("injected load refusal on an engine")
     return _load(self, data, bucket)
 
 
@@ -62,7 +67,7 @@ def main(mode: str, where: str) -> None:
         weight_broadcast.BroadcastWeightSync._payload = _refusing
     elif where == "layout":
         weight_broadcast.BroadcastWeightSync._groups = _misordered_groups
-    else:
+    elif where in ("engine", "engine-nonfinite", "colocated"):
         weight_broadcast.BroadcastWeightSync._load = _refusing_load
     torch.set_num_threads(1)
     _where.append(where)
@@ -72,10 +77,17 @@ def main(mode: str, where: str) -> None:
     ckpt = builtin_checkpoint("dense")
     try:
         if place.groups.is_engine_rank:
-            place.serve(Engine(ckpt, dtype=torch.float32))
+            engine = Engine(ckpt, dtype=torch.float32)
+            if where == "missing" and ctx.rank == 2:
+                state = engine.state
+                engine.state = lambda: {k: v for k, v in state().items() if k != "model.norm.weight"}
+            place.serve(engine)
         else:
             engine = Engine(ckpt, dtype=torch.float32)
             policy = load_policy(ckpt, device="cpu", dtype=torch.float32)
+            if where == "nan":
+                with torch.no_grad():
+                    policy.get_parameter("model.norm.weight")[3] = float("nan")
             place.shard(policy)
             try:  # as quantroll/rl/ranks.py: whatever fails on a trainer rank, rank 0 releases the engines
                 push = place.sync(engine, policy)

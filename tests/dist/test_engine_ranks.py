@@ -69,6 +69,25 @@ def test_a_load_refused_on_an_engine_rank_stops_every_rank_naming_it(mode):
         assert lines[rank].startswith("PeerFailed: ") and "rank 2: injected load refusal" in lines[rank], lines
 
 
+def test_a_non_finite_load_on_an_engine_rank_stops_every_rank_naming_it():
+    """The agreement hands an engine's NonFiniteError to the source under its own type; the
+    source still tells trainer rank 1, outside the broadcast group (it used to wait in the
+    next unit's unshard until the collective timeout)."""
+    lines = _refusal_lines("push", "engine-nonfinite")
+    assert lines["0"].startswith("QuantrollError: rank 2: injected non-finite load"), lines
+    for rank in ("1", "2"):
+        assert "rank 2: injected non-finite load" in lines[rank], lines
+
+
+def test_a_non_finite_bf16_weight_stops_every_rank_at_the_source():
+    """model.norm.weight travels as BF16 (no quantizer checks it): the source names it
+    before sending, and every rank leaves with its name."""
+    lines = _refusal_lines("push", "nan")
+    assert lines["0"].startswith("NonFiniteError: weight update: tensor 'model.norm.weight' holds NaN/Inf"), lines
+    for rank in ("1", "2"):
+        assert "rank 0: weight update: tensor 'model.norm.weight' holds NaN/Inf" in lines[rank], lines
+
+
 @pytest.mark.parametrize("mode", ["push", "check"])
 def test_a_load_refused_on_one_colocated_rank_is_said_by_that_rank(mode):
     """Every rank a trainer and an engine; rank 1 refuses a bucket: it says its own reason,
@@ -87,6 +106,16 @@ def test_an_engine_rank_whose_layout_differs_is_named_before_any_byte_travels():
                                  "this rank lays out '0 0 "), lines
     for rank in ("1", "2"):
         assert lines[rank].startswith("PeerFailed: ") and "rank 2: the weight update's layout differs" in lines[rank]
+
+
+def test_an_engine_rank_that_lacks_a_tensor_is_named_before_any_byte_travels():
+    """Its layout cannot be built: it says why inside the layout's agreement (it used to
+    leave the sync request, and the others learned only that it died)."""
+    lines = _refusal_lines("push", "missing")
+    assert lines["0"].startswith("QuantrollError: rank 2: the trainer's model.norm.weight has no counterpart in the "
+                                 "engine"), lines
+    for rank in ("1", "2"):
+        assert "rank 2: the trainer's model.norm.weight has no counterpart" in lines[rank], lines
 
 
 def _refusal_lines(mode: str, where: str) -> dict[str, str]:

@@ -52,6 +52,34 @@ def test_direct_update_is_bitwise_the_general_path(engine_dirs, fmt):
     assert timing.version == 2
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_an_engine_on_the_invariant_kernels_takes_the_direct_path_and_samples_the_new_weights(engine_dirs, fmt):
+    """True on-policy mode: the forward runs the invariant kernels (no ``gpu_kernels``), the
+    update still goes through the direct path, and the forward after it computes what an
+    engine loaded by the general path computes (an emulated layer's dequantized cache
+    dropped)."""
+    from quantroll.model.kernel_config import INVARIANT_KERNELS
+
+    policy = _moved_policy()
+    named = dict(policy.named_parameters())
+    direct = Engine(engine_dirs[fmt], device="cuda", kernels=INVARIANT_KERNELS)
+    general = Engine(engine_dirs[fmt], device="cuda", kernels=INVARIANT_KERNELS)
+    assert not direct.gpu_kernels
+    ids = torch.tensor([[3, 17, 29, 5, 11]], device="cuda")
+    with torch.no_grad():
+        before = direct.model(ids).clone()  # fills any dequantized caches from the checkpoint's weights
+    sync = WeightSync(direct)
+    sync.push(named)
+    assert sync._direct is not None, "the direct path did not apply"
+    WeightSync(general, direct=False).push(named)
+    for name, t in general.state().items():
+        assert torch.equal(direct.state()[name].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), name
+    with torch.no_grad():
+        after, want = direct.model(ids), general.model(ids)
+    assert not torch.equal(after, before)
+    assert torch.equal(after, want)
+
+
 def test_first_update_check_passes_bitwise_on_the_direct_path(engine_dirs):
     engine = Engine(engine_dirs["fp8"], device="cuda")
     policy = load_policy(builtin_checkpoint("dense"), device="cuda", dtype=torch.bfloat16)

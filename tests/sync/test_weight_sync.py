@@ -186,5 +186,14 @@ def test_an_engine_described_on_the_meta_device_quantizes_the_same_bits(bf16_dir
         else:
             assert torch.equal(got[name], w), name
     assert quantized > 0
+    # and, independently of the update path, the checkpoint the converter wrote from these
+    # same weights, as an engine loads it from its files: the update reproduces it bit for bit
+    stored = Engine(converted[fmt]).quantized_layers()
+    for module, layer in stored.items():
+        q, ref = got[f"{module}.weight"], layer.quantized_weight()
+        assert torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8)), module
+        assert torch.equal(q.scale.view(torch.uint8), ref.scale.view(torch.uint8)), module
+        if ref.global_scale is not None:
+            assert torch.equal(q.global_scale, ref.global_scale), module
     with pytest.raises(ValueError, match="meta device"):
         UpdateQuantizer(described)

@@ -22,7 +22,6 @@ import torch
 
 from quantroll.checkpoint.writer import PlannedTensor
 from quantroll.formats import Format, QuantizedTensor
-from quantroll.formats.nvfp4 import NVFP4_INPUT_SCALE  # noqa: F401  (re-exported: older imports)
 
 
 def stored_tensors(fmt: Format, module: str, shape: tuple[int, ...]) -> list[PlannedTensor]:

@@ -17,7 +17,6 @@ from quantroll import __version__
 from quantroll.checkpoint.plan import Plan, PlanRules
 from quantroll.errors import QuantrollError
 from quantroll.formats import Format, format_from_quantization_config
-from quantroll.formats.nvfp4 import NVFP4_NOTE  # noqa: F401  (re-exported: older imports)
 
 
 @dataclass(frozen=True)

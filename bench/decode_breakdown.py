@@ -1,0 +1,208 @@
+"""Where one decode step of the RL workload goes, by family: attention, each GEMM family
+(q/k/v, o, gate/up, down, lm_head), and every other kernel by name, for BF16 weights + BF16
+KV and FP8 weights + FP8 KV, at three points of an RL rollout (early: many short sequences;
+middle; tail: a few long ones). Qwen3-8B shape, random weights.
+
+How: an eager engine (same kernels as the graphed one, launched one by one) runs the batch
+until every sequence is prefilled; the profiler then records two decode calls (8 steps
+each) and nothing else. Kernels are attributed to the family whose range launched them
+(forward hooks on the linears, a wrapper around the paged decode attention); the rest are
+listed by kernel name. Beside it, the graphed engine's step time on the same batch: the
+difference between that and the kernels' sum is launch gaps and host work inside the graph.
+
+    python bench/decode_breakdown.py [--points early,middle,tail] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from quantroll.bench.shapes import random_model, shape_config
+from quantroll.engine import Engine, SamplingParams
+from quantroll.engine import model_runner as runner_mod
+from quantroll.engine.paged_cache import CacheConfig, kv_bytes_per_token
+from quantroll.formats import get_format
+from quantroll.kernels import paged_attention
+
+POINTS = {"early": (512, 768), "middle": (128, 3072), "tail": (16, 8192)}  # running sequences, context
+GEMM_PARTS = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "gate_proj", "up_proj", "down_proj",
+              "lm_head")
+
+
+def family_of_linear(name: str) -> str | None:
+    for part in GEMM_PARTS:
+        if name.endswith(part):
+            return "gemm " + part
+    return None
+
+
+@contextlib.contextmanager
+def family_ranges(model):
+    """record_function ranges around every linear and the decode attention."""
+    stack, handles = [], []
+
+    def pre(mod, args, name):
+        rf = record_function("qr:" + name)
+        rf.__enter__()
+        stack.append(rf)
+
+    def post(mod, args, out):
+        stack.pop().__exit__(None, None, None)
+
+    for mname, mod in model.named_modules():
+        fam = family_of_linear(mname)
+        if fam and type(mod).__name__ == "QLinear":
+            handles.append(mod.register_forward_pre_hook(lambda m, a, f=fam: pre(m, a, f)))
+            handles.append(mod.register_forward_hook(post))
+    inner = paged_attention.decode_attention
+
+    def attention(*a, **k):
+        with record_function("qr:attention"):
+            return inner(*a, **k)
+
+    paged_attention.decode_attention = attention
+    try:
+        yield
+    finally:
+        paged_attention.decode_attention = inner
+        for h in handles:
+            h.remove()
+
+
+def subtree_kernels(evt):
+    out = list(getattr(evt, "kernels", []))
+    for child in evt.cpu_children:
+        out += subtree_kernels(child)
+    return out
+
+
+def profile_decode(engine, prompts, new_tokens: int, calls: int = 2):
+    """Per-step kernel time by (family, kernel name) over ``calls`` decode calls made when
+    every sequence runs and none is being prefilled; returns (table, steps)."""
+    batch = len(prompts)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    state = {"seen": 0, "steps": 0, "on": False, "prefill_inside": False}
+    decode, prefill = runner_mod.ModelRunner.decode, runner_mod.ModelRunner.prefill
+
+    def decode_wrapped(self, seqs, steps, *a, **k):
+        if len(seqs) == batch and state["seen"] < calls:
+            if not state["on"]:
+                torch.cuda.synchronize()
+                prof.start()
+                state["on"] = True
+            out = decode(self, seqs, steps, *a, **k)
+            state["seen"] += 1
+            state["steps"] += steps
+            if state["seen"] == calls:
+                torch.cuda.synchronize()
+                prof.stop()
+                state["on"] = False
+            return out
+        return decode(self, seqs, steps, *a, **k)
+
+    def prefill_wrapped(self, *a, **k):
+        if state["on"]:
+            state["prefill_inside"] = True
+        return prefill(self, *a, **k)
+
+    runner_mod.ModelRunner.decode, runner_mod.ModelRunner.prefill = decode_wrapped, prefill_wrapped
+    try:
+        with family_ranges(engine.model):
+            engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=()))
+    finally:
+        runner_mod.ModelRunner.decode, runner_mod.ModelRunner.prefill = decode, prefill
+    if state["seen"] < calls or state["prefill_inside"]:
+        raise RuntimeError(f"profile window not clean: {state}")
+    table = collections.Counter()
+    attributed = collections.Counter()
+    events = prof.events()
+    for evt in events:
+        if evt.name.startswith("qr:") and evt.device_type.name == "CPU":
+            fam = evt.name[3:]
+            for kern in subtree_kernels(evt):
+                table[(fam, kern.name)] += kern.duration
+                attributed[kern.name] += kern.duration
+    total_by_name = collections.Counter()
+    for evt in events:
+        if evt.device_type.name == "CUDA":
+            total_by_name[evt.name] += evt.time_range.elapsed_us()
+    for name, us in total_by_name.items():
+        rest = us - attributed.get(name, 0.0)
+        if rest > 0.5:
+            table[("other", name)] += rest
+    steps = state["steps"]
+    return {k: v / steps for k, v in table.items()}, steps
+
+
+def graph_step_ms(engine, prompts) -> float:
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, stop_token_ids=()))
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=40, stop_token_ids=()))
+    return engine.last_stats["decode_step_ms"]
+
+
+def short(name: str) -> str:
+    return name if len(name) <= 70 else name[:67] + "..."
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--points", default="early,middle,tail")
+    ap.add_argument("--pairs", default="bf16,fp8")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    cfg = shape_config(args.shape, args.layers)
+    results = {}
+    base = random_model(cfg, "cuda")
+    models = {"bf16": (base, None, "bf16")}
+    if "fp8" in args.pairs.split(","):
+        models["fp8"] = (random_model(cfg, "cuda", fmt=get_format("fp8"), source=base), get_format("fp8"), "fp8_e4m3")
+    if "bf16" not in args.pairs.split(","):
+        models.pop("bf16")
+    for pair, (model, fmt, kv) in models.items():
+        for point in args.points.split(","):
+            batch, ctx = POINTS[point]
+            prompt_len = ctx - 32
+            gb = batch * (ctx + 48) * kv_bytes_per_token(cfg, kv, torch.bfloat16) / 2**30 * 1.1 + 1
+            cache = CacheConfig(kv_cache_dtype=kv, memory_gb=gb)
+            prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len)).tolist()
+            graphed = Engine.from_model(model, fmt, "cuda", cache=cache)
+            step = graph_step_ms(graphed, prompts)
+            del graphed
+            torch.cuda.empty_cache()
+            eager = Engine.from_model(model, fmt, "cuda", cache=cache, cuda_graphs=False)
+            table, steps = profile_decode(eager, prompts, 40)
+            del eager
+            torch.cuda.empty_cache()
+            fams = collections.Counter()
+            for (fam, _), us in table.items():
+                fams[fam if fam != "other" else "other"] += us
+            kernel_ms = sum(table.values()) / 1e3
+            results[f"{pair}/{point}"] = {"batch": batch, "context": ctx, "graph_step_ms": step, "kernel_ms": kernel_ms,
+                                          "families_us": dict(fams),
+                                          "kernels_us": {f"{f} | {n}": us for (f, n), us in table.items()}}
+            print(f"\n== {pair} weights + {kv} KV, {point}: {batch} running at ~{ctx} context; graphed step "
+                  f"{step:.3f} ms, kernels {kernel_ms:.3f} ms (eager profile over {steps} steps)", flush=True)
+            for fam, us in sorted(fams.items(), key=lambda x: -x[1]):
+                print(f"   {us / 1e3:7.3f} ms {100 * us / 1e3 / step:5.1f}%  {fam}")
+            for (fam, name), us in sorted(table.items(), key=lambda x: -x[1])[:25]:
+                print(f"      {us:8.1f} us  {fam:18s} {short(name)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print("\nsummary (ms per decode step; graphed step, then kernel time by family)")
+    fam_names = sorted({f for r in results.values() for f in r["families_us"]})
+    print(f"{'run':18s} {'step':>7s} " + " ".join(f"{f[:12]:>12s}" for f in fam_names))
+    for key, r in results.items():
+        print(f"{key:18s} {r['graph_step_ms']:7.3f} " +
+              " ".join(f"{r['families_us'].get(f, 0) / 1e3:12.3f}" for f in fam_names))
+
+
+if __name__ == "__main__":
+    main()

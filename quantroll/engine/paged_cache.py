@@ -17,7 +17,8 @@ each query to its own sequence's positions up to its own (causal).
 Two paths compute it: Triton kernels on the GPU (kernels/paged_attention.py) and the
 reference below (any device): gather each sequence's keys through its block table and
 run one masked SDPA. With ``kv_cache_dtype="fp8_e4m3"`` the pool holds E4M3 codes and a
-float32 scale per position and head (formats/kv_fp8.py); the reference dequantizes
+float32 scale per position and head (formats/kv_fp8.py), stored [num_blocks, Hkv,
+block_size] (a head's scales of a block contiguous); the reference dequantizes
 exactly, which is the CPU's emulation of an FP8 KV cache.
 """
 
@@ -113,8 +114,12 @@ class PagedKVCache:
         self.v = [alloc(v_shape, dtype=store, device=device) for _ in range(layers)]
         self.k_scale = self.v_scale = None
         if kv_cache_dtype == "fp8_e4m3":
-            self.k_scale = [alloc(shape[:3], dtype=torch.float32, device=device) for _ in range(layers)]
-            self.v_scale = [alloc(shape[:3], dtype=torch.float32, device=device) for _ in range(layers)]
+            # [num_blocks, Hkv, block_size]: one head's scales of a block are contiguous, so a key
+            # tile's scales arrive in whole sectors (position-major, each 4-byte scale cost a
+            # 32-byte sector shared with the other heads' programs)
+            s_shape = (num_blocks, cfg.num_key_value_heads, block_size)
+            self.k_scale = [alloc(s_shape, dtype=torch.float32, device=device) for _ in range(layers)]
+            self.v_scale = [alloc(s_shape, dtype=torch.float32, device=device) for _ in range(layers)]
         self.batch: AttentionBatch | None = None
 
     @property
@@ -168,10 +173,14 @@ class PagedKVCache:
                     pool[layer].view(torch.uint8)[block, :, :, offset] = codes.view(torch.uint8)
                 else:
                     pool[layer].view(torch.uint8).view(flat).index_copy_(0, slots, codes.view(torch.uint8))
-                scales[layer].view(-1, self.kv_heads).index_copy_(0, slots, s)
+                scales[layer][slots // self.block_size, :, slots % self.block_size] = s
         else:
             self.k[layer].view(flat).index_copy_(0, slots, k.to(self.dtype))
             self.v[layer].view(flat).index_copy_(0, slots, v.to(self.dtype))
+
+    def scales_at(self, scales: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """An FP8 cache's scales of one layer's pool at ``slots`` (any shape) -> [*slots.shape, Hkv]."""
+        return scales[slots // self.block_size, :, slots % self.block_size]
 
     def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at ``slots`` (any shape) -> [*slots.shape, Hkv, D] in ``dtype``."""
@@ -183,8 +192,8 @@ class PagedKVCache:
         else:
             k, v = self.k[layer].view(flat)[slots], self.v[layer].view(flat)[slots]
         if self.quantized:
-            k = dequantize_kv(k, self.k_scale[layer].view(-1, self.kv_heads)[slots])
-            v = dequantize_kv(v, self.v_scale[layer].view(-1, self.kv_heads)[slots])
+            k = dequantize_kv(k, self.scales_at(self.k_scale[layer], slots))
+            v = dequantize_kv(v, self.scales_at(self.v_scale[layer], slots))
         return k.to(dtype), v.to(dtype)
 
     def _gathered(self, layer: int, q: torch.Tensor):

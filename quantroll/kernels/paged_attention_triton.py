@@ -76,8 +76,17 @@ def _load_values_positions_minor(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.con
 
 
 @triton.jit
-def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr):
-    return tl.load(scales + slots * HKV + kvh, mask=ok, other=0.0)
+def _scale_index(slots, kvh, HKV: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Where the scale of ``slots``' position of head ``kvh`` sits in a [num_blocks, HKV,
+    BLOCK_SIZE] scale pool (a head's scales of one block contiguous)."""
+    return ((slots // BLOCK_SIZE) * HKV + kvh) * BLOCK_SIZE + slots % BLOCK_SIZE
+
+
+@triton.jit
+def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    idx = _scale_index(slots, kvh, HKV, BLOCK_SIZE)
+    idx = tl.max_contiguous(tl.multiple_of(idx, BLOCK_SIZE), BLOCK_SIZE)
+    return tl.load(scales + idx, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -92,7 +101,7 @@ def _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK
     else:
         qk = tl.dot(q, tl.trans(k))
     if FP8:
-        qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV)[None, :]
+        qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)[None, :]
     return slots, qk
 
 
@@ -107,7 +116,7 @@ def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, H
     else:
         v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
     if FP8:
-        v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV)
+        v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)
         top = tl.max(v_scale, axis=0)
         p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
     if IEEE:
@@ -280,7 +289,7 @@ def _store_head(pool, scales, slot, kvh, offs, y1, y2, HKV: tl.constexpr, D: tl.
         c2 = _saturate_e4m3(tl.math.div_rn(y2.to(tl.float32), divisor))
         tl.store(base + offs * step, c1.to(tl.float8e4nv))
         tl.store(base + (HALF + offs) * step, c2.to(tl.float8e4nv))
-        tl.store(scales + slot * HKV + kvh, scale)
+        tl.store(scales + _scale_index(slot, kvh, HKV, BLOCK_SIZE), scale)
     else:
         tl.store(base + offs * step, y1.to(pool.dtype.element_ty))
         tl.store(base + (HALF + offs) * step, y2.to(pool.dtype.element_ty))

@@ -203,11 +203,11 @@ def test_store_kernel_matches_the_model_ops_and_quantizes_like_the_reference():
     fp8, _ = caches["fp8_e4m3"]
     codes, scales = quantize_kv(k_got)  # the FP8 store quantizes exactly the values the BF16 store writes
     assert torch.equal(fp8.k[0].view(-1, kv, dim)[slots].view(torch.uint8), codes.view(torch.uint8))
-    assert torch.equal(fp8.k_scale[0].view(-1, kv)[slots], scales)
+    assert torch.equal(fp8.scales_at(fp8.k_scale[0], slots), scales)
     v_codes, v_scales = quantize_kv(vr.view(b, kv, dim))
     v_stored = fp8.v[0].view(torch.uint8)[slots // 16, :, :, slots % 16]  # values positions-minor in an FP8 cache
     assert torch.equal(v_stored, v_codes.view(torch.uint8))
-    assert torch.equal(fp8.v_scale[0].view(-1, kv)[slots], v_scales)
+    assert torch.equal(fp8.scales_at(fp8.v_scale[0], slots), v_scales)
 
 
 def _small(shape="qwen3-8b"):

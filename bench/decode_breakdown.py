@@ -6,8 +6,8 @@ middle; tail: a few long ones). Qwen3-8B shape, random weights.
 How: an eager engine (same kernels as the graphed one, launched one by one) runs the batch
 until every sequence is prefilled; the profiler then records two decode calls (8 steps
 each) and nothing else. Kernels are attributed to the family whose range launched them
-(forward hooks on the linears, a wrapper around the paged decode attention); the rest are
-listed by kernel name. Beside it, the graphed engine's step time on the same batch: the
+(forward hooks on the linears, a wrapper around the paged decode attention: a kernel whose
+GPU span lies inside a range's GPU span); the rest are listed by kernel name. Beside it, the graphed engine's step time on the same batch: the
 difference between that and the kernels' sum is launch gaps and host work inside the graph.
 
     python bench/decode_breakdown.py [--points early,middle,tail] [--json out.json]
@@ -15,6 +15,7 @@ difference between that and the kernels' sum is launch gaps and host work inside
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import contextlib
 import json
@@ -29,7 +30,9 @@ from quantroll.engine.paged_cache import CacheConfig, kv_bytes_per_token
 from quantroll.formats import get_format
 from quantroll.kernels import paged_attention
 
-POINTS = {"early": (512, 768), "middle": (128, 3072), "tail": (16, 8192)}  # running sequences, context
+# running sequences, context: on a GPU of >= 100 GB (H200), and of less (H100 80 GB)
+POINTS = {"early": (512, 768), "middle": (128, 3072), "tail": (16, 8192)}
+POINTS_80GB = {"early": (256, 1024), "middle": (64, 4096), "tail": (16, 8192)}
 GEMM_PARTS = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "gate_proj", "up_proj", "down_proj",
               "lm_head")
 
@@ -74,13 +77,6 @@ def family_ranges(model):
             h.remove()
 
 
-def subtree_kernels(evt):
-    out = list(getattr(evt, "kernels", []))
-    for child in evt.cpu_children:
-        out += subtree_kernels(child)
-    return out
-
-
 def profile_decode(engine, prompts, new_tokens: int, calls: int = 2):
     """Per-step kernel time by (family, kernel name) over ``calls`` decode calls made when
     every sequence runs and none is being prefilled; returns (table, steps)."""
@@ -118,23 +114,21 @@ def profile_decode(engine, prompts, new_tokens: int, calls: int = 2):
         runner_mod.ModelRunner.decode, runner_mod.ModelRunner.prefill = decode, prefill
     if state["seen"] < calls or state["prefill_inside"]:
         raise RuntimeError(f"profile window not clean: {state}")
+    # The profiler records each range's span on the GPU too (a device event named like the
+    # range); a kernel belongs to the family whose GPU span contains it, else to "other".
+    spans, kernels = [], []
+    for evt in prof.events():
+        if evt.device_type.name != "CUDA":
+            continue
+        rng = (evt.time_range.start, evt.time_range.end)
+        (spans if evt.name.startswith("qr:") else kernels).append((rng, evt.name))
+    spans.sort()
+    starts = [rng[0] for rng, _ in spans]
     table = collections.Counter()
-    attributed = collections.Counter()
-    events = prof.events()
-    for evt in events:
-        if evt.name.startswith("qr:") and evt.device_type.name == "CPU":
-            fam = evt.name[3:]
-            for kern in subtree_kernels(evt):
-                table[(fam, kern.name)] += kern.duration
-                attributed[kern.name] += kern.duration
-    total_by_name = collections.Counter()
-    for evt in events:
-        if evt.device_type.name == "CUDA":
-            total_by_name[evt.name] += evt.time_range.elapsed_us()
-    for name, us in total_by_name.items():
-        rest = us - attributed.get(name, 0.0)
-        if rest > 0.5:
-            table[("other", name)] += rest
+    for (k0, k1), name in kernels:
+        i = bisect.bisect_right(starts, k0) - 1
+        fam = spans[i][1][3:] if i >= 0 and k1 <= spans[i][0][1] else "other"
+        table[(fam, name)] += k1 - k0
     steps = state["steps"]
     return {k: v / steps for k, v in table.items()}, steps
 
@@ -159,15 +153,22 @@ def main() -> None:
     args = ap.parse_args()
     cfg = shape_config(args.shape, args.layers)
     results = {}
-    base = random_model(cfg, "cuda")
-    models = {"bf16": (base, None, "bf16")}
-    if "fp8" in args.pairs.split(","):
-        models["fp8"] = (random_model(cfg, "cuda", fmt=get_format("fp8"), source=base), get_format("fp8"), "fp8_e4m3")
-    if "bf16" not in args.pairs.split(","):
-        models.pop("bf16")
-    for pair, (model, fmt, kv) in models.items():
+    points = POINTS if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else POINTS_80GB
+    pairs = args.pairs.split(",")
+
+    def models():  # one model on the GPU at a time (the FP8 one quantized from the BF16 one)
+        base = random_model(cfg, "cuda")
+        if "bf16" in pairs:
+            yield "bf16", base, None, "bf16"
+        if "fp8" in pairs:
+            fp8 = random_model(cfg, "cuda", fmt=get_format("fp8"), source=base)
+            del base
+            torch.cuda.empty_cache()
+            yield "fp8", fp8, get_format("fp8"), "fp8_e4m3"
+
+    for pair, model, fmt, kv in models():
         for point in args.points.split(","):
-            batch, ctx = POINTS[point]
+            batch, ctx = points[point]
             prompt_len = ctx - 32
             gb = batch * (ctx + 48) * kv_bytes_per_token(cfg, kv, torch.bfloat16) / 2**30 * 1.1 + 1
             cache = CacheConfig(kv_cache_dtype=kv, memory_gb=gb)

@@ -30,14 +30,22 @@ def _tiles(cache) -> PagedTiles:
     return cache.kernels.gpu.attention_tiles(cache.quantized)
 
 
+# (sequence, KV head, split) programs a decode launch aims at per SM. One program per SM
+# leaves each SM with one stream of loads in flight: measured on an H100 (bench/paged_attention.py
+# --shape qwen3-8b --splits 2,4,8, 2026-12-06), 16 sequences x 8 KV heads = 128 programs took
+# 61.1 us (FP8, 2048 positions) and 420 us (16384) in one split, 40.0 and 232 us in four;
+# 64 x 8 = 512 programs (~4 per SM) gained nothing from splits.
+PROGRAMS_PER_SM = 4
+
+
 def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedTiles = PagedTiles()) -> int:
-    """How many programs share one sequence's positions: enough to give every SM one
-    (sequence, KV head, split) program when the batch alone cannot; fixed per batch size,
-    so that a captured graph keeps its grid as contexts grow."""
+    """How many programs share one sequence's positions: enough for ``PROGRAMS_PER_SM``
+    (sequence, KV head, split) programs per SM when the batch alone gives fewer; fixed per
+    batch size, so that a captured graph keeps its grid as contexts grow."""
     if torch.device(device).type != "cuda":
         return 1  # Triton's interpreter
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles.max_splits, sms // max(batch * kv_heads, 1)))
+    return max(1, min(tiles.max_splits, PROGRAMS_PER_SM * sms // max(batch * kv_heads, 1)))
 
 
 def _check_value_tiles(cache, keys_per_tile: int) -> None:

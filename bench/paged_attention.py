@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-1.7b")
     ap.add_argument("--cases", default="1x4096,4x4096,16x2048,64x2048,256x1024")
     ap.add_argument("--sweep", action="store_true", help="also time decode tile variants (keys per tile, warps, stages)")
+    ap.add_argument("--sweep-kv", default="bf16,fp8_e4m3", help="the cache dtypes --sweep covers")
     ap.add_argument("--splits", default=None, help="also time these split counts (comma-separated) at the default tiles")
     ap.add_argument("--variant", choices=("none", "no-scale-loads"), default="none",
                     help="diagnostic: no-scale-loads replaces the FP8 cache's scale loads by ones (what they cost; "
@@ -88,16 +89,17 @@ def main() -> None:
             for n in (int(x) for x in args.splits.split(",")) if args.splits else ():
                 us, _ = case(cfg, kv, b, c, splits=n, check=check)
                 print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
-            if args.sweep:
-                for bs, w, st in itertools.product((64, 128), (4, 8), (1, 2, 3)):
+            if args.sweep and kv in args.sweep_kv.split(","):
+                for hf, bs, w, st in itertools.product((False, True), (64, 128), (4, 8), (2, 3, 4)):
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
-                                                decode_stages=st)
+                                                decode_stages=st, decode_heads_fastest=hf)
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles, check=check)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
-                        print(f"      {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
+                        print(f"      {hf=} {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    print(f"      bs{bs:<3d} w{w} st{st} {us:8.1f} {us / floor:7.2f}", flush=True)
+                    print(f"      {'heads-first ' if hf else 'seqs-first  '}bs{bs:<3d} w{w} st{st} {us:8.1f} "
+                          f"{us / floor:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 //   a_s [M, K/128] float32, outer-dim-major: a_s(m, kb) at a_s[m + kb * ld_as]
 //   wq  [N, K] float8_e4m3fn, row-major (ldw)
 //   w_s [N/128, K/128] float32, row-major: w_s(nb, kb) at w_s[nb * ld_ws + kb]
-//   y   [M, N] bf16, row-major (ldy)
+//   y   [M, N] bf16 (float32 in the QR_OUT=1 objects, for numerics checks), row-major (ldy)
 //
 // Both scale layouts are CUTLASS layouts as they are, no copy: the activation scales are
 // "MN-major" (consecutive rows adjacent), the weight scales "K-major". Swapped configs
@@ -39,7 +39,16 @@
 #include "cutlass/numeric_types.h"
 
 #ifndef QR_PART
-#error "compile with -DQR_PART=<config id> or -DQR_PART=-1 (the entry points)"
+#error "compile with -DQR_PART=<config id> (and -DQR_OUT=0 bf16 / 1 float32) or -DQR_PART=-1 (the entry points)"
+#endif
+#ifndef QR_OUT
+#define QR_OUT 0
+#endif
+#ifndef QR_SOURCE_KEY
+#define QR_SOURCE_KEY 0ULL
+#endif
+#ifndef QR_ABI
+#define QR_ABI 0
 #endif
 
 namespace qr {
@@ -49,7 +58,6 @@ enum : int {
   kUnknownConfig = 100,
   kWorkspaceTooSmall = 101,
   kBadArgument = 102,
-  kNotCompiledForSm90a = 103,
   kCudaErrorBase = 1000,  // 1000 + cudaError_t of the launch
 };
 
@@ -70,8 +78,9 @@ struct Problem {
 
 enum class Action : int { kRun = 0, kCanImplement = 1, kWorkspace = 2 };
 
-// Defined in the object of config `Id`; returns a status, and the workspace bytes in *bytes.
-template <int Id>
+// Defined in the object of config `Id` and output type `Out` (0 bf16, 1 float32); returns a
+// status, and the workspace bytes in *bytes.
+template <int Id, int Out>
 int dispatch(Action action, Problem const& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
              size_t* bytes);
 
@@ -95,14 +104,14 @@ using namespace cute;
 // A configuration: tile (kernel M x N x K), cluster, mainloop schedule, tile scheduler, and
 // whether the kernel computes y^T = W A^T (swap) or y = A W^T.
 template <class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_, class Scheduler_,
-          bool kSwap_>
+          bool kSwap_, class ElementD_>
 struct Blockwise {
   static constexpr bool kSwap = kSwap_;
   using TileShape = TileShape_;
   using ElementCode = cutlass::float_e4m3_t;
-  using ElementD = cutlass::bfloat16_t;
-  static constexpr int kAlignCode = 16;  // 16 bytes of e4m3
-  static constexpr int kAlignD = 8;      // 16 bytes of bf16
+  using ElementD = ElementD_;
+  static constexpr int kAlignCode = 16;                    // 16 bytes of e4m3
+  static constexpr int kAlignD = 16 / int(sizeof(ElementD));  // 16 bytes of the output
 
   // Kernel operand A is row-major (K contiguous), operand B "column-major" (K contiguous
   // too): both are the K-major layouts wgmma reads without a transpose.
@@ -241,42 +250,44 @@ using PingpongEpi = cutlass::epilogue::TmaWarpSpecialized;
 using StreamK = cutlass::gemm::StreamKScheduler;
 using Persistent = cutlass::gemm::PersistentScheduler;
 
+using Out = cute::conditional_t<QR_OUT == 1, float, cutlass::bfloat16_t>;
+
 // The configurations (ids are the Python side's CONFIGS, cutlass_gemm.py).
 template <int Id> struct Config;
 // 0-2: swap-AB for decode, 128 weight rows x 16 / 32 / 64 tokens, stream-K / split-K over K.
-template <> struct Config<0> : Blockwise<Shape<_128, _16, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true> {};
-template <> struct Config<1> : Blockwise<Shape<_128, _32, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true> {};
-template <> struct Config<2> : Blockwise<Shape<_128, _64, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true> {};
+template <> struct Config<0> : Blockwise<Shape<_128, _16, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
+template <> struct Config<1> : Blockwise<Shape<_128, _32, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
+template <> struct Config<2> : Blockwise<Shape<_128, _64, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
 // 3: swap-AB, 128 weight rows x 128 tokens (M 64-256 where N is small), stream-K.
-template <> struct Config<3> : Blockwise<Shape<_128, _128, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true> {};
+template <> struct Config<3> : Blockwise<Shape<_128, _128, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
 // 4: 64 token rows x 128 weight rows, ping-pong (each warpgroup its own tile), M 64-256.
-template <> struct Config<4> : Blockwise<Shape<_64, _128, _128>, Shape<_1, _1, _1>, Pingpong, PingpongEpi, Persistent, false> {};
+template <> struct Config<4>
+    : Blockwise<Shape<_64, _128, _128>, Shape<_1, _1, _1>, Pingpong, PingpongEpi, Persistent, false, Out> {};
 // 5: 128 x 128 tokens x weight rows, cluster 1x2 (activation tile multicast), stream-K: large M.
-template <> struct Config<5> : Blockwise<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Coop, CoopEpi, StreamK, false> {};
+template <> struct Config<5> : Blockwise<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Coop, CoopEpi, StreamK, false, Out> {};
 
-template <int Id>
+template <int Id, int OutId>
 int dispatch(Action action, Problem const& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
              size_t* bytes) {
-#if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED) || defined(CUTLASS_ARCH_MMA_SM90_SUPPORTED)
   return Config<Id>::run(action, p, workspace, workspace_bytes, stream, bytes);
-#else
-  return kNotCompiledForSm90a;
-#endif
 }
 
-template int dispatch<QR_PART>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
+template int dispatch<QR_PART, QR_OUT>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
 
 }  // namespace qr
 
 #else  // QR_PART < 0: the entry points
 
 namespace qr {
-extern template int dispatch<0>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
-extern template int dispatch<1>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
-extern template int dispatch<2>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
-extern template int dispatch<3>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
-extern template int dispatch<4>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
-extern template int dispatch<5>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
+#define QR_EXTERN(id)                                                                                  \
+  extern template int dispatch<id, 0>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*); \
+  extern template int dispatch<id, 1>(Action, Problem const&, void*, size_t, cudaStream_t, size_t*);
+QR_EXTERN(0)
+QR_EXTERN(1)
+QR_EXTERN(2)
+QR_EXTERN(3)
+QR_EXTERN(4)
+QR_EXTERN(5)
 
 static int sm_count(int device) {
   static int counts[64] = {0};  // benign race: every writer stores the same value
@@ -289,28 +300,34 @@ static int sm_count(int device) {
   return counts[device];
 }
 
-static int call(int config, Action action, Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+static int call(int config, int out, Action action, Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                 size_t* bytes) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.lda < p.k || p.ldw < p.k || p.ldy < p.n || p.as_rows < p.m ||
       p.ld_as < p.as_rows || p.ld_ws < (p.k + 127) / 128 || p.splits < 0) {
     return kBadArgument;
   }
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess) return kCudaErrorBase + int(cudaGetLastError());
-  if (current != p.device && action == Action::kRun) {
-    cudaError_t err = cudaSetDevice(p.device);
+  if (action == Action::kRun) {  // the launch goes to p.device (this library's runtime may have another current)
+    int current = -1;
+    cudaError_t err = cudaGetDevice(&current);
+    if (err == cudaSuccess && current != p.device) err = cudaSetDevice(p.device);
     if (err != cudaSuccess) return kCudaErrorBase + int(err);
   }
-  p.sm_count = sm_count(p.device);
+  // the stream-K grid and workspace depend on the SM count; can_implement needs no device
+  p.sm_count = action == Action::kCanImplement ? 1 : sm_count(p.device);
+  if (out != 0 && out != 1) return kUnknownConfig;
+#define QR_CASE(id) \
+  case id: return out ? dispatch<id, 1>(action, p, workspace, workspace_bytes, stream, bytes) \
+                      : dispatch<id, 0>(action, p, workspace, workspace_bytes, stream, bytes);
   switch (config) {
-    case 0: return dispatch<0>(action, p, workspace, workspace_bytes, stream, bytes);
-    case 1: return dispatch<1>(action, p, workspace, workspace_bytes, stream, bytes);
-    case 2: return dispatch<2>(action, p, workspace, workspace_bytes, stream, bytes);
-    case 3: return dispatch<3>(action, p, workspace, workspace_bytes, stream, bytes);
-    case 4: return dispatch<4>(action, p, workspace, workspace_bytes, stream, bytes);
-    case 5: return dispatch<5>(action, p, workspace, workspace_bytes, stream, bytes);
+    QR_CASE(0)
+    QR_CASE(1)
+    QR_CASE(2)
+    QR_CASE(3)
+    QR_CASE(4)
+    QR_CASE(5)
     default: return kUnknownConfig;
   }
+#undef QR_CASE
 }
 
 static Problem problem(int m, int n, int k, const void* a, long long lda, const float* a_s, long long ld_as,
@@ -325,32 +342,36 @@ extern "C" {
 
 int qr_cutlass_num_configs() { return qr::kNumConfigs; }
 
+// Which build this is: the ABI of these entry points and the hash of the source (cutlass_build.py).
+int qr_cutlass_abi_version() { return QR_ABI; }
+unsigned long long qr_cutlass_source_key() { return QR_SOURCE_KEY; }
+
 // y = (a * a_s) @ (w * w_s)^T on `stream`; 0 or a status (qr_cutlass_status_string).
-int qr_cutlass_fp8_gemm(int config, int m, int n, int k, const void* a, long long lda, const float* a_s,
+int qr_cutlass_fp8_gemm(int config, int out, int m, int n, int k, const void* a, long long lda, const float* a_s,
                         long long ld_as, int as_rows, const void* w, long long ldw, const float* w_s,
                         long long ld_ws, void* y, long long ldy, int splits, int device, void* workspace,
                         size_t workspace_bytes, void* stream) {
   qr::Problem p = qr::problem(m, n, k, a, lda, a_s, ld_as, as_rows, w, ldw, w_s, ld_ws, y, ldy, splits, device);
-  return qr::call(config, qr::Action::kRun, p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream),
+  return qr::call(config, out, qr::Action::kRun, p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream),
                   nullptr);
 }
 
 // 0 when `config` runs this problem (pointers are only checked for alignment), else why not.
-int qr_cutlass_can_implement(int config, int m, int n, int k, const void* a, long long lda, const float* a_s,
+int qr_cutlass_can_implement(int config, int out, int m, int n, int k, const void* a, long long lda, const float* a_s,
                              long long ld_as, int as_rows, const void* w, long long ldw, const float* w_s,
                              long long ld_ws, void* y, long long ldy, int splits, int device) {
   qr::Problem p = qr::problem(m, n, k, a, lda, a_s, ld_as, as_rows, w, ldw, w_s, ld_ws, y, ldy, splits, device);
-  return qr::call(config, qr::Action::kCanImplement, p, nullptr, 0, nullptr, nullptr);
+  return qr::call(config, out, qr::Action::kCanImplement, p, nullptr, 0, nullptr, nullptr);
 }
 
 // The workspace bytes of this problem in *bytes (stream-K / split-K partials); 0 or a status.
-int qr_cutlass_workspace_size(int config, int m, int n, int k, long long lda, long long ld_as, int as_rows,
+int qr_cutlass_workspace_size(int config, int out, int m, int n, int k, long long lda, long long ld_as, int as_rows,
                               long long ldw, long long ld_ws, long long ldy, int splits, int device,
                               size_t* bytes) {
   *bytes = 0;
   qr::Problem p = qr::problem(m, n, k, nullptr, lda, nullptr, ld_as, as_rows, nullptr, ldw, nullptr, ld_ws,
                               nullptr, ldy, splits, device);
-  return qr::call(config, qr::Action::kWorkspace, p, nullptr, 0, nullptr, bytes);
+  return qr::call(config, out, qr::Action::kWorkspace, p, nullptr, 0, nullptr, bytes);
 }
 
 const char* qr_cutlass_status_string(int status) {
@@ -358,7 +379,6 @@ const char* qr_cutlass_status_string(int status) {
     case qr::kUnknownConfig: return "unknown config id";
     case qr::kWorkspaceTooSmall: return "workspace missing or too small (ask qr_cutlass_workspace_size)";
     case qr::kBadArgument: return "bad sizes or leading dimensions";
-    case qr::kNotCompiledForSm90a: return "the library was not compiled for sm_90a";
     default: break;
   }
   if (status >= qr::kCudaErrorBase) return cudaGetErrorString(cudaError_t(status - qr::kCudaErrorBase));

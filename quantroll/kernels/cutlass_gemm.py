@@ -152,17 +152,19 @@ def _check_operands(aq, a_s, wq, w_s) -> tuple[int, int, int]:
                          "outer-dim-major (stride (1, M), fp8_activation_buffers)")
     if len({t.device for t in (aq, a_s, wq, w_s)}) != 1 or aq.device.type != "cuda":
         raise ValueError("CUTLASS FP8 GEMM: all operands must be on one CUDA device")
+    if aq.data_ptr() % 16 or wq.data_ptr() % 16:
+        raise ValueError("CUTLASS FP8 GEMM: TMA needs the codes 16-byte aligned")
     return m, n, k
 
 
 def _scales(a_s: torch.Tensor, cfg: CutlassGemmConfig) -> tuple[torch.Tensor, int, int]:
     """(scales, leading dimension, rows the kernel's scale layout covers). A TMA-loaded
-    scale tile needs both a multiple of 4; otherwise (M not a multiple of 4, decode's odd
-    batches) the scales are copied into a [K/128, round4(M)] buffer: one small copy
-    (4 * round4(M) * K/128 bytes), the one transpose-free copy this path can need."""
+    scale tile needs both a multiple of 4 and 16-byte aligned scales; otherwise (M not a
+    multiple of 4: decode's odd batches) the scales are copied into a [K/128, round4(M)]
+    buffer: one small copy (4 * round4(M) * K/128 bytes), the only copy this path makes."""
     m = a_s.shape[0]
     ld = a_s.stride(1) if m > 1 else max(a_s.stride(1), 1)
-    if not cfg.tma_scales or (m % 4 == 0 and ld % 4 == 0):
+    if not cfg.tma_scales or (m % 4 == 0 and ld % 4 == 0 and a_s.data_ptr() % 16 == 0):
         return a_s, ld, m
     rows = -(-m // 4) * 4
     padded = torch.ones(a_s.shape[1], rows, dtype=torch.float32, device=a_s.device)
@@ -205,8 +207,10 @@ def cutlass_fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, which=0, splits
     m, n, k = _check_operands(aq, a_s, wq, w_s)
     if out is None:
         y = torch.empty(m, n, dtype=out_dtype, device=aq.device)
-    elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous() or out.device != aq.device:
-        raise ValueError(f"CUTLASS FP8 GEMM: out must be a contiguous [{m}, {n}] {out_dtype} tensor on {aq.device}")
+    elif (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous() or out.device != aq.device
+          or out.data_ptr() % 16):
+        raise ValueError(f"CUTLASS FP8 GEMM: out must be a contiguous, 16-byte aligned [{m}, {n}] {out_dtype} "
+                         f"tensor on {aq.device}")
     else:
         y = out
     if m == 0:

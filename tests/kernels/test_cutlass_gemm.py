@@ -135,7 +135,7 @@ def test_unavailable_reason_on_a_cpu_machine_is_one_line():
 def test_configs_match_the_source():
     """CONFIGS' tiles, swap and scheduler are those of the Config<id> specialisations."""
     text = cutlass_build.SOURCE.read_text()
-    found = re.findall(r"struct Config<(\d+)>\s*:\s*Blockwise<Shape<_(\d+), _(\d+), _128>, Shape<[^>]*>, (\w+), \w+, "
+    found = re.findall(r"struct Config<(\d+)>\s*:\s*Blockwise<Shape<_(\d+), _(\d+), _128>, (?:One|Shape<[^>]*>), (\w+), \w+, "
                        r"(\w+), (true|false), Out>", text)
     assert len(found) == len(cutlass_gemm.CONFIGS) == cutlass_build.num_configs()
     for cid, tile_m, tile_n, schedule, scheduler, swap in found:

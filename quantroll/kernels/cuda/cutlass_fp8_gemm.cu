@@ -28,8 +28,8 @@
 // kernel, so the builds run in parallel) and once with -DQR_PART=-1 for the extern "C"
 // entry points; the objects are linked into one shared library (cutlass_gemm.py).
 //
-// ptxas on nvcc 13.0, -gencode=arch=compute_90a,code=sm_90a (filled in from the build log):
-//   see PTXAS_SUMMARY below.
+// Registers and spills of each kernel (ptxas, nvcc 13.0, sm_90a): the comment above CONFIGS in
+// cutlass_gemm.py (kept out of this file, whose hash keys the build).
 
 #include <cstddef>
 #include <cstdint>
@@ -255,16 +255,17 @@ using Out = cute::conditional_t<QR_OUT == 1, float, cutlass::bfloat16_t>;
 // The configurations (ids are the Python side's CONFIGS, cutlass_gemm.py).
 template <int Id> struct Config;
 // 0-2: swap-AB for decode, 128 weight rows x 16 / 32 / 64 tokens, stream-K / split-K over K.
-template <> struct Config<0> : Blockwise<Shape<_128, _16, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
-template <> struct Config<1> : Blockwise<Shape<_128, _32, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
-template <> struct Config<2> : Blockwise<Shape<_128, _64, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
+using One = Shape<_1, _1, _1>;
+template <> struct Config<0> : Blockwise<Shape<_128, _16, _128>, One, Coop, CoopEpi, StreamK, true, Out> {};
+template <> struct Config<1> : Blockwise<Shape<_128, _32, _128>, One, Coop, CoopEpi, StreamK, true, Out> {};
+template <> struct Config<2> : Blockwise<Shape<_128, _64, _128>, One, Coop, CoopEpi, StreamK, true, Out> {};
 // 3: swap-AB, 128 weight rows x 128 tokens (M 64-256 where N is small), stream-K.
-template <> struct Config<3> : Blockwise<Shape<_128, _128, _128>, Shape<_1, _1, _1>, Coop, CoopEpi, StreamK, true, Out> {};
+template <> struct Config<3> : Blockwise<Shape<_128, _128, _128>, One, Coop, CoopEpi, StreamK, true, Out> {};
 // 4: 64 token rows x 128 weight rows, ping-pong (each warpgroup its own tile), M 64-256.
-template <> struct Config<4>
-    : Blockwise<Shape<_64, _128, _128>, Shape<_1, _1, _1>, Pingpong, PingpongEpi, Persistent, false, Out> {};
+template <> struct Config<4> : Blockwise<Shape<_64, _128, _128>, One, Pingpong, PingpongEpi, Persistent, false, Out> {};
 // 5: 128 x 128 tokens x weight rows, cluster 1x2 (activation tile multicast), stream-K: large M.
-template <> struct Config<5> : Blockwise<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Coop, CoopEpi, StreamK, false, Out> {};
+template <> struct Config<5>
+    : Blockwise<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Coop, CoopEpi, StreamK, false, Out> {};
 
 template <int Id, int OutId>
 int dispatch(Action action, Problem const& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
@@ -300,8 +301,8 @@ static int sm_count(int device) {
   return counts[device];
 }
 
-static int call(int config, int out, Action action, Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                size_t* bytes) {
+static int call(int config, int out, Action action, Problem& p, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream, size_t* bytes) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.lda < p.k || p.ldw < p.k || p.ldy < p.n || p.as_rows < p.m ||
       p.ld_as < p.as_rows || p.ld_ws < (p.k + 127) / 128 || p.splits < 0) {
     return kBadArgument;

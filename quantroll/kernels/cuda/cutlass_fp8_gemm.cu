@@ -58,6 +58,7 @@ enum : int {
   kUnknownConfig = 100,
   kWorkspaceTooSmall = 101,
   kBadArgument = 102,
+  kRefused = 104,  // CUTLASS's can_implement said no (its adapter reports only kInvalid)
   kCudaErrorBase = 1000,  // 1000 + cudaError_t of the launch
 };
 
@@ -228,7 +229,10 @@ struct Blockwise {
     }
     auto args = arguments(p);
     cutlass::Status status = Gemm::can_implement(args);
+    if (status == cutlass::Status::kInvalid) return kRefused;
     if (status != cutlass::Status::kSuccess) return int(status);
+    // no workspace query here: the stream-K scheduler divides by the SM count, which only a device gives
+    if (action == Action::kCanImplement) return 0;
     size_t need = Gemm::get_workspace_size(args);
     if (bytes) *bytes = need;
     if (action != Action::kRun) return 0;
@@ -314,7 +318,8 @@ static int call(int config, int out, Action action, Problem& p, void* workspace,
     if (err != cudaSuccess) return kCudaErrorBase + int(err);
   }
   // the stream-K grid and workspace depend on the SM count; can_implement needs no device
-  p.sm_count = action == Action::kCanImplement ? 1 : sm_count(p.device);
+  p.sm_count = action == Action::kCanImplement ? 0 : sm_count(p.device);
+  if (action != Action::kCanImplement && p.sm_count <= 0) return kCudaErrorBase + int(cudaErrorNoDevice);
   if (out != 0 && out != 1) return kUnknownConfig;
 #define QR_CASE(id) \
   case id: return out ? dispatch<id, 1>(action, p, workspace, workspace_bytes, stream, bytes) \
@@ -380,6 +385,8 @@ const char* qr_cutlass_status_string(int status) {
     case qr::kUnknownConfig: return "unknown config id";
     case qr::kWorkspaceTooSmall: return "workspace missing or too small (ask qr_cutlass_workspace_size)";
     case qr::kBadArgument: return "bad sizes or leading dimensions";
+    case qr::kRefused:
+      return "refused by CUTLASS's can_implement (TMA needs K, the leading dimensions and N 16-byte aligned)";
     default: break;
   }
   if (status >= qr::kCudaErrorBase) return cudaGetErrorString(cudaError_t(status - qr::kCudaErrorBase));

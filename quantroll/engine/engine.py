@@ -23,6 +23,7 @@ logits can (batch-variant kernels).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Iterable, Sequence as Seq
 from dataclasses import dataclass, replace
@@ -54,6 +55,8 @@ class GenerationResult:
     routed_experts: torch.Tensor | None  # int16/int32 [P + R - 1, moe_layers, top_k], MoE only
     weight_version: int
     preemptions: int = 0  # times this sequence was preempted and recomputed
+
+log = logging.getLogger(__name__)
 
 
 def _stop_ids(checkpoint_dir: Path, config_eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -177,6 +180,7 @@ class Engine:
                 if fp8_kernels:
                     for layer in self.model.quantized_linears().values():
                         layer.backend = hardware.backend
+                    self._log_gemm_choices()
         if any(layer.backend == "emulated" for layer in self.model.quantized_linears().values()):
             # exact emulation quantizes activations through the format's own checks, which read
             # their verdict on the host: not capturable, and a reference path, not a speed one
@@ -195,6 +199,17 @@ class Engine:
         self._kv: PagedKVCache | None = None
         self._blocks: BlockManager | None = None
         self._runner: ModelRunner | None = None
+
+    def _log_gemm_choices(self) -> None:
+        """Log once which FP8 GEMM kernel each linear's products take, by row count (and
+        resolve kernels built at first use now, before any decode graph is captured)."""
+        from quantroll.kernels.gemm_plan import describe_choices
+
+        shapes = {}
+        for layer in self.model.quantized_linears().values():
+            shapes.setdefault(layer.name.rsplit(".", 1)[-1], (layer.out_features, layer.in_features))
+        for name, line in describe_choices(self.kernels.gpu.fp8_gemms, shapes, self.device).items():
+            log.info("FP8 GEMM %s %dx%d: %s", name, *shapes[name], line)
 
     def quantized_layers(self) -> dict:
         """Quantized linears by checkpoint module name (a fused layer's parts, not the fused layer)."""

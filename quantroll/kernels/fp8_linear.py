@@ -2,8 +2,9 @@
 
 Every path computes (a_q * a_s) @ (w_q * w_s)^T with 1x128 activation and 128x128 weight
 scales in float32; which kernel a product takes is one table (gemm_plan.FP8_GEMMS, chosen
-from measurements): the CUDA decode kernel (fp8_gemv.py) to 16 rows, the Triton decode
-kernel on FP8 warpgroup MMA at 17-64 rows, cuBLAS' blockwise GEMM above (torch._scaled_mm,
+from measurements): the CUDA decode kernel (fp8_gemv.py) to 16 rows, CUTLASS's blockwise
+kernels (cutlass_gemm.py) on the shapes and rows where they won, the Triton decode kernel on
+FP8 warpgroup MMA at 17-64 rows, cuBLAS' blockwise GEMM above (torch._scaled_mm,
 scaled_mm.py), the row-tiled Triton GEMM where cuBLAS does not run.
 
 The activation is quantized once per call by its own kernel, or arrives quantized
@@ -122,8 +123,7 @@ def decode_config(m: int, n: int, k: int, plan: GemmPlan = FP8_GEMMS) -> DecodeG
 def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dtype = torch.bfloat16,
               plan: GemmPlan = FP8_GEMMS) -> str:
     """Which FP8 GEMM an M x N x K product on ``device`` takes (the kernel of ``plan``'s
-    first row that covers it and runs there): "cuda decode", "triton decode", "cublas" or
-    "triton prefill"."""
+    first row that covers it and runs there): one of gemm_plan.KERNELS."""
     return plan.choose(m, n, k, torch.device(device), out_dtype).kernel
 
 
@@ -135,10 +135,15 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GE
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
         return torch.empty(0, n, dtype=out_dtype, device=aq.device)
-    # rows the CUDA kernel cannot load (it reads 16 bytes at a time) take the next row's kernel
-    row = plan.choose(m, n, k, aq.device, out_dtype, () if fp8_gemv.rows_loadable(aq, wq) else ("cuda decode",))
+    # rows the CUDA and CUTLASS kernels cannot load (16 bytes at a time) take the next row's kernel
+    row = plan.choose(m, n, k, aq.device, out_dtype,
+                      () if fp8_gemv.rows_loadable(aq, wq) else ("cuda decode", "cutlass"))
     if row.kernel == "cuda decode":
         return fp8_gemv.fp8_gemv(aq, a_s, wq, w_s, early=early)
+    if row.kernel == "cutlass":
+        from quantroll.kernels.cutlass_gemm import cutlass_fp8_gemm
+
+        return cutlass_fp8_gemm(aq, a_s, wq, w_s, out_dtype, row.tiles.config, row.tiles.splits)
     if row.kernel == "triton decode":
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, row.tiles)
     if row.kernel == "cublas":

@@ -14,6 +14,9 @@ Kernels:
 - "triton decode": fp8_decode_gemm_kernel, computed transposed (weights on the MMA's
   64-row side), split-K summed in-kernel; FP8 warpgroup MMA promoted to float32 per 128-K
   block with 64 weight rows and 4 warps, float16-widened mma.sync with 32 rows and 2.
+- "cutlass": CUTLASS 3.x warp-specialized blockwise-scaled kernels (cutlass_gemm.py, the
+  kernels vLLM and SGLang run; sm_90a, built at first use from the optional nvidia-cutlass
+  package), on the weight shapes and row counts where they were measured faster.
 - "cublas": torch._scaled_mm blockwise (Hopper, torch >= 2.9, verified shapes).
 - "triton prefill": fp8_block_gemm_kernel, row-tiled; everywhere (the last resort).
 """
@@ -28,7 +31,7 @@ import torch
 from quantroll.kernels import fp8_gemv
 from quantroll.kernels.scaled_mm import scaled_mm_supports, scaled_mm_verified_on
 
-KERNELS = ("cuda decode", "triton decode", "cublas", "triton prefill")
+KERNELS = ("cuda decode", "triton decode", "cutlass", "cublas", "triton prefill")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,15 @@ class PrefillGemmConfig:
 
 
 @dataclass(frozen=True)
+class CutlassTiles:
+    """A CUTLASS configuration (cutlass_gemm.CONFIGS, by name) and its K splits (stream-K
+    configs: 0 CUTLASS's heuristic, 1 none, s > 1 split-K into s)."""
+
+    config: str
+    splits: int = 0
+
+
+@dataclass(frozen=True)
 class GemmRow:
     """Products of ``min_m`` ... ``max_m`` rows (on weights of ``weight_shape`` = (N, K) only,
     where given) take ``kernel`` with ``tiles``; ``measured`` says which figure chose it."""
@@ -87,14 +99,15 @@ class GemmRow:
     kernel: str
     min_m: int = 1
     max_m: int = 1 << 62
-    tiles: DecodeGemmConfig | PrefillGemmConfig | None = None
+    tiles: DecodeGemmConfig | PrefillGemmConfig | CutlassTiles | None = None
     weight_shape: tuple[int, int] | None = None
     measured: str = ""
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"GemmRow.kernel must be one of {KERNELS}, got {self.kernel!r}")
-        wants = {"triton decode": DecodeGemmConfig, "triton prefill": PrefillGemmConfig}.get(self.kernel)
+        wants = {"triton decode": DecodeGemmConfig, "triton prefill": PrefillGemmConfig,
+                 "cutlass": CutlassTiles}.get(self.kernel)
         if (wants is None) != (self.tiles is None) or (wants is not None and not isinstance(self.tiles, wants)):
             raise ValueError(f"GemmRow {self.kernel!r}: tiles must be {wants.__name__ if wants else 'None'}, "
                              f"got {self.tiles!r}")
@@ -110,6 +123,10 @@ def kernel_runs(kernel: str, m: int, n: int, k: int, device: torch.device, out_d
         return fp8_gemv.supports_shape(m, n, k, out_dtype) and fp8_gemv.usable(device)
     if kernel == "cublas":
         return scaled_mm_supports(m, n, k) and scaled_mm_verified_on(device)
+    if kernel == "cutlass":
+        from quantroll.kernels import cutlass_gemm  # builds the library at the first question
+
+        return k % 128 == 0 and n % 128 == 0 and cutlass_gemm.available(device)
     return True
 
 
@@ -146,8 +163,45 @@ NATIVE_DECODE = DecodeGemmConfig(block_n=64, split_k=0, fill_programs=384, dot_f
 # CUDA kernel is not built (bench/gemm_decode.py, 2026-12-01).
 NARROW_DECODE = DecodeGemmConfig(block_n=32, split_k=0, fill_programs=512, num_warps=2, num_stages=3)
 
+# CUTLASS where it beat the kernel the table gave before by >= 3% (bench/gemm_cutlass.py,
+# H100 80GB, 2026-12-06; graph replays over 8 weights; the Qwen3-8B and 1.7B layer shapes;
+# a row covers the row counts from the previous measured M up to its own): one layer's four
+# GEMMs on 8B at M = 64 / 128 / 256 took 88.5 / 96.0 / 111.4 us against 118.1 / 110.1 /
+# 118.9 before (roofline 66.3 / 68.5 / 75.8 us).
+H100_CUTLASS = "bench/gemm_cutlass.py, H100 80GB, 2026-12-06"
+CUTLASS_ROWS = tuple(
+    GemmRow("cutlass", min_m=lo, max_m=hi, weight_shape=shape, tiles=CutlassTiles(cfg, splits), measured=H100_CUTLASS)
+    for shape, lo, hi, cfg, splits in (
+        # Qwen3-8B: fused q/k/v, o, fused gate/up, down
+        ((6144, 4096), 17, 32, "swap-128x16-sk", 1),
+        ((6144, 4096), 33, 128, "64x128-pingpong", 0),
+        ((4096, 4096), 17, 64, "swap-128x16-sk", 1),
+        ((4096, 4096), 65, 128, "swap-128x32-sk", 0),
+        ((4096, 4096), 129, 256, "64x128-pingpong", 0),
+        ((24576, 4096), 17, 32, "swap-128x16-sk", 1),
+        ((24576, 4096), 33, 64, "swap-128x32-sk", 1),
+        ((24576, 4096), 257, 512, "128x128-c1x2-sk", 0),
+        ((4096, 12288), 17, 64, "swap-128x16-sk", 1),
+        ((4096, 12288), 65, 128, "swap-128x32-sk", 0),
+        ((4096, 12288), 129, 256, "64x128-pingpong", 0),
+        # Qwen3-1.7B
+        ((4096, 2048), 17, 32, "swap-128x16-sk", 1),
+        ((4096, 2048), 33, 64, "swap-128x16-sk", 0),
+        ((4096, 2048), 65, 128, "swap-128x32-sk", 0),
+        ((4096, 2048), 129, 256, "64x128-pingpong", 0),
+        ((2048, 2048), 33, 64, "swap-128x16-sk", 1),
+        ((2048, 2048), 65, 128, "swap-128x32-sk", 1),
+        ((2048, 2048), 129, 512, "64x128-pingpong", 0),
+        ((12288, 2048), 17, 32, "swap-128x32-sk", 0),
+        ((12288, 2048), 33, 64, "swap-128x64-sk", 1),
+        ((2048, 6144), 33, 64, "swap-128x16-sk", 1),
+        ((2048, 6144), 65, 128, "swap-128x32-sk", 2),
+        ((2048, 6144), 129, 512, "64x128-pingpong", 0),
+    ))
+
 FP8_GEMMS = GemmPlan((
     GemmRow("cuda decode", max_m=16, measured="bench/gemv_cuda.py"),
+    *CUTLASS_ROWS,
     GemmRow("triton decode", max_m=1, tiles=dataclasses.replace(NARROW_DECODE, num_stages=5),
             measured="bench/gemm_decode.py"),
     GemmRow("triton decode", max_m=16, tiles=NARROW_DECODE, measured="bench/gemm_decode.py"),
@@ -160,3 +214,24 @@ FP8_GEMMS = GemmPlan((
     GemmRow("cublas", min_m=65, measured="bench/gemm_native_fp8.py"),
     GemmRow("triton prefill", tiles=PrefillGemmConfig()),
 ))
+
+
+def describe_choices(plan: GemmPlan, shapes: dict[str, tuple[int, int]], device: torch.device,
+                     max_rows: int = 8192) -> dict[str, str]:
+    """Per named weight shape (N, K), which kernel ``plan`` gives each range of rows on
+    ``device`` up to ``max_rows``, as one line ("1-16 cuda decode; 17-32 cutlass
+    swap-128x16-sk; ..."): what an engine logs once, so a run says which GEMMs it ran (and
+    asking builds a kernel library that builds at first use before any graph is captured)."""
+    bounds = sorted({1, *(r.min_m for r in plan.rows), *(r.max_m + 1 for r in plan.rows if r.max_m < max_rows)})
+    out = {}
+    for name, (n, k) in shapes.items():
+        parts: list[tuple[int, int, str]] = []
+        for lo, hi in zip(bounds, [*bounds[1:], max_rows + 1]):
+            row = plan.choose(lo, n, k, device)
+            what = row.kernel + (f" {row.tiles.config}" if isinstance(row.tiles, CutlassTiles) else "")
+            if parts and parts[-1][2] == what:
+                parts[-1] = (parts[-1][0], hi - 1, what)
+            else:
+                parts.append((lo, hi - 1, what))
+        out[name] = "; ".join(f"{lo}-{hi if hi < max_rows else ''} {what}" for lo, hi, what in parts)
+    return out

@@ -5,17 +5,19 @@ computed right), the Triton prefill GEMM everywhere else."""
 import pytest
 import torch
 
-from quantroll.kernels import fp8_gemv, fp8_linear, scaled_mm
+from quantroll.kernels import cutlass_gemm, fp8_gemv, fp8_linear, scaled_mm
 
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """A pretend CUDA device of the given capability under the given torch version."""
-    def make(capability, version="2.11.0+cu128"):
+    """A pretend CUDA device of the given capability under the given torch version, without
+    (or, cutlass=True, with) the CUTLASS GEMM library."""
+    def make(capability, version="2.11.0+cu128", cutlass=False):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         monkeypatch.setattr(torch, "__version__", version)
         monkeypatch.setattr(fp8_gemv, "usable", lambda device: False)  # no nvcc question here
+        monkeypatch.setattr(cutlass_gemm, "available", lambda device=None: cutlass and capability == (9, 0))
         return torch.device("cuda", 0)
     return make
 
@@ -75,6 +77,8 @@ def test_a_plan_must_end_in_the_kernel_that_takes_everything():
     with pytest.raises(ValueError, match="last row"):
         GemmPlan((GemmRow("cublas"),))
     with pytest.raises(ValueError, match="one of"):
+        GemmRow("deepgemm")
+    with pytest.raises(ValueError, match="tiles must be CutlassTiles"):
         GemmRow("cutlass")
     with pytest.raises(ValueError, match="tiles must be DecodeGemmConfig"):
         GemmRow("triton decode", tiles=PrefillGemmConfig())
@@ -91,3 +95,36 @@ def test_an_excluded_kernel_gives_way_to_the_next_row(gpu, monkeypatch):
     assert FP8_GEMMS.choose(16, 4096, 4096, device).kernel == "cuda decode"
     row = FP8_GEMMS.choose(16, 4096, 4096, device, exclude=("cuda decode",))
     assert row.kernel == "triton decode" and row.tiles == NARROW_DECODE
+
+
+def test_cutlass_rows_take_their_shapes_and_rows_only_where_the_library_runs(gpu):
+    from quantroll.kernels.gemm_plan import FP8_GEMMS, CutlassTiles
+
+    with_lib = gpu((9, 0), cutlass=True)
+    row = FP8_GEMMS.choose(64, 4096, 12288, with_lib)  # Qwen3-8B down_proj
+    assert (row.kernel, row.tiles) == ("cutlass", CutlassTiles("swap-128x16-sk", 1))
+    assert FP8_GEMMS.choose(16, 4096, 12288, with_lib).kernel == "triton decode"  # the CUDA kernel's rows (no nvcc)
+    assert FP8_GEMMS.choose(200, 4096, 12288, with_lib).tiles == CutlassTiles("64x128-pingpong", 0)
+    assert FP8_GEMMS.choose(300, 4096, 12288, with_lib).kernel == "cublas"  # measured no faster there
+    assert FP8_GEMMS.choose(64, 4096, 4608, with_lib).kernel == "triton decode"  # a shape never measured
+    without = gpu((9, 0), cutlass=False)
+    assert FP8_GEMMS.choose(64, 4096, 12288, without).kernel == "triton decode"  # today's path
+    assert FP8_GEMMS.choose(200, 4096, 12288, without).kernel == "cublas"
+
+
+def test_every_cutlass_row_names_a_built_config():
+    from quantroll.kernels.gemm_plan import FP8_GEMMS
+
+    rows = [r for r in FP8_GEMMS.rows if r.kernel == "cutlass"]
+    assert rows and all(cutlass_gemm.config(r.tiles.config).name == r.tiles.config for r in rows)
+    assert all(r.tiles.splits <= 1 or cutlass_gemm.config(r.tiles.config).stream_k for r in rows)
+
+
+def test_the_engine_log_line_says_which_kernel_each_row_range_takes(gpu):
+    from quantroll.kernels.gemm_plan import FP8_GEMMS, describe_choices
+
+    lines = describe_choices(FP8_GEMMS, {"down_proj": (4096, 12288)}, gpu((9, 0), cutlass=True), max_rows=1024)
+    assert lines["down_proj"] == ("1-16 triton decode; 17-64 cutlass swap-128x16-sk; 65-128 cutlass swap-128x32-sk; "
+                                  "129-256 cutlass 64x128-pingpong; 257- cublas")
+    lines = describe_choices(FP8_GEMMS, {"down_proj": (4096, 12288)}, gpu((9, 0)), max_rows=1024)
+    assert lines["down_proj"] == "1-64 triton decode; 65- cublas"

@@ -166,7 +166,7 @@ NARROW_DECODE = DecodeGemmConfig(block_n=32, split_k=0, fill_programs=512, num_w
 # CUTLASS where it beat the kernel the table gave before by >= 3% (bench/gemm_cutlass.py,
 # H100 80GB, 2026-12-06; graph replays over 8 weights; the Qwen3-8B and 1.7B layer shapes;
 # a row covers the row counts from the previous measured M up to its own): one layer's four
-# GEMMs on 8B at M = 64 / 128 / 256 took 88.5 / 96.0 / 111.4 us against 118.1 / 110.1 /
+# GEMMs on 8B at M = 64 / 128 / 256 took 88.5 / 96.9 / 111.3 us against 118.1 / 110.1 /
 # 118.9 before (roofline 66.3 / 68.5 / 75.8 us).
 H100_CUTLASS = "bench/gemm_cutlass.py, H100 80GB, 2026-12-06"
 CUTLASS_ROWS = tuple(

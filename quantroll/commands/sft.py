@@ -17,6 +17,7 @@ from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
+from quantroll.tasks.trace import FibTraceTask
 from quantroll.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
                                    DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TARGET_ACCURACY, STATS_FILE, WARM_START_SHAPE,
                                    warm_start)
@@ -34,11 +35,16 @@ def register(subparsers) -> None:
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
     p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "
                    "instead of the dense tiny Qwen3")
-    p.add_argument("--task", choices=("arithmetic", "count"), default="arithmetic",
-                   help="built-in task: arithmetic ('a+b=' / 'a-b=') or count ('count 17 to 32:') (default: arithmetic)")
+    p.add_argument("--task", choices=("arithmetic", "count", "fib"), default="arithmetic",
+                   help="built-in task: arithmetic ('a+b=' / 'a-b='), count ('count 17 to 32:') or fib (a long scratchpad "
+                   "of Fibonacci lines, length set by --trace-len) (default: arithmetic)")
     p.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
     p.add_argument("--ops", default="+-", help="arithmetic: operators to sample from, of + - * (default: +-)")
     p.add_argument("--span", type=int, default=CountTask().span, help=f"count: numbers per answer (default: {CountTask().span})")
+    p.add_argument("--trace-len", type=int, default=FibTraceTask().length,
+                   help=f"fib: target trace length in tokens (default: {FibTraceTask().length})")
+    p.add_argument("--trace-terms", type=int, choices=(2, 3), default=FibTraceTask().terms,
+                   help="fib: terms summed per line, 2 (Fibonacci) or 3 (Tribonacci, harder) (default: 2)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default: {DEFAULT_STEPS})")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"problems per step (default: {DEFAULT_BATCH_SIZE})")
     p.add_argument("--lr", type=float, default=DEFAULT_LR,
@@ -64,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.ops or set(args.ops) - set("+-*"):
             raise QuantrollError(f"--ops must be made of + - *, got {args.ops!r}")
         task = ArithmeticTask(digits=args.digits, ops=args.ops)
+    elif args.task == "fib":
+        task = FibTraceTask(length=args.trace_len, terms=args.trace_terms)
     else:
         if args.span < 1:
             raise QuantrollError(f"--span must be >= 1, got {args.span}")

@@ -39,7 +39,7 @@ from quantroll.trainer.policy import load_policy
 class LongSFTConfig:
     steps: int = 2000  # the lr schedule's length; the stop rule may end the run sooner
     tokens_per_batch: int = 65536  # tokens (prompt + answer + EOS) per optimizer step
-    micro_batch_tokens: int = 16384  # positions per forward, padding included
+    micro_batch_tokens: int = 32768  # positions per forward, padding included (a 16K trace is up to 19.7K)
     lr: float = 2e-3
     warmup: int = 30
     schedule: str = "cosine"

@@ -31,6 +31,7 @@ from quantroll.rl.config import TrainConfig
 from quantroll.rl.memory import engine_memory, peak_memory_gib, trainer_memory
 from quantroll.rl.rollout import build_task, rollout
 from quantroll.rl.evaluate import evaluate
+from quantroll.evaluation.policy_engine import PolicyEngine
 from quantroll.builtin import builtin_checkpoint
 from quantroll.durable import writing
 from quantroll.engine.sampling import SEED_LIMIT
@@ -203,7 +204,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             place.check_weight_update(engine, push, cfg.sync.check_weight_update_allow_quant_error)
         elif cfg.output.load:
             push()  # the engine starts from the resumed weights
-    history, bad = [], 0
+    history, bad, trainer_copy = [], 0, None
     bar = _progress(cfg.rollout.num_rollout - first_step, progress and place.writes)
     try:
         for step in range(first_step, cfg.rollout.num_rollout):
@@ -211,7 +212,10 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             if eval_problems and eval_due(step, cfg.rollout.eval_interval, cfg.rollout.num_rollout):
                 started = time.perf_counter()
                 with place.stage("evaluation", step):
-                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems,
+                    if trainer_copy is None:  # the trainer's weights through a BF16 engine (built once)
+                        trainer_copy = PolicyEngine(trainer_dir, cfg.models.device, dtype,
+                                                    cfg.engine.kv_cache_memory_gb, cfg.engine.kv_cache_block_size)
+                    held_out = evaluate(engines, trainer_copy, policy, tokenizer, task, eval_problems,
                                         cfg.rollout.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
             ro = cfg.rollout

@@ -53,7 +53,8 @@ def sampled_quality(engine, task, problems: list[Problem], temperature: float, s
                             seed=seed)
     s = summarize(score(engine, task, problems, encode, decode, params))
     return {"pass_rate": s["accuracy"], "reward": s["reward"], "response_tokens": s["response_tokens"],
-            "by_len": {b: {"n": v["n"], "pass_rate": v["accuracy"], "reward": v["reward"]} for b, v in s["by_len"].items()}}
+            "by_len": {b: {"n": v["n"], "pass_rate": v["accuracy"], "reward": v["reward"]}
+                       for b, v in s["by_len"].items()}}
 
 
 def fit_new_tokens(engine, problems: list[Problem], wanted: int) -> int:

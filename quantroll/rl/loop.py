@@ -103,16 +103,21 @@ def run_training(cfg: TrainConfig, progress: bool = True, log=print, engine_rank
 
 
 def _check_prompt_lengths(cfg: TrainConfig, task, eval_problems) -> None:
-    """Every prompt of the user's data fits the model's context with its response: the
-    file and line of the first one that does not, before any model is loaded."""
+    """Every prompt of the user's data fits the model's context with its response, and a
+    built-in task's text is spelled by the checkpoint's tokenizer: one line naming the first
+    that does not, before any model is loaded."""
     from quantroll.model.config import load_model_config
-    from quantroll.tasks.data import check_prompt_lengths
+    from quantroll.tasks.data import check_prompt_lengths, check_spelled
 
-    if not cfg.rollout.prompt_data and not cfg.rollout.eval_data:
-        return
     source = Path(cfg.models.hf_checkpoint) if cfg.models.hf_checkpoint else builtin_checkpoint(cfg.models.builtin_model)
     tokenizer = _tokenizer(source)
     context = load_model_config(source).max_position_embeddings
+    if not cfg.rollout.prompt_data:  # a built-in task: the checkpoint's tokenizer spells it, its answers fit
+        rng = random.Random(0)
+        sampled = [task.sample(rng) for _ in range(8)]
+        check_spelled(sampled, tokenizer, str(source), cfg.rollout.task)
+        check_prompt_lengths(sampled, tokenizer, context, cfg.rollout.rollout_max_response_len,
+                             f"--task {cfg.rollout.task}")
     if cfg.rollout.prompt_data:
         check_prompt_lengths(task.problems, tokenizer, context, cfg.rollout.rollout_max_response_len, "--prompt-data")
     if cfg.rollout.eval_data and eval_problems:

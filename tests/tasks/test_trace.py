@@ -116,3 +116,15 @@ def test_train_builds_the_task_and_refuses_a_response_limit_that_cuts_it():
     assert not {p.prompt for p in held_out} & {p.prompt for p in pool.problems}
     with pytest.raises(QuantrollError, match="rollout-max-response-len 100 cuts"):
         build_task(RolloutConfig(task="fib", trace_len=200, rollout_max_response_len=100))
+
+
+def test_train_refuses_a_checkpoint_whose_tokenizer_cannot_write_the_trace(capsys):
+    from quantroll.cli import main
+
+    # the shipped arithmetic model's tokenizer predates the line break
+    assert main(["train", "--task", "fib", "--trace-len", "100", "--rollout-max-response-len", "200",
+                 "--num-rollout", "1", "--device", "cpu"]) == 2
+    assert "writes '\\n', which the tokenizer of" in capsys.readouterr().err
+    assert main(["train", "--task", "count", "--count-span", "1000", "--rollout-max-response-len", "4000",
+                 "--train-problems", "0", "--num-rollout", "1", "--device", "cpu"]) == 2
+    assert "context is 2048" in capsys.readouterr().err

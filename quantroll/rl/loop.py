@@ -110,8 +110,8 @@ def _check_prompt_lengths(cfg: TrainConfig, task, eval_problems) -> None:
     from quantroll.tasks.data import check_prompt_lengths, check_spelled
 
     source = Path(cfg.models.hf_checkpoint) if cfg.models.hf_checkpoint else builtin_checkpoint(cfg.models.builtin_model)
+    context = load_model_config(source).max_position_embeddings  # config.json first: the checkpoint's core
     tokenizer = _tokenizer(source)
-    context = load_model_config(source).max_position_embeddings
     if not cfg.rollout.prompt_data:  # a built-in task: the checkpoint's tokenizer spells it, its answers fit
         rng = random.Random(0)
         sampled = [task.sample(rng) for _ in range(8)]

@@ -4,6 +4,13 @@ Writes a random tiny Qwen3 from a seed, trains it with supervised fine-tuning on
 built-in task until it answers some held-out problems right, and saves it as an HF
 BF16 checkpoint (with its character tokenizer) that ``quantroll train``, ``convert``
 and transformers load. Prints greedy accuracy on held-out problems before and after.
+
+With ``--tokens-per-batch`` it trains any shape at long context instead (quantroll/longsft/):
+token-sized steps with accumulation, state in ``--state-dir`` for ``--resume``, and a stop
+rule on the sampled pass rate; e.g. the long-trace study's model::
+
+    quantroll sft --task fib --trace-len 4096 --shape long --tokens-per-batch 65536 \
+        --state-dir runs/fib-4k.state --save runs/fib-4k --device cuda
 """
 
 from __future__ import annotations

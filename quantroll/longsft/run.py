@@ -119,9 +119,9 @@ def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConf
     model = load_policy(init, device=device, dtype=dtype)
     opt = MasterWeightAdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_dtype=None)
     copy = PolicyEngine(init, device, dtype)
-    first, losses, checks = 0, [], []
+    first, losses, checks, before = 0, [], [], None
     if resume:
-        last, losses, checks = state.load(state_dir, opt, recipe)
+        last, losses, checks, before = state.load(state_dir, opt, recipe)
         first = last + 1
         log(f"resumed after step {last} from {state_dir / state.STATE}")
     greedy_len = fit_new_tokens(copy.engine, evaluation, max(len(encode(p.label)) for p in evaluation) + 8)
@@ -133,7 +133,8 @@ def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConf
         model.train()
         return s
 
-    before = accuracy() if first == 0 else None
+    if first == 0:
+        before = accuracy()
     t0 = time.perf_counter()
     stopped = False
     model.train()
@@ -161,7 +162,7 @@ def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConf
                     f"[{b}: {v['pass_rate']:.0%}]" for b, v in quality["sampled"]["by_len"].items()))
             stopped = cfg.target_pass_rate is not None and quality["sampled"]["pass_rate"] >= cfg.target_pass_rate
         if cfg.save_every and (done % cfg.save_every == 0 or stopped):
-            state.save(state_dir, opt, step, losses, checks, recipe)
+            state.save(state_dir, opt, step, losses, checks, recipe, before)
         if on_step is not None:
             on_step(step, loss)
         if stopped:

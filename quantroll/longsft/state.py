@@ -28,14 +28,15 @@ TENSORS, RECORD = "tensors.safetensors", "record.json"
 
 
 def save(directory: Path, optimizer: MasterWeightAdamW, step: int, losses: list[float], checks: list[dict],
-         recipe: dict) -> None:
+         recipe: dict, before: dict | None = None) -> None:
+    """``before``: the greedy evaluation of the initial model, which a resumed run reports too."""
     masters, inner = optimizer.export()
     tensors = {f"master.{i}": m.detach().to("cpu").contiguous() for i, m in enumerate(masters)}
     for i, s in inner["state"].items():
         for key, value in s.items():
             tensors[f"{key}.{i}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
     record = {"step": step, "losses": losses, "checks": checks, "param_groups": inner["param_groups"],
-              "recipe": recipe}
+              "recipe": recipe, "before": before}
     with atomic_directory(Path(directory) / STATE, force=True) as tmp:
         save_file(tensors, str(tmp / TENSORS))
         (tmp / RECORD).write_text(json.dumps(record) + "\n")
@@ -45,9 +46,10 @@ def exists(directory: Path) -> bool:
     return (Path(directory) / STATE / RECORD).is_file()
 
 
-def load(directory: Path, optimizer: MasterWeightAdamW, recipe: dict) -> tuple[int, list[float], list[dict]]:
+def load(directory: Path, optimizer: MasterWeightAdamW, recipe: dict) -> tuple[int, list[float], list[dict], dict | None]:
     """Restore ``optimizer`` (and through it the model's weights); returns (the last finished
-    step, the losses so far, the quality checks so far). The recipe must be the saved one."""
+    step, the losses so far, the quality checks so far, the initial model's evaluation). The
+    recipe must be the saved one."""
     where = Path(directory) / STATE
     try:
         record = json.loads((where / RECORD).read_text())
@@ -70,4 +72,4 @@ def load(directory: Path, optimizer: MasterWeightAdamW, recipe: dict) -> tuple[i
             state[i] = {k: tensors[f"{k}.{i}"].to(device if k != "step" else "cpu") for k in keys}
     optimizer.load_state_dict({"master": [tensors[f"master.{i}"].to(device) for i in range(n)],
                                "inner": {"state": state, "param_groups": record["param_groups"]}})
-    return int(record["step"]), [float(x) for x in record["losses"]], list(record["checks"])
+    return int(record["step"]), [float(x) for x in record["losses"]], list(record["checks"]), record.get("before")

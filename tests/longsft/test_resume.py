@@ -43,6 +43,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert resumed["losses"] == whole["losses"]  # bit for bit: step 4 ran again from step 3's state
     assert len(whole["losses"]) == 6 and whole["losses"][-1] < whole["losses"][0]
     assert resumed["checks"] == whole["checks"] and resumed["greedy_after"] == whole["greedy_after"]
+    assert resumed["greedy_before"] == whole["greedy_before"] is not None
     a, b = load_file(str(tmp_path / "whole/model.safetensors")), load_file(str(tmp_path / "cut/model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     check = whole["checks"][0]

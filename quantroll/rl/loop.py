@@ -29,7 +29,7 @@ from quantroll.metrics.tensorboard import TensorBoardSink
 from quantroll.rl.checkpoints import resolve_checkpoints
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.memory import engine_memory, peak_memory_gib, trainer_memory
-from quantroll.rl.rollout import build_task, rollout
+from quantroll.rl.rollout import build_task, rewards_by_length, rollout
 from quantroll.rl.evaluate import evaluate
 from quantroll.evaluation.policy_engine import PolicyEngine
 from quantroll.builtin import builtin_checkpoint
@@ -248,6 +248,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 "loss_agg": cfg.optimizer.loss_agg, **({"true_on_policy": True} if cfg.precision.true_on_policy_mode else {}),
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),
+                "reward_by_len": rewards_by_length(batch, tokenizer),
                 "response_len_mean": batch.num_tokens / len(batch.results),
                 **metrics, **held_out,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,

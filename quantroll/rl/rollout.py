@@ -127,3 +127,14 @@ def rollout(engine: Engine, tokenizer, task, rng: random.Random, prompts_per_ste
     if "num_blocks" in stats and "block_size" in stats:  # the pool this rollout ran in, on whichever rank held it
         counters["kv_cache_capacity_tokens"] = float(stats["num_blocks"] * stats["block_size"])
     return RolloutBatch(prompts, labels, results, torch.tensor(rewards, dtype=torch.float32), seconds, counters)
+
+
+def rewards_by_length(batch: RolloutBatch, tokenizer) -> dict[str, dict]:
+    """The rollout's reward and accuracy per bucket of the reference answer's length (the
+    label's tokens + EOS; evaluation/heldout.py): ``{bucket: {"n", "reward", "accuracy"}}``."""
+    from quantroll.evaluation.heldout import Scored, summarize
+
+    lengths = {label: len(tokenizer.encode(label, add_special_tokens=False).ids) + 1 for label in set(batch.labels)}
+    scored = [Scored(float(r), res.tokens, lengths[label])
+              for r, res, label in zip(batch.rewards.tolist(), batch.results, batch.labels)]
+    return summarize(scored)["by_len"]

@@ -58,3 +58,14 @@ def test_evaluate_reports_both_sides_by_length():
         assert set(by_len) == {"2", "4"} and sum(b["n"] for b in by_len.values()) == len(problems)
         assert sum(b["accuracy"] * b["n"] for b in by_len.values()) / len(problems) == \
             pytest.approx(out[f"eval_{side}_accuracy"])
+
+
+def test_rollout_rewards_by_the_reference_length():
+    from types import SimpleNamespace
+
+    from quantroll.rl.rollout import RolloutBatch, rewards_by_length
+
+    labels = ["7", "7", "123", "-45"]  # + EOS: 2, 2, 4, 4 tokens
+    batch = RolloutBatch([[5]] * 4, labels, [SimpleNamespace(tokens=[1])] * 4, torch.tensor([1.0, 0.0, 0.5, 1.0]), 1.0)
+    assert rewards_by_length(batch, load_tokenizer(builtin_checkpoint())) == {
+        "2": {"n": 2, "reward": 0.5, "accuracy": 0.5}, "4": {"n": 2, "reward": 0.75, "accuracy": 0.5}}

@@ -105,6 +105,10 @@ def test_held_out_eval_at_step_0_every_interval_and_the_last_step(ckpts):
     hist = run_training(cfg, progress=False)
     assert [r["step"] for r in hist if "eval_engine_accuracy" in r] == [0, 2, 3]
     assert all("eval_trainer_accuracy" in r for r in hist if "eval_engine_accuracy" in r)
+    for r in hist:  # the rollout's reward by reference-length bucket recombines to the step's mean
+        n = sum(b["n"] for b in r["reward_by_len"].values())
+        assert n == FAST["rollout_batch_size"] * FAST["n_samples_per_prompt"]
+        assert sum(b["reward"] * b["n"] for b in r["reward_by_len"].values()) / n == pytest.approx(r["reward_mean"])
     # step 0's accuracies are those of the initial weights, before any update
     task, problems = build_task(cfg.rollout)
     dtype = torch.float32

@@ -59,6 +59,8 @@ class PolicyEngine:
     @torch.no_grad()
     def engine_for(self, policy: torch.nn.Module) -> Engine:
         self.engine.load_weights(full_weights(policy, self.engine.dtype))
+        if self.engine.device.type == "cuda":  # the trainer's cached blocks back to the driver, so that the KV
+            torch.cuda.empty_cache()           # pool (a fraction of the free memory) is sized on what is free
         return self.engine
 
     def release(self) -> None:

@@ -27,7 +27,7 @@ from quantroll.tasks.tokenizer import BOS, EOS, PAD, char_vocab, write_char_toke
 
 @dataclass(frozen=True)
 class TinyQwen3:
-    vocab_size: int = 128  # the character tokenizer's 98 tokens, padded
+    vocab_size: int = 128  # the character tokenizer's 99 tokens, padded
     hidden_size: int = 256
     intermediate_size: int = 768
     num_hidden_layers: int = 4
@@ -127,7 +127,7 @@ def write_tiny_qwen3(directory: str | Path, shape: TinyQwen3 = TinyQwen3(), seed
     (out / "config.json").write_text(json.dumps(qwen3_config_dict(shape), indent=2) + "\n")
     ids = {"bos_token_id": char_vocab()[BOS], "eos_token_id": char_vocab()[EOS], "pad_token_id": char_vocab()[PAD]}
     (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
-    write_char_tokenizer(out)
+    write_char_tokenizer(out, shape.max_position_embeddings)
     save_file(qwen3_weights(shape, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

@@ -12,7 +12,7 @@ from quantroll.builtin import builtin_checkpoint
 from quantroll.cli import main
 from quantroll.compute import resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
-from quantroll.rl.evaluate import greedy_trainer
+from tests.greedy_reference import greedy_full_forward
 from quantroll.tasks.arithmetic import ArithmeticTask
 from quantroll.trainer.policy import load_policy
 from quantroll.sft import decode, encode, held_out_problems
@@ -36,7 +36,7 @@ def test_generate_the_engine_and_the_trainer_agree_on_greedy_answers(capsys):
     ids = [encode(p) for p in prompts]
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     engine = Engine(path, dtype=dtype)  # as the RL loop builds it
-    trainer = [_text(t) for t in greedy_trainer(load_policy(path, dtype=dtype), ids, MAX_NEW,
+    trainer = [_text(t) for t in greedy_full_forward(load_policy(path, dtype=dtype), ids, MAX_NEW,
                                                 set(engine.default_stop_ids))]
     assert [_text(r.tokens) for r in engine.generate(ids, greedy)] == trainer
     bf16 = [_text(r.tokens) for r in Engine(path, dtype=torch.bfloat16).generate(ids, greedy)]

@@ -21,9 +21,9 @@ RANKS = {
     "model": 3, "builtin": 3,
     "engine": 4, "trainer": 4,
     "sync": 5,
-    "dist": 6,
+    "dist": 6, "evaluation": 6,
     "sft": 7, "compare": 7, "bench": 7,
-    "rl": 8,
+    "rl": 8, "longsft": 8,
     "attribution": 9,
     "commands": 10,
     "__main__": 11, "__init__": 11,  # the package's facade (quantroll.Engine, ...)

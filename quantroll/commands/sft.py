@@ -4,6 +4,13 @@ Writes a random tiny Qwen3 from a seed, trains it with supervised fine-tuning on
 built-in task until it answers some held-out problems right, and saves it as an HF
 BF16 checkpoint (with its character tokenizer) that ``quantroll train``, ``convert``
 and transformers load. Prints greedy accuracy on held-out problems before and after.
+
+With ``--tokens-per-batch`` it trains any shape at long context instead (quantroll/longsft/):
+token-sized steps with accumulation, state in ``--state-dir`` for ``--resume``, and a stop
+rule on the sampled pass rate; e.g. the long-trace study's model::
+
+    quantroll sft --task fib --trace-len 4096 --shape long --tokens-per-batch 65536 \
+        --state-dir runs/fib-4k.state --save runs/fib-4k --device cuda
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
+from quantroll.tasks.trace import FibTraceTask
+from quantroll.longsft.run import LongSFTConfig, long_sft
+from quantroll.longsft.shapes import SHAPES, parameter_count, parse_shape
 from quantroll.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
                                    DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TARGET_ACCURACY, STATS_FILE, WARM_START_SHAPE,
                                    warm_start)
@@ -34,11 +44,16 @@ def register(subparsers) -> None:
     p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
     p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "
                    "instead of the dense tiny Qwen3")
-    p.add_argument("--task", choices=("arithmetic", "count"), default="arithmetic",
-                   help="built-in task: arithmetic ('a+b=' / 'a-b=') or count ('count 17 to 32:') (default: arithmetic)")
+    p.add_argument("--task", choices=("arithmetic", "count", "fib"), default="arithmetic",
+                   help="built-in task: arithmetic ('a+b=' / 'a-b='), count ('count 17 to 32:') or fib (a long scratchpad "
+                   "of Fibonacci lines, length set by --trace-len) (default: arithmetic)")
     p.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
     p.add_argument("--ops", default="+-", help="arithmetic: operators to sample from, of + - * (default: +-)")
     p.add_argument("--span", type=int, default=CountTask().span, help=f"count: numbers per answer (default: {CountTask().span})")
+    p.add_argument("--trace-len", type=int, default=FibTraceTask().length,
+                   help=f"fib: target trace length in tokens (default: {FibTraceTask().length})")
+    p.add_argument("--trace-terms", type=int, choices=(2, 3), default=FibTraceTask().terms,
+                   help="fib: terms summed per line, 2 (Fibonacci) or 3 (Tribonacci, harder) (default: 2)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default: {DEFAULT_STEPS})")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"problems per step (default: {DEFAULT_BATCH_SIZE})")
     p.add_argument("--lr", type=float, default=DEFAULT_LR,
@@ -51,6 +66,29 @@ def register(subparsers) -> None:
                    f"still has something to learn; 1 trains all --steps (default: {DEFAULT_TARGET_ACCURACY})")
     p.add_argument("--eval-size", type=int, default=DEFAULT_EVAL_SIZE,
                    help=f"held-out problems for the accuracy before/after (default: {DEFAULT_EVAL_SIZE})")
+    g = p.add_argument_group("long context (issue 42): token-sized batches, resume, a stop rule on sampled traces; "
+                             "on when --tokens-per-batch is given")
+    g.add_argument("--tokens-per-batch", type=int, help="tokens (prompt + answer + EOS) per optimizer step, drawn "
+                   "fresh each step; turns on the long-context trainer")
+    g.add_argument("--micro-batch-tokens", type=int, default=LongSFTConfig().micro_batch_tokens,
+                   help="positions per forward, padding included: examples sorted by length are packed up to this and "
+                   "their gradients accumulated (default: %(default)s)")
+    g.add_argument("--shape", default="tiny", help=f"model shape NAME[,field=value...], NAME one of {', '.join(SHAPES)} "
+                   "(long: 7.4M parameters, 20,480 positions) (default: tiny)")
+    g.add_argument("--context", type=int, help="positions the model takes (max_position_embeddings; default: the shape's)")
+    g.add_argument("--state-dir", metavar="DIR", help="where the run keeps its init and its training state (required "
+                   "with --tokens-per-batch)")
+    g.add_argument("--save-every", type=int, default=LongSFTConfig().save_every,
+                   help="save the training state every N steps, atomically (default: %(default)s)")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --state-dir from its last saved step")
+    g.add_argument("--check-every", type=int, default=LongSFTConfig().check_every,
+                   help="quality check every N steps: per-token NLL and sampled pass rate per length bucket "
+                   "(default: %(default)s)")
+    g.add_argument("--val-size", type=int, default=LongSFTConfig().val_size,
+                   help="held-out problems of the quality check (default: %(default)s)")
+    g.add_argument("--target-pass-rate", type=float, default=LongSFTConfig().target_pass_rate,
+                   help="stop once the sampled pass rate (temperature 1, through the engine) reaches this "
+                   "(default: %(default)s)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device to train on (default: cuda if available, else cpu)")
     p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
@@ -58,16 +96,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.task == "arithmetic":
-        if args.digits < 1:
-            raise QuantrollError(f"--digits must be >= 1, got {args.digits}")
-        if not args.ops or set(args.ops) - set("+-*"):
-            raise QuantrollError(f"--ops must be made of + - *, got {args.ops!r}")
-        task = ArithmeticTask(digits=args.digits, ops=args.ops)
-    else:
-        if args.span < 1:
-            raise QuantrollError(f"--span must be >= 1, got {args.span}")
-        task = CountTask(span=args.span)
+    task = _task(args)
+    if args.tokens_per_batch is not None:
+        return _run_long(args, task)
+    if args.resume or args.state_dir or args.context or args.shape != "tiny":
+        raise QuantrollError("--shape, --context, --state-dir and --resume belong to the long-context trainer; "
+                             "add --tokens-per-batch N")
     if not 0 < args.target_accuracy <= 1:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
@@ -84,5 +118,45 @@ def run(args: argparse.Namespace) -> int:
           f"({stats['total_seconds']:.0f} s in all)")
     print(f"greedy accuracy on {n} held-out problems: before {stats['accuracy_before']:.1%} -> "
           f"after {stats['accuracy_after']:.1%}")
+    print(f"saved {args.save}")
+    return 0
+
+
+def _task(args: argparse.Namespace):
+    if args.task == "arithmetic":
+        if args.digits < 1:
+            raise QuantrollError(f"--digits must be >= 1, got {args.digits}")
+        if not args.ops or set(args.ops) - set("+-*"):
+            raise QuantrollError(f"--ops must be made of + - *, got {args.ops!r}")
+        return ArithmeticTask(digits=args.digits, ops=args.ops)
+    if args.task == "fib":
+        return FibTraceTask(length=args.trace_len, terms=args.trace_terms)
+    if args.span < 1:
+        raise QuantrollError(f"--span must be >= 1, got {args.span}")
+    return CountTask(span=args.span)
+
+
+def _run_long(args: argparse.Namespace, task) -> int:
+    if args.moe or args.batch_size != DEFAULT_BATCH_SIZE or args.target_accuracy != DEFAULT_TARGET_ACCURACY:
+        raise QuantrollError("with --tokens-per-batch, --moe, --batch-size and --target-accuracy do not apply: use "
+                             "--shape tiny-moe, --tokens-per-batch and --target-pass-rate")
+    if not args.state_dir:
+        raise QuantrollError("--tokens-per-batch needs --state-dir DIR, where the run keeps its state for --resume")
+    shape = parse_shape(args.shape, args.context)
+    cfg = LongSFTConfig(steps=args.steps, tokens_per_batch=args.tokens_per_batch,
+                        micro_batch_tokens=args.micro_batch_tokens, lr=args.lr, seed=args.seed,
+                        save_every=args.save_every, check_every=args.check_every, val_size=args.val_size,
+                        eval_size=args.eval_size, target_pass_rate=args.target_pass_rate)
+    print(f"sft: {task} on shape {args.shape} ({parameter_count(shape) / 1e6:.2f}M parameters, "
+          f"{shape.max_position_embeddings} positions) for up to {args.steps} steps of {args.tokens_per_batch} tokens, "
+          f"lr {args.lr:g}, seed {args.seed} on {args.device}")
+    stats = long_sft(args.save, task, shape, cfg, args.state_dir, resume=args.resume, device=args.device,
+                     compute_dtype=args.compute_dtype)
+    before, after = stats["greedy_before"], stats["greedy_after"]
+    print(f"ran {stats['steps_run']} of {args.steps} steps (stopped by {stats['stopped_by']}); loss "
+          f"{stats['losses'][0]:.3f} -> {stats['losses'][-1]:.3f}")
+    print(f"greedy accuracy on {stats['eval_size']} held-out problems: "
+          + (f"before {before['accuracy']:.1%} -> " if before else "") + f"after {after['accuracy']:.1%} "
+          + " ".join(f"[{b}: {v['accuracy']:.0%}]" for b, v in after["by_len"].items()))
     print(f"saved {args.save}")
     return 0

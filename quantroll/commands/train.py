@@ -67,13 +67,20 @@ def register(subparsers) -> None:
     m.add_argument("--device", default=DEFAULT_DEVICE, help="device for both sides")
     m.add_argument("--compute-dtype", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     r = p.add_argument_group("rollout")
-    r.add_argument("--task", choices=["arithmetic", "count"], help="built-in verifiable task")
+    r.add_argument("--task", choices=["arithmetic", "count", "fib"], help="built-in verifiable task (fib: a long "
+                   "scratchpad of Fibonacci lines mod 10^4 whose length --trace-len sets)")
     r.add_argument("--digits", type=int, help="arithmetic: digits per operand")
     r.add_argument("--train-problems", type=int, help="built-in tasks: train on a fixed "
                    "pool of this many problems, disjoint from the held-out ones (0: a fresh problem every time)")
     r.add_argument("--eval-size", type=int, help="built-in tasks: held-out problems evaluated "
                    "every --eval-interval steps when no --eval-data is given")
     r.add_argument("--count-span", type=int, help="count: numbers in each answer (sets response length)")
+    r.add_argument("--trace-len", type=int, help="fib: target response length in tokens (lines drawn within "
+                   "+-20%%); --rollout-max-response-len must cover the longest")
+    r.add_argument("--trace-terms", type=int, choices=[2, 3], help="fib: terms summed per line, 2 (Fibonacci) or "
+                   "3 (Tribonacci, harder)")
+    r.add_argument("--trace-partial-credit", action="store_true", help="fib: a trace not exactly right scores the "
+                   "fraction of its leading correct lines (default: 0)")
     r.add_argument("--rollout-batch-size", type=int, help="prompts per rollout")
     r.add_argument("--n-samples-per-prompt", type=int, help="samples per prompt (a GRPO group)")
     r.add_argument("--rollout-max-response-len", type=int, help="max new tokens per sample")

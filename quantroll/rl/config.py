@@ -94,6 +94,9 @@ class RolloutConfig:
     task: str = "arithmetic"
     digits: int = 2
     count_span: int = 16
+    trace_len: int = 1024  # fib: target response length in tokens (tasks/trace.py)
+    trace_terms: int = 2  # fib: 2 (Fibonacci) or 3 (Tribonacci, harder)
+    trace_partial_credit: bool = False  # fib: reward the leading correct lines' fraction when not exactly right
     train_problems: int = 64  # built-in tasks: the training pool's size (0: fresh problems)
     eval_size: int = 64  # built-in tasks: held-out problems when evaluating without eval_data
     rollout_batch_size: int = 16
@@ -114,7 +117,7 @@ class RolloutConfig:
     def __post_init__(self):
         _at_least(rollout_batch_size=(self.rollout_batch_size, 1),
                   rollout_max_response_len=(self.rollout_max_response_len, 1), num_rollout=(self.num_rollout, 1),
-                  digits=(self.digits, 1), count_span=(self.count_span, 1), eval_size=(self.eval_size, 1),
+                  digits=(self.digits, 1), count_span=(self.count_span, 1), trace_len=(self.trace_len, 1), eval_size=(self.eval_size, 1),
                   train_problems=(self.train_problems, 0), eval_interval=(self.eval_interval, 0),
                   seed=(self.seed, 0))
         _non_negative(rollout_temperature=self.rollout_temperature)

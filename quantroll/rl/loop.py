@@ -29,8 +29,9 @@ from quantroll.metrics.tensorboard import TensorBoardSink
 from quantroll.rl.checkpoints import resolve_checkpoints
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.memory import engine_memory, peak_memory_gib, trainer_memory
-from quantroll.rl.rollout import build_task, rollout
+from quantroll.rl.rollout import build_task, rewards_by_length, rollout
 from quantroll.rl.evaluate import evaluate
+from quantroll.evaluation.policy_engine import PolicyEngine
 from quantroll.builtin import builtin_checkpoint
 from quantroll.durable import writing
 from quantroll.engine.sampling import SEED_LIMIT
@@ -102,16 +103,21 @@ def run_training(cfg: TrainConfig, progress: bool = True, log=print, engine_rank
 
 
 def _check_prompt_lengths(cfg: TrainConfig, task, eval_problems) -> None:
-    """Every prompt of the user's data fits the model's context with its response: the
-    file and line of the first one that does not, before any model is loaded."""
+    """Every prompt of the user's data fits the model's context with its response, and a
+    built-in task's text is spelled by the checkpoint's tokenizer: one line naming the first
+    that does not, before any model is loaded."""
     from quantroll.model.config import load_model_config
-    from quantroll.tasks.data import check_prompt_lengths
+    from quantroll.tasks.data import check_prompt_lengths, check_spelled
 
-    if not cfg.rollout.prompt_data and not cfg.rollout.eval_data:
-        return
     source = Path(cfg.models.hf_checkpoint) if cfg.models.hf_checkpoint else builtin_checkpoint(cfg.models.builtin_model)
+    context = load_model_config(source).max_position_embeddings  # config.json first: the checkpoint's core
     tokenizer = _tokenizer(source)
-    context = load_model_config(source).max_position_embeddings
+    if not cfg.rollout.prompt_data:  # a built-in task: the checkpoint's tokenizer spells it, its answers fit
+        rng = random.Random(0)
+        sampled = [task.sample(rng) for _ in range(8)]
+        check_spelled(sampled, tokenizer, str(source), cfg.rollout.task)
+        check_prompt_lengths(sampled, tokenizer, context, cfg.rollout.rollout_max_response_len,
+                             f"--task {cfg.rollout.task}")
     if cfg.rollout.prompt_data:
         check_prompt_lengths(task.problems, tokenizer, context, cfg.rollout.rollout_max_response_len, "--prompt-data")
     if cfg.rollout.eval_data and eval_problems:
@@ -203,7 +209,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             place.check_weight_update(engine, push, cfg.sync.check_weight_update_allow_quant_error)
         elif cfg.output.load:
             push()  # the engine starts from the resumed weights
-    history, bad = [], 0
+    history, bad, trainer_copy = [], 0, None
     bar = _progress(cfg.rollout.num_rollout - first_step, progress and place.writes)
     try:
         for step in range(first_step, cfg.rollout.num_rollout):
@@ -211,7 +217,10 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             if eval_problems and eval_due(step, cfg.rollout.eval_interval, cfg.rollout.num_rollout):
                 started = time.perf_counter()
                 with place.stage("evaluation", step):
-                    held_out = evaluate(engines, policy, tokenizer, task, eval_problems,
+                    if trainer_copy is None:  # the trainer's weights through a BF16 engine (built once)
+                        trainer_copy = PolicyEngine(trainer_dir, cfg.models.device, dtype,
+                                                    cfg.engine.kv_cache_memory_gb, cfg.engine.kv_cache_block_size)
+                    held_out = evaluate(engines, trainer_copy, policy, tokenizer, task, eval_problems,
                                         cfg.rollout.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started
             ro = cfg.rollout
@@ -239,6 +248,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 "loss_agg": cfg.optimizer.loss_agg, **({"true_on_policy": True} if cfg.precision.true_on_policy_mode else {}),
                 "reward_mean": float(batch.rewards.mean()), "reward_std": float(batch.rewards.std()),
                 "accuracy": float((batch.rewards >= 1.0).float().mean()),
+                "reward_by_len": rewards_by_length(batch, tokenizer),
                 "response_len_mean": batch.num_tokens / len(batch.results),
                 **metrics, **held_out,
                 "rollout_time": batch.seconds, "rollout_tokens_per_s": batch.num_tokens / batch.seconds,

@@ -13,10 +13,14 @@ from quantroll.engine import Engine, GenerationResult, SamplingParams
 from quantroll.errors import QuantrollError
 from quantroll.rl.config import RolloutConfig
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
+from quantroll.tasks.trace import FibTraceTask
+
+BUILTIN_TASKS = ("arithmetic", "count", "fib")
 
 
 def make_task(name: str, digits: int = 2, span: int = 16, prompt_data: str | None = None, input_key: str = "prompt",
-              label_key: str = "label", custom_rm_path: str | None = None):
+              label_key: str = "label", custom_rm_path: str | None = None, trace_len: int = 1024, trace_terms: int = 2,
+              trace_partial_credit: bool = False):
     """A built-in task, or the user's data with their reward function (exact match by default)."""
     from quantroll.tasks.data import DataTask, load_reward, read_problems
 
@@ -28,7 +32,9 @@ def make_task(name: str, digits: int = 2, span: int = 16, prompt_data: str | Non
         return ArithmeticTask(digits=digits)
     if name == "count":
         return CountTask(span=span)
-    raise QuantrollError(f"unknown task '{name}'; built-in tasks: arithmetic, count")
+    if name == "fib":
+        return FibTraceTask(length=trace_len, terms=trace_terms, partial_credit=trace_partial_credit)
+    raise QuantrollError(f"unknown task '{name}'; built-in tasks: {', '.join(BUILTIN_TASKS)}")
 
 
 def build_task(cfg: RolloutConfig) -> tuple[object, list | None]:
@@ -43,7 +49,12 @@ def build_task(cfg: RolloutConfig) -> tuple[object, list | None]:
     from quantroll.sft import DEFAULT_EVAL_SIZE, held_out_problems
 
     task = make_task(cfg.task, cfg.digits, cfg.count_span, cfg.prompt_data, cfg.input_key, cfg.label_key,
-                     cfg.custom_rm_path)
+                     cfg.custom_rm_path, cfg.trace_len, cfg.trace_terms, cfg.trace_partial_credit)
+    longest = getattr(task, "max_response_tokens", None)
+    if longest is not None and cfg.rollout_max_response_len < longest:
+        raise QuantrollError(f"--rollout-max-response-len {cfg.rollout_max_response_len} cuts the {task.name} task's "
+                             f"longest right answers ({longest} tokens with EOS at --trace-len {cfg.trace_len}), which "
+                             f"would all score 0; raise it to at least {longest}")
     evaluation = read_problems(cfg.eval_data, cfg.input_key, cfg.label_key, "--eval-data") if cfg.eval_data else None
     if cfg.prompt_data:
         return task, evaluation
@@ -116,3 +127,14 @@ def rollout(engine: Engine, tokenizer, task, rng: random.Random, prompts_per_ste
     if "num_blocks" in stats and "block_size" in stats:  # the pool this rollout ran in, on whichever rank held it
         counters["kv_cache_capacity_tokens"] = float(stats["num_blocks"] * stats["block_size"])
     return RolloutBatch(prompts, labels, results, torch.tensor(rewards, dtype=torch.float32), seconds, counters)
+
+
+def rewards_by_length(batch: RolloutBatch, tokenizer) -> dict[str, dict]:
+    """The rollout's reward and accuracy per bucket of the reference answer's length (the
+    label's tokens + EOS; evaluation/heldout.py): ``{bucket: {"n", "reward", "accuracy"}}``."""
+    from quantroll.evaluation.heldout import Scored, summarize
+
+    lengths = {label: len(tokenizer.encode(label, add_special_tokens=False).ids) + 1 for label in set(batch.labels)}
+    scored = [Scored(float(r), res.tokens, lengths[label])
+              for r, res, label in zip(batch.rewards.tolist(), batch.results, batch.labels)]
+    return summarize(scored)["by_len"]

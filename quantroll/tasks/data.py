@@ -66,6 +66,20 @@ def check_prompt_lengths(problems: list[Problem], tokenizer, context: int, max_n
                                  "shorten it or lower --rollout-max-response-len")
 
 
+def check_spelled(problems: list[Problem], tokenizer, source: str, task_name: str) -> None:
+    """Every prompt and label of a built-in task comes back from the checkpoint's tokenizer as
+    written: a character it lacks (the line break of ``fib`` in a tokenizer made before it)
+    would be read as padding and every answer scored 0, so it is one line naming it."""
+    for problem in problems:
+        text = problem.prompt + problem.label
+        back = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False).ids, skip_special_tokens=False)
+        if back != text:
+            i = next((k for k, (a, b) in enumerate(zip(text, back)) if a != b), min(len(text), len(back)))
+            raise QuantrollError(f"the {task_name} task writes {text[i: i + 1]!r}, which the tokenizer of {source} "
+                                 "does not spell; use a model whose tokenizer has it (e.g. one made by "
+                                 f"`quantroll sft --task {task_name}`)")
+
+
 @dataclass
 class DataTask:
     """Problems from a file, drawn at random; reward by the user's function or exact match."""

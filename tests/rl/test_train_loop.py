@@ -94,6 +94,7 @@ def test_every_step_splits_the_gap_by_response_length(ckpts):
 def test_held_out_eval_at_step_0_every_interval_and_the_last_step(ckpts):
     from quantroll.tasks.tokenizer import load_tokenizer
     from quantroll.engine import Engine
+    from quantroll.evaluation.policy_engine import PolicyEngine
     from quantroll.rl.evaluate import evaluate
     from quantroll.rl.rollout import build_task
     from quantroll.trainer.policy import load_policy
@@ -104,11 +105,16 @@ def test_held_out_eval_at_step_0_every_interval_and_the_last_step(ckpts):
     hist = run_training(cfg, progress=False)
     assert [r["step"] for r in hist if "eval_engine_accuracy" in r] == [0, 2, 3]
     assert all("eval_trainer_accuracy" in r for r in hist if "eval_engine_accuracy" in r)
+    for r in hist:  # the rollout's reward by reference-length bucket recombines to the step's mean
+        n = sum(b["n"] for b in r["reward_by_len"].values())
+        assert n == FAST["rollout_batch_size"] * FAST["n_samples_per_prompt"]
+        assert sum(b["reward"] * b["n"] for b in r["reward_by_len"].values()) / n == pytest.approx(r["reward_mean"])
     # step 0's accuracies are those of the initial weights, before any update
     task, problems = build_task(cfg.rollout)
     dtype = torch.float32
-    fresh = evaluate(Engine(bf16, dtype=dtype), load_policy(bf16, dtype=dtype), load_tokenizer(bf16), task, problems,
-                     cfg.rollout.rollout_max_response_len)
+    fresh = evaluate(Engine(bf16, dtype=dtype), PolicyEngine(bf16, "cpu", dtype), load_policy(bf16, dtype=dtype),
+                     load_tokenizer(bf16), task, problems, cfg.rollout.rollout_max_response_len)
+    assert {"eval_engine_reward", "eval_trainer_reward", "eval_engine_by_len", "eval_trainer_by_len"} <= set(fresh)
     assert {k: hist[0][k] for k in fresh} == fresh
 
 

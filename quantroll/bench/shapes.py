@@ -8,7 +8,7 @@ import torch
 
 from quantroll.formats import Format
 from quantroll.model.config import ModelConfig, RopeConfig
-from quantroll.model.qwen3 import Qwen3ForCausalLM
+from quantroll.model.causal_lm import CausalLM
 
 SHAPES = {
     "qwen3-8b": ModelConfig(
@@ -61,7 +61,7 @@ EIGHT_B_GEMMS = layer_gemm_shapes(SHAPES["qwen3-8b"])
 
 @torch.no_grad()
 def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int = 0,
-                 source: Qwen3ForCausalLM | None = None) -> Qwen3ForCausalLM:
+                 source: CausalLM | None = None) -> CausalLM:
     """A model of ``cfg`` with N(0, 0.02) weights (norms 1); with ``fmt`` every linear of
     the decoder is stored in that format. ``source`` quantizes another model's weights
     instead of drawing new ones (so BF16 and FP8 runs compare the same model)."""
@@ -72,7 +72,7 @@ def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int 
     def fmt_for(name: str):
         return fmt if fmt is not None and name != "lm_head" and not name.endswith("mlp.gate") else None
 
-    model = Qwen3ForCausalLM(cfg, fmt_for, dtype=torch.bfloat16, device=device)
+    model = CausalLM(cfg, fmt_for, dtype=torch.bfloat16, device=device)
     src = dict(source.named_parameters()) if source is not None else {}
     for name, p in model.named_parameters():
         if name in src:

@@ -12,8 +12,8 @@ all-gather, computes the same forward on a GPU but cannot express the CPU's "flo
 compute on BF16 values": it would compute on unrounded masters there.)
 
 Units: each decoder layer is one FSDP2 group, the embedding and final norm another
-(``model.model``, whose forward ``Qwen3ForCausalLM.hidden`` calls), ``lm_head`` a third
-(``Qwen3ForCausalLM.logits`` calls it directly, outside the root's forward). The weight
+(``model.model``, whose forward ``CausalLM.hidden`` calls), ``lm_head`` a third
+(``CausalLM.logits`` calls it directly, outside the root's forward). The weight
 sync gathers one unit at a time, so its memory is one layer's full weights.
 """
 

@@ -50,8 +50,8 @@ class ModelConfig:
     max_position_embeddings: int
     rope: RopeConfig = field(default_factory=RopeConfig)
     tie_word_embeddings: bool = False
-    # the config's boolean keys the family's bias rules read (e.g. attention_bias), as read
-    bias_flags: tuple[tuple[str, bool], ...] = ()
+    # the config's boolean keys the family's bias rules read (e.g. attention_bias) that are true
+    bias_flags: tuple[str, ...] = ()
     # MoE (num_experts == 0 for dense)
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -68,7 +68,7 @@ class ModelConfig:
     @property
     def block(self) -> Block:
         """The decoder block's optional parts (QK-norm, biases) for this config."""
-        return self.family.block(dict(self.bias_flags))
+        return self.family.block({key: True for key in self.bias_flags})
 
     def is_moe_layer(self, layer: int) -> bool:
         """Same rule as transformers' Qwen3MoeDecoderLayer."""
@@ -147,7 +147,7 @@ def config_from_dict(raw: dict, source: str = "config.json") -> ModelConfig:
         max_position_embeddings=f.int("max_position_embeddings", 32768, minimum=1),
         rope=_rope_from(raw, source, family.default_rope_theta),
         tie_word_embeddings=f.bool("tie_word_embeddings", False),
-        bias_flags=tuple((key, f.bool(key, False)) for key in family.bias_keys()),
+        bias_flags=tuple(key for key in family.bias_keys() if f.bool(key, False)),
         num_experts=experts,
         num_experts_per_tok=top_k,
         moe_intermediate_size=f.int("moe_intermediate_size", minimum=1) if experts else 0,
@@ -165,3 +165,42 @@ def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
     from quantroll.inputs import read_json
 
     return config_from_dict(read_json(path, "config", fix="fix or re-download it"), str(path))
+
+
+_ROPE_KEYS = {"default": (), "linear": ("factor",),
+              "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                       "truncate")}
+
+
+def config_to_dict(cfg: ModelConfig) -> dict:
+    """The config.json transformers writes for ``cfg`` (v5 spelling: ``rope_parameters``),
+    which ``config_from_dict`` reads back to ``cfg``: what random checkpoints of a family
+    are written with (model/random_checkpoint.py)."""
+    family, r = cfg.family, cfg.rope
+    keys = _ROPE_KEYS[r.rope_type] if r.rope_type in _ROPE_KEYS else registry.rope_variants()[r.rope_type].keys
+    rope = {"rope_type": r.rope_type, "rope_theta": r.theta,
+            **{k: getattr(r, k) for k in keys if getattr(r, k) is not None}}
+    moe = {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+           "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.norm_topk_prob,
+           "decoder_sparse_step": cfg.decoder_sparse_step, "mlp_only_layers": list(cfg.mlp_only_layers)}
+    eos = list(cfg.eos_token_ids)
+    return {
+        "architectures": [family.architectures[0]],
+        "model_type": cfg.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": rope,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        **{key: key in cfg.bias_flags for key in family.bias_keys()},
+        **(moe if family.moe else {}),
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+        "torch_dtype": "bfloat16",
+    }

@@ -21,7 +21,7 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
         return (inv / r.factor if r.rope_type == "linear" else inv), 1.0
     if r.rope_type == "yarn":
         return _yarn(cfg, exponents)
-    return rope_variants()[r.rope_type](1.0 / (base**exponents), r, cfg.max_position_embeddings), 1.0
+    return rope_variants()[r.rope_type].inverse_frequencies(1.0 / (base**exponents), r, cfg.max_position_embeddings), 1.0
 
 
 def _yarn(cfg: ModelConfig, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:

@@ -24,6 +24,16 @@ RopeVariant = Callable[..., object]
 
 
 @dataclass(frozen=True)
+class Rope:
+    """A rope type a family defined: its name in config.json, the RopeConfig fields it reads
+    (what a written config.json spells out), and the rescaling."""
+
+    name: str
+    keys: tuple[str, ...]
+    inverse_frequencies: RopeVariant
+
+
+@dataclass(frozen=True)
 class Block:
     """One decoder block's optional parts, resolved for one config."""
 
@@ -47,7 +57,10 @@ class Family:
     mlp_bias: BiasRule
     moe: bool = False
     default_rope_theta: float = 10_000.0
-    rope_variants: tuple[tuple[str, RopeVariant], ...] = ()  # rope types this family defined
+    rope_variants: tuple[Rope, ...] = ()  # rope types this family defined
+    # real model sizes by name, as the config.json keys that differ from nothing (for benches
+    # and random checkpoints of real shapes: quantroll/bench/shapes.py)
+    shapes: tuple[tuple[str, Mapping[str, object]], ...] = ()
 
     def block(self, flags: Mapping[str, bool]) -> Block:
         """The block for a config whose boolean keys are ``flags`` (a missing key is false)."""

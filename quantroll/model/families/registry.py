@@ -5,7 +5,7 @@ module beside this one and a line in ``FAMILIES``."""
 from __future__ import annotations
 
 from quantroll.errors import QuantrollError
-from quantroll.model.families.base import Family, RopeVariant
+from quantroll.model.families.base import Family, Rope
 from quantroll.model.families.llama import LLAMA
 from quantroll.model.families.qwen2 import QWEN2
 from quantroll.model.families.qwen3 import QWEN3, QWEN3_MOE
@@ -37,6 +37,11 @@ def family_for(model_type: object, architectures: object = None, source: str = "
                          f"{', '.join(supported_model_types())}")
 
 
-def rope_variants() -> dict[str, RopeVariant]:
+def rope_variants() -> dict[str, Rope]:
     """Rope types the families brought (any config may name them, as transformers allows)."""
-    return {name: fn for f in FAMILIES for name, fn in f.rope_variants}
+    return {r.name: r for f in FAMILIES for r in f.rope_variants}
+
+
+def shapes() -> dict[str, dict]:
+    """Every family's real model sizes: name -> config.json (model_type included)."""
+    return {name: {"model_type": f.model_types[0], **raw} for f in FAMILIES for name, raw in f.shapes}

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from quantroll.model.linear import QLinear
 from quantroll.model.causal_lm import CausalLM
+from quantroll.model.linear import QLinear
 
 
 class Hybrid:

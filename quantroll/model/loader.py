@@ -17,8 +17,8 @@ from quantroll.checkpoint.loader import QuantizedCheckpoint
 from quantroll.checkpoint.reader import CheckpointReader
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import Format, invalid_values
-from quantroll.model.config import config_from_dict
 from quantroll.model.causal_lm import CausalLM
+from quantroll.model.config import config_from_dict
 
 
 def _open(path: Path) -> tuple[CheckpointReader, QuantizedCheckpoint | None]:

@@ -17,10 +17,10 @@ import torch.utils.checkpoint
 from quantroll.errors import QuantrollError
 from quantroll.inputs import read_json
 from quantroll.model import invariant
+from quantroll.model.causal_lm import CausalLM
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.loader import load_model
 from quantroll.model.moe import Routing
-from quantroll.model.causal_lm import CausalLM
 
 
 def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> None:

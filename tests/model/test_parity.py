@@ -4,9 +4,9 @@ checkpoint, in float32 on CPU: max |diff| <= 1e-4."""
 import pytest
 import torch
 
+from quantroll.model.causal_lm import CausalLM
 from quantroll.model.config import config_from_dict
 from quantroll.model.moe import RecordRouting, ReplayRouting
-from quantroll.model.causal_lm import CausalLM
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""The decode store kernel for families without QK-norm (Llama, Qwen2): rotary and the
+"""The decode store kernel for families without QK-norm (model/families/): rotary and the
 key/value store at the tokens' slots from the fused q/k/v projection, in one launch.
 
 The twin of ``paged_attention_triton.store_kv_kernel`` with the per-head RMSNorm left

@@ -4,7 +4,7 @@ weight sync walks.
 Precision, and why it is set this way: the parameters FSDP2 shards are the policy's own
 (BF16 on a GPU; on a CPU float32 tensors holding BF16 values, quantroll/compute.py), the
 FP32 master weights and AdamW moments live, sharded the same way, in the optimizer
-(quantroll/dist/optimizer.py), and gradients are reduce-scattered in float32
+(quantroll/distributed/optimizer.py), and gradients are reduce-scattered in float32
 (``MixedPrecisionPolicy(reduce_dtype=float32)``). The forward therefore computes on the
 rounded BF16 weights exactly as one process does, so the two agree to float rounding.
 (FSDP2's other arrangement, FP32 parameters cast to ``param_dtype=bfloat16`` at each

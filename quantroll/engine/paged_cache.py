@@ -126,9 +126,6 @@ class PagedKVCache:
         tensors = self.k + self.v + (self.k_scale + self.v_scale if self.quantized else [])
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def data_ptrs(self) -> tuple[int, ...]:
-        return tuple(t.data_ptr() for t in self.k + self.v)
-
     # -- the model's Attend interface --------------------------------------------------
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, T, H, D], k/v [B, T, Hkv, D] in the batch's flattened token order -> [B, T, H, D]."""

@@ -21,7 +21,7 @@ RANKS = {
     "model": 3, "builtin": 3,
     "engine": 4, "trainer": 4,
     "sync": 5,
-    "dist": 6, "evaluation": 6,
+    "distributed": 6, "evaluation": 6,
     "sft": 7, "compare": 7, "bench": 7,
     "rl": 8, "longsft": 8,
     "attribution": 9,

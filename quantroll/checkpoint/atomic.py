@@ -62,7 +62,7 @@ def atomic_directory(dst: str | Path, force: bool = False) -> Iterator[Path]:
     try:
         tmp = durable.make_temp_dir(dst)
     except OSError as err:
-        _remove_empty(created)
+        durable.remove_empty(created)
         raise QuantrollError(f"cannot write in {dst.parent}: {durable.advice(err)}") from None
     try:
         with durable.writing(str(dst)):
@@ -70,7 +70,7 @@ def atomic_directory(dst: str | Path, force: bool = False) -> Iterator[Path]:
             _move_into_place(tmp, dst, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(created)
+        durable.remove_empty(created)
         raise
 
 
@@ -110,14 +110,6 @@ def _move_into_place(tmp: Path, dst: Path, force: bool) -> None:
     durable.fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove_empty(dirs: list[Path]) -> None:
-    for d in reversed(dirs):
-        try:
-            d.rmdir()
-        except OSError:
-            break
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

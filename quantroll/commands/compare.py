@@ -93,10 +93,9 @@ def _source(args) -> tuple[Path, str, bool]:
     else:
         source = builtin_checkpoint(args.builtin_model)
         label = f"built-in tiny Qwen3 ({args.builtin_model}, warm-started)"
-    from quantroll.inputs import read_json
+    from quantroll.model.config import load_model_config
 
-    config = read_json(source / "config.json", "config", fix="fix or re-download it")
-    return source, label, config.get("model_type") == "qwen3_moe"
+    return source, label, load_model_config(source).num_experts > 0
 
 
 def _train_args(text: str) -> tuple[str, ...]:

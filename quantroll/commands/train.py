@@ -201,7 +201,7 @@ def ray_placement(args: argparse.Namespace):
     flags = (args.actor_num_nodes, args.actor_num_gpus_per_node, args.rollout_num_gpus)
     if all(f is None for f in flags) and not args.colocate:
         return None
-    from quantroll.dist.ray_launch import RayPlacement
+    from quantroll.distributed.ray_launch import RayPlacement
 
     return RayPlacement(args.actor_num_nodes or 1, args.actor_num_gpus_per_node or 1, args.rollout_num_gpus,
                         args.colocate)
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     if "WORLD_SIZE" in os.environ:  # a rank started by torchrun
         history = run_training(cfg, engine_ranks=torchrun_engine_ranks(args))
     elif (placement := ray_placement(args)) is not None:
-        from quantroll.dist.ray_launch import import_ray, launch
+        from quantroll.distributed.ray_launch import import_ray, launch
 
         import_ray()  # refused before any work when Ray is missing
         history = launch(functools.partial(run_training, cfg, engine_ranks=placement.engine_ranks), placement,

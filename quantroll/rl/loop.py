@@ -86,7 +86,7 @@ def run_training(cfg: TrainConfig, progress: bool = True, log=print, engine_rank
     locks and the state of the outputs (quantroll/rl/claim.py). ``engine_ranks``: in a
     multi-process run, how many of the last ranks hold an engine only (--rollout-num-gpus
     without --colocate; 0: colocated)."""
-    from quantroll.dist.context import from_environ
+    from quantroll.distributed.context import from_environ
     from quantroll.rl.claim import claim_outputs
     from quantroll.rl.preflight import check_outputs
 

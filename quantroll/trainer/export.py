@@ -25,7 +25,7 @@ from quantroll.inputs import read_json
 
 WEIGHTS_FILE = "model.safetensors"
 # Suffixes of tensors that exist only inside a running model, never in a checkpoint.
-_INFERENCE_ONLY = ("qkv_proj.weight", "gate_up_proj.weight")
+_INFERENCE_ONLY = ("qkv_proj.weight", "gate_up_proj.weight", "qkv_proj.bias", "gate_up_proj.bias")
 # Non-weight files copied from the source besides config.json (rewritten).
 _COPIED = ("generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
            "chat_template.jinja", "chat_template.json")

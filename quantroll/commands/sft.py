@@ -16,6 +16,7 @@ from quantroll.builtin import TINY_QWEN3_MOE
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
+from quantroll.outputs import FORCE_HELP, check_output_dir, check_replace
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 from quantroll.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
                                    DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TARGET_ACCURACY, STATS_FILE, WARM_START_SHAPE,
@@ -31,7 +32,8 @@ def register(subparsers) -> None:
         f"problems before and after, and save it as an HF BF16 checkpoint (recipe and accuracies in {STATS_FILE}).",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
+    p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write; required")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "
                    "instead of the dense tiny Qwen3")
     p.add_argument("--task", choices=("arithmetic", "count"), default="arithmetic",
@@ -72,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
         raise QuantrollError(f"--eval-size must be >= 1, got {args.eval_size}")
+    check_output_dir("--save", args.save)
+    check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
     print(f"sft: {task} for up to {args.steps} steps of {args.batch_size}, lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
-                       compute_dtype=args.compute_dtype,
+                       compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}",
                        shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"

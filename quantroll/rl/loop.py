@@ -267,7 +267,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             with writing(f"--save-hf {cfg.output.save_hf}"), place.stage("the export"):
                 whole = place.exportable(policy, trainer_dir, dtype)
                 if whole is not None:
-                    save_hf_checkpoint(whole, trainer_dir, cfg.output.save_hf)
+                    save_hf_checkpoint(whole, trainer_dir, cfg.output.save_hf, force=cfg.output.force,
+                                       what=f"--save-hf {cfg.output.save_hf}")
     except BaseException:
         if bar is not None:
             bar.leave = False  # a failure's one line is the error, not a half-full bar above it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantroll.errors import QuantrollError
 from quantroll.outputs import check_output_path, check_replace, refuse_foreign
 from quantroll.rl import savedir
 from quantroll.rl.config import TrainConfig

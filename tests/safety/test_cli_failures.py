@@ -262,7 +262,7 @@ CASES = [
                                                       train_args(w["model"], "--save", str(t / "s"),
                                                                  "--save-interval", "1"))[1], "holds a run"),
     Case("save-over-user-files", lambda t, w: ((_dir(t, "s") / "notes.txt").write_text("mine"), train_args(
-        w["model"], "--save", str(t / "s"), "--save-interval", "1"))[1], "holds 'notes.txt', which no save wrote"),
+        w["model"], "--save", str(t / "s"), "--save-interval", "1"))[1], "holds files quantroll did not write (notes.txt); quantroll never replaces or deletes them, --force or not"),
     Case("save-under-a-file", lambda t, w: train_args(w["model"], "--save", str(_a_file(t) / "s"),
                                                       "--save-interval", "1"), "is a file, not a directory"),
     Case("save-read-only", lambda t, w: train_args(w["model"], "--save", str(t / "ro" / "s"), "--save-interval", "1"),
@@ -339,7 +339,7 @@ CASES = [
                                                       "--metrics-file", str(t / "m.jsonl")),
          "--save-hf", fault=_rofs("ro")),
     Case("save-hf-over-a-directory", lambda t, w: train_args(w["model"], "--save-hf", str(w["model"].parent)),
-         "exists and is not empty"),
+         "holds files quantroll did not write"),
     Case("tensorboard-under-a-file", lambda t, w: train_args(w["model"], "--tensorboard-dir", str(_a_file(t) / "tb")),
          "is a file, not a directory"),
     Case("convert-dir-read-only", lambda t, w: train_args(w["model"], "--rollout-precision", "fp8", "--convert-dir",

@@ -51,7 +51,8 @@ def check_output_path(flag: str, value: str, *, is_file: bool) -> None:
         above = _nearest_existing(parent)
         if above.exists() and not above.is_dir():
             raise QuantrollError(f"{flag} {value}: {above} is a file, not a directory; choose another path")
-        raise QuantrollError(f"{flag} {value}: {parent} is not a directory; create it first")
+        raise QuantrollError(f"{flag} {value}: the directory {parent} does not exist; create it first "
+                             f"(mkdir -p {parent}) or choose another path")
     if is_file and path.is_dir():
         raise QuantrollError(f"{flag} {value} is a directory; give a file path")
     if not is_file and path.exists() and not path.is_dir():

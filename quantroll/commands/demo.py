@@ -54,6 +54,13 @@ def logprob_gap(reference: Engine, results) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from quantroll.errors import QuantrollError
+
+    if args.prompts < 1:
+        raise QuantrollError(f"--prompts must be >= 1 (the rollout prompts whose gap the demo measures), got "
+                             f"{args.prompts}")
+    if args.max_new_tokens < 1:
+        raise QuantrollError(f"--max-new-tokens must be >= 1 (the response length), got {args.max_new_tokens}")
     work = Path(args.workdir)
     bf16 = work / "tiny-qwen3-bf16"
     write_tiny_qwen3(bf16)

@@ -109,4 +109,4 @@ def test_inspect_checks_its_json_path_first(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--json", str(tmp_path)]) == 2
     assert "is a directory; give a file path" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path), "--json", str(tmp_path / "no" / "r.json")]) == 2
-    assert "is not a directory; create it first" in capsys.readouterr().err
+    assert "does not exist; create it first" in capsys.readouterr().err

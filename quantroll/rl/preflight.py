@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantroll.builtin import builtin_checkpoint
 from quantroll.errors import QuantrollError
 from quantroll.outputs import check_output_path, check_replace, refuse_foreign
 from quantroll.rl import savedir
@@ -32,3 +33,13 @@ def check_outputs(cfg: TrainConfig) -> None:
                         ("--tensorboard-dir", out.tensorboard_dir)):
         if out.save and value and Path(value).absolute() == Path(out.save).absolute():
             raise QuantrollError(f"{flag} and --save are both {value}; give each its own path")
+
+
+def check_memory(cfg: TrainConfig, shards: int = 1) -> None:
+    """The sizes asked for fit the device (rl/memory.py's lower-bound estimate; ``shards``:
+    trainer ranks splitting the trainer), before the problem pools are even made."""
+    from quantroll.rl.memory import check_fits
+
+    source = Path(cfg.models.hf_checkpoint) if cfg.models.hf_checkpoint else builtin_checkpoint(cfg.models.builtin_model)
+    if (source / "config.json").is_file():  # a missing or damaged checkpoint is refused later, by its reader
+        check_fits(cfg, source, shards=shards)

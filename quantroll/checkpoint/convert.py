@@ -99,10 +99,10 @@ def check_source(reader: CheckpointReader) -> None:
             )
 
 
-def _check_paths(src: Path, dst: Path) -> None:
+def _check_paths(src: Path, dst: Path, what: str) -> None:
     s, d = src.resolve(), dst.resolve()
     if s == d or s in d.parents or d in s.parents:
-        raise QuantrollError(f"--save-dir {dst} overlaps --model-dir {src}; write the output to a separate directory")
+        raise QuantrollError(f"{what} overlaps the source checkpoint {src}; write the output to a separate directory")
 
 
 def _output_layout(reader: CheckpointReader, the_plan: Plan, fmt: Format) -> dict[str, list[PlannedTensor]]:
@@ -145,7 +145,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig, wha
     what = what or f"--save-dir {dst}"
     fmt = get_format(cfg.format, cfg.scale_rule)
     rules = cfg.rules
-    _check_paths(src, dst)
+    _check_paths(src, dst, what)
     check_destination(dst.absolute(), cfg.force, what)
     with CheckpointReader(src) as reader:
         check_source(reader)

@@ -303,6 +303,9 @@ CASES = [
          "this run needs at least .* GiB \\(weights .* logits .*\\) but available memory holds"),
     Case("size-problem-pool-beyond-memory", lambda t, w: train_args(w["model"], "--train-problems", "10000000000000"),
          "this run needs at least .* rollout .* but available memory holds"),
+    Case("demo-over-user-files", lambda t, w: ((_dir(_dir(t, "d"), "tiny-qwen3-nvfp4") / "x.txt").write_text("mine"),
+                                               ["demo", "--workdir", str(t / "d")])[1],
+         "--workdir .*d: tiny-qwen3-nvfp4 holds files quantroll did not write \\(x.txt\\)"),
     Case("demo-no-prompts", lambda t, w: ["demo", "--prompts", "0", "--workdir", str(t / "d")],
          "--prompts must be >= 1"),
     # -- flags checked before any work --------------------------------------------------------

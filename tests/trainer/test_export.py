@@ -151,11 +151,11 @@ def test_export_never_replaces_the_users_files_and_follows_the_umask(src, tmp_pa
     finally:
         os.umask(old)
     assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o640  # not safetensors' 0600
-    (out / "notes.md").write_text("mine")
+    (out / "notes.txt").write_text("mine")
     before = (out / "model.safetensors").read_bytes()
-    with pytest.raises(QuantrollError, match=r"did not write \(notes.md\).*--force or not"):
+    with pytest.raises(QuantrollError, match=r"did not write \(notes.txt\).*--force or not"):
         save_hf_checkpoint(policy, src, out, force=True)
-    assert (out / "notes.md").read_text() == "mine" and (out / "model.safetensors").read_bytes() == before
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").read_bytes() == before
 
 
 def test_quantized_model_and_mismatched_source_are_refused(src, tmp_path):

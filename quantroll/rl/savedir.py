@@ -106,6 +106,10 @@ def clean(directory: str | Path) -> list[str]:
         if entry.name.startswith((".partial-", f".{POINTER}.")) or (_VERSION.match(entry.name) and entry.name != keep):
             durable.remove(entry)
             removed.append(entry.name)
+    for stale in durable.stale_temps(directory):  # e.g. the marker's temporary file, its writer killed
+        if stale.exists():
+            durable.remove(stale)
+            removed.append(stale.name)
     if removed:
         outputs.record_owned(directory, drop=tuple(removed))
     parent = directory.absolute().parent

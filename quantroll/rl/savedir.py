@@ -110,8 +110,10 @@ def clean(directory: str | Path) -> list[str]:
         if stale.exists():
             durable.remove(stale)
             removed.append(stale.name)
-    if removed:
-        outputs.record_owned(directory, drop=tuple(removed))
+    listed_files, listed_dirs = outputs.read_marker(directory)
+    gone = tuple(n for n in listed_files | listed_dirs if not (directory / n).exists())  # a kill before the marker's update
+    if removed or gone:
+        outputs.record_owned(directory, drop=tuple(removed) + gone)
     parent = directory.absolute().parent
     for entry in parent.iterdir():  # the .DIR.partial-* / .DIR.old-* of the old whole-directory save
         if re.match(rf"^\.{re.escape(directory.absolute().name)}\.(partial|old)-[A-Za-z0-9_]{{8}}$", entry.name):

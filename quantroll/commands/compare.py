@@ -142,12 +142,13 @@ def _check_runs(setup, specs) -> None:
     """Every run's configuration made now, as `quantroll train` will make it, so that a bad
     value fails here, before any run or output."""
     from quantroll.compare.runner import command_for
+    from quantroll.rl.memory import check_fits
 
     placeholders = {spec.checkpoint_key: setup.source for spec in specs}
     for spec in specs:
         argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
         try:
-            train_config(argv)
+            check_fits(train_config(argv), setup.source)  # and the sizes fit, as `train` will check
         except QuantrollError as err:
             raise QuantrollError(f"run {spec.run_id}: {err}") from None
 

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
         raise QuantrollError(f"--eval-size must be >= 1, got {args.eval_size}")
+    _check_memory(args, task)
     check_output_dir("--save", args.save)
     check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
     print(f"sft: {task} for up to {args.steps} steps of {args.batch_size}, lr {args.lr:g}, seed {args.seed} on {args.device}")
@@ -90,3 +91,18 @@ def run(args: argparse.Namespace) -> int:
           f"after {stats['accuracy_after']:.1%}")
     print(f"saved {args.save}")
     return 0
+
+
+def _check_memory(args: argparse.Namespace, task) -> None:
+    """--batch-size and --eval-size have no bound of their own: refuse what cannot fit, with
+    a lower-bound estimate (rl/memory.py's rule): one batch's float32 logits over the
+    character vocabulary at the shortest example length (prompt, one answer character, EOS),
+    and ~200 bytes per held-out problem."""
+    from quantroll.rl.memory import GIB, check_need
+    from quantroll.sft import DEFAULT_VAL_SIZE
+    from quantroll.tasks.tokenizer import char_vocab
+
+    tokens = 2 * args.digits + 2 + 2 if args.task == "arithmetic" else 2 * args.span
+    est = {"logits": args.batch_size * tokens * len(char_vocab()) * 4 / GIB,
+           "problems": (args.eval_size + DEFAULT_VAL_SIZE) * 200 / GIB}
+    check_need(est, args.device, "--batch-size, --eval-size or --digits/--span", device_parts=("logits",))

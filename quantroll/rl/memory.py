@@ -127,20 +127,32 @@ def check_fits(cfg, checkpoint_dir: str | Path, *, shards: int = 1, host_gib: fl
     """Refuse, in one line with the estimate, a run whose memory cannot fit the device
     (``host_gib`` / ``device_gib``: what is there, measured when not given). Returns the estimate."""
     from quantroll.checkpoint.reader import CheckpointReader
-    from quantroll.errors import QuantrollError
     from quantroll.model.config import load_model_config
 
     with CheckpointReader(checkpoint_dir) as reader:
         params = sum(math.prod(info.shape) for info in reader.tensors.values())
     est = estimate_gib(cfg, params, load_model_config(checkpoint_dir).vocab_size, shards)
-    device = torch.device(cfg.models.device)
     flags = ("--rollout-batch-size, --n-samples-per-prompt, --rollout-max-response-len, --micro-batch-size, "
              "--train-problems, --eval-size or --kv-cache-memory-gb")
-    if device.type == "cuda":
+    check_need(est, cfg.models.device, flags, device_parts=("weights", "kv_pool", "logits"), host_gib=host_gib,
+               device_gib=device_gib)
+    return est
+
+
+def check_need(est: dict[str, float], device: str, flags: str, *, device_parts: tuple[str, ...] = (),
+               host_gib: float | None = None, device_gib: float | None = None) -> None:
+    """Refuse, in one line with the estimate ``est`` (GiB by part) and the ``flags`` to
+    lower, what cannot fit: on a CPU all of it in available memory; on a GPU the
+    ``device_parts`` in the card's memory and the rest in the host's."""
+    from quantroll.errors import QuantrollError
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
         if device_gib is None and torch.cuda.is_available():
-            device_gib = torch.cuda.get_device_properties(device.index or 0).total_memory / GIB
-        sides = [("the GPU", est["weights"] + est["kv_pool"] + est["logits"], device_gib),
-                 ("host memory", est["rollout"], host_gib if host_gib is not None else host_available_gib())]
+            device_gib = torch.cuda.get_device_properties(dev.index or 0).total_memory / GIB
+        sides = [("the GPU", sum(v for k, v in est.items() if k in device_parts), device_gib),
+                 ("host memory", sum(v for k, v in est.items() if k not in device_parts),
+                  host_gib if host_gib is not None else host_available_gib())]
     else:
         sides = [("available memory", sum(est.values()), host_gib if host_gib is not None else host_available_gib())]
     for where, need, have in sides:
@@ -148,4 +160,3 @@ def check_fits(cfg, checkpoint_dir: str | Path, *, shards: int = 1, host_gib: fl
             parts = ", ".join(f"{k} {v:.3g}" for k, v in est.items() if v >= 0.001)
             raise QuantrollError(f"this run needs at least {need:.3g} GiB ({parts} GiB) but {where} holds "
                                  f"{have:.3g} GiB; lower {flags}")
-    return est

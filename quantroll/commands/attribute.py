@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     what = f"--output-dir {out}"
     check_output_dir("--output-dir", args.output_dir)
     check_replace(what, out, args.force)  # before the work, and again when the output is moved into place
+    _check_memory(cfg)
     result = run_attribution(cfg)
     print()
     print(format_report(result), end="")
@@ -112,3 +113,26 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(result, tmp)
     print(f"\nreport: {out / 'report.md'}")
     return 0
+
+
+def _check_memory(cfg) -> None:
+    """--prompts, --samples and --max-new-tokens have no bound of their own: refuse what
+    cannot fit (rl/memory.py's rule), with the lower bound of one seed's batch: the
+    float32 logits of every sampled sequence (response and one prompt token) over the
+    vocabulary, and two models' weights (2 bytes a parameter each)."""
+    import math
+
+    from quantroll.attribution.run import source_of
+    from quantroll.checkpoint.reader import CheckpointReader
+    from quantroll.model.config import load_model_config
+    from quantroll.rl.memory import GIB, check_need
+
+    source, _ = source_of(cfg)
+    if not (source / "config.json").is_file():
+        return  # refused by its reader, in its own words
+    with CheckpointReader(source) as reader:
+        params = sum(math.prod(i.shape) for i in reader.tensors.values())
+    sequences = cfg.prompts * cfg.samples
+    est = {"weights": 2 * 2 * params / GIB,
+           "logits": sequences * (cfg.max_new_tokens + 1) * load_model_config(source).vocab_size * 4 / GIB}
+    check_need(est, cfg.device, "--prompts, --samples or --max-new-tokens", device_parts=("weights", "logits"))

@@ -65,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise QuantrollError(f"--max-new-tokens must be >= 1 (the response length), got {args.max_new_tokens}")
     from quantroll.outputs import check_replace
+    from quantroll.rl.memory import GIB, check_need
+    from quantroll.tasks.tokenizer import char_vocab
+
+    # the lower bound of one engine's rollout (rl/memory.py's rule): the float32 logits of every
+    # prompt's response and its longest prompt (15 tokens) over the built-in vocabulary
+    check_need({"logits": args.prompts * (args.max_new_tokens + 15) * len(char_vocab()) * 4 / GIB}, "cpu",
+               "--prompts or --max-new-tokens")
 
     work = Path(args.workdir)
     bf16 = work / "tiny-qwen3-bf16"

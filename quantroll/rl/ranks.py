@@ -38,7 +38,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, serve, check_prompt_leng
     import the loop back). An engine rank returns no metrics."""
     from quantroll.rl.checkpoints import resolve_checkpoints
     from quantroll.rl.claim import Claim, claim_outputs
-    from quantroll.rl.preflight import check_outputs
+    from quantroll.rl.preflight import check_memory, check_outputs
     from quantroll.rl.rollout import build_task
 
     stop_on_sigterm()
@@ -61,6 +61,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, serve, check_prompt_leng
                             cfg.optimizer.global_batch_size, ctx.world_size - ctx.engine_ranks)
             if ctx.is_source:
                 check_outputs(cfg)
+            check_memory(cfg, shards=max(1, ctx.world_size - ctx.engine_ranks))
             task, eval_problems = build_task(cfg.rollout)
             check_prompt_lengths(cfg, task, eval_problems)
             return task, eval_problems

@@ -145,8 +145,9 @@ def _check_operands(aq, a_s, wq, w_s) -> tuple[int, int, int]:
     n = wq.shape[0]
     kb = (k + 127) // 128
     if wq.shape[1] != k or tuple(a_s.shape) != (m, kb) or tuple(w_s.shape) != ((n + 127) // 128, kb):
-        raise ValueError(f"CUTLASS FP8 GEMM: shapes aq {tuple(aq.shape)}, a_s {tuple(a_s.shape)}, wq {tuple(wq.shape)}, "
-                         f"w_s {tuple(w_s.shape)} do not fit 1x128 activation and 128x128 weight scales")
+        raise ValueError(f"CUTLASS FP8 GEMM: shapes aq {tuple(aq.shape)}, a_s {tuple(a_s.shape)}, "
+                         f"wq {tuple(wq.shape)}, w_s {tuple(w_s.shape)} do not fit 1x128 activation and 128x128 "
+                         "weight scales")
     if aq.stride(1) != 1 or wq.stride(1) != 1 or w_s.stride(1) != 1 or (m > 1 and a_s.stride(0) != 1):
         raise ValueError("CUTLASS FP8 GEMM: codes and weight scales must be row-major, activation scales "
                          "outer-dim-major (stride (1, M), fp8_activation_buffers)")

@@ -166,7 +166,8 @@ def main() -> int:
                 print_row(row)
     sums = layer_sums(rows, peaks) if not args.no_time else []
     if sums:
-        print("\none layer's four GEMMs (us): cutlass best / cuBLAS FP8 (- where it refuses) / BF16 / current / roofline")
+        print("\none layer's four GEMMs (us): cutlass best / cuBLAS FP8 (- where it refuses) / BF16 / current / "
+              "roofline")
         for s in sums:
             print(f"{s['shape']:10s} M={s['m']:4d} {s['cutlass_best_us']:8.1f} {fmt(s['cublas_fp8_us'])} "
                   f"{s['bf16_us']:8.1f} {s['current_us']:8.1f} {s['roofline_us']:8.1f}  "

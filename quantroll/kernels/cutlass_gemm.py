@@ -102,7 +102,9 @@ def library() -> cutlass_build.Library:
                                                            f"this module lists {len(CONFIGS)}")
             except (cutlass_build.CutlassUnavailable, CompileError, OSError) as err:
                 _library = None
-                _library_error = f"{type(err).__name__}: {err}"
+                if "\n" in str(err):  # a compiler's output: logged whole, reported as one line
+                    log.warning("CUTLASS GEMM library: %s", err)
+                _library_error = " ".join(f"{type(err).__name__}: {err}".split())[:400]
         if _library is None:
             raise cutlass_build.CutlassUnavailable(_library_error)
         return _library

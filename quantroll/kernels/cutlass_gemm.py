@@ -54,7 +54,7 @@ class CutlassGemmConfig:
 # float32 output, 168 registers (the cap of a 384-thread warp-specialized block; consumers raise
 # theirs with setmaxnreg), 0 bytes spilled, 0 stack, no warning (no C7510). Pipeline stages
 # (bf16 / float32 output): 128x16 12/11, 128x32 10/10, 128x64 8/7, swap 128x128 6/5,
-# 64x128 ping-pong 8/8, 128x128 c1x2 6/5. Build on the 2-core CPU machine: 36 min with 2 jobs
+# 64x128 ping-pong 8/8, 128x128 c1x2 6/5. Build on the 2-core CPU machine: 35-36 min with 2 jobs
 # (about 5 min per object on the shared cores; 77 s of CPU time each), the 13 run in parallel.
 CONFIGS = (
     CutlassGemmConfig(0, "swap-128x16-sk", True, 16, 128, True),

@@ -72,7 +72,7 @@ def _groups(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Ac
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     text = parser._get_formatter()._expand_help(action) if action.help else ""
-    return " ".join(text.split()).replace("|", "\\|")
+    return " ".join(text.split()).replace("|", "\\|").replace("*", "\\*")
 
 
 def render(cmd: str, only: str | None, claimed: list[str]) -> str:
@@ -112,13 +112,26 @@ def rewrite(text: str, claims: dict[str, list[str]]) -> str:
     return BLOCK.sub(one, text)
 
 
-def main() -> None:
-    texts = {p: p.read_text(encoding="utf-8") for p in pages()}
+def claims_of(texts) -> dict[str, list[str]]:
+    """Per command, the group prefixes that blocks of their own take (the plain block gets the rest)."""
     claims: dict[str, list[str]] = {}
-    for text in texts.values():
+    for text in texts:
         for m in blocks(text):
             if m["group"]:
                 claims.setdefault(m["cmd"], []).append(m["group"])
+    return claims
+
+
+def stale() -> list[str]:
+    """The pages whose tables differ from what the parsers generate now."""
+    texts = {p: p.read_text(encoding="utf-8") for p in pages()}
+    claims = claims_of(texts.values())
+    return [str(p.relative_to(ROOT)) for p, text in texts.items() if rewrite(text, claims) != text]
+
+
+def main() -> None:
+    texts = {p: p.read_text(encoding="utf-8") for p in pages()}
+    claims = claims_of(texts.values())
     for path, text in texts.items():
         new = rewrite(text, claims)
         if new != text:

@@ -41,3 +41,9 @@ def test_the_checker_sees_a_missing_and_a_doubled_flag():
     dropped = page.replace("| `--top N` |", "| --top N |")
     assert ("inspect", "--top N") not in docs_flags.documented(dropped)
     assert Counter(docs_flags.documented(page + page))[("inspect", "--top N")] == 2
+
+
+def test_the_tables_say_what_help_says_now():
+    assert docs_flags.stale() == [], (
+        "a flag's help text or default changed without its docs table: run "
+        "PYTHONPATH=$PWD python -m tests.docs_flags and commit the rewritten pages")

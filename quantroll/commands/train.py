@@ -161,7 +161,7 @@ def register(subparsers) -> None:
     pl = p.add_argument_group("placement across processes (Ray; Miles' flag names)", "Give any of these to start "
                               "the ranks as Ray actors (pip install -e '.[ray]'); without them, torchrun "
                               "--nproc-per-node N -m quantroll train ... starts them, colocated, or with "
-                              "--rollout-num-gpus R engines on the last R ranks (see README, 'Across processes')")
+                              "--rollout-num-gpus R engines on the last R ranks (see docs/scale-out.md)")
     pl.add_argument("--actor-num-nodes", type=int, default=None, help="nodes of trainer ranks (default 1)")
     pl.add_argument("--actor-num-gpus-per-node", type=int, default=None, help="trainer ranks per node, one GPU each "
                     "(on --device cpu: one process each; default 1)")

@@ -15,7 +15,7 @@ from quantroll.compare.stats import as_float, finite, mean
 from quantroll.metrics.by_length import combine_buckets
 from quantroll.metrics.mismatch import METRIC_NAMES
 
-GAP_METRICS = METRIC_NAMES  # the mismatch metrics (README, "Training"): the train/rollout gap of a step
+GAP_METRICS = METRIC_NAMES  # the mismatch metrics (docs/metrics.md): the train/rollout gap of a step
 MAIN_GAP = "train_rollout_logprob_abs_diff"
 NON_METRICS = frozenset({"step", "rollout_precision", "weight_version", "mismatch_tokens", "mismatch_seqs"})
 TIME_KEYS = ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "weight_copy_time")

@@ -1,7 +1,7 @@
 """The recommendation rule on synthetic summaries: it always chooses, says why, and judges
 each mode against BF16 with the stated tolerance.
 
-Expected choices follow from the numbers by the rule as the README states it (criteria
+Expected choices follow from the numbers by the rule as docs/compare.md states it (criteria
 in order: final reward, held-out accuracy, gap; each drops what is farther from BF16
 than the closest correction beyond sqrt(std_a^2 + std_b^2); the cheapest of the rest);
 tolerances are recomputed with numpy, never copied from the code.

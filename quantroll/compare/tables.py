@@ -7,8 +7,8 @@ carries a legend that explains every metric it shows in one line.
 from __future__ import annotations
 
 from quantroll.compare.answer import recommendation_table
-from quantroll.compare.cells import (COMPACT_GAP, SEE_ABOVE, SHORT, Table, cell, chi2_negative, diff_cell, k_header,
-                                     legend, num)
+from quantroll.compare.cells import (CHI2_NEGATIVE, COMPACT_GAP, SEE_ABOVE, SHORT, Table, cell, chi2_negative, diff_cell,
+                                     k_header, legend, num)
 from quantroll.compare.perrun import MAIN_GAP
 from quantroll.compare.speed import update_over_copy
 

@@ -45,7 +45,7 @@ def memorisation_warnings(groups: list[dict]) -> list[str]:
         w = reward_window(g["num_steps"])
         out.append(f"{g['label']} / {g['correction']}: the training reward rose {reward['first']:.3g} -> "
                    f"{reward['last']:.3g} (means of the first and last {w} steps, {reward['diff']:+.3g}; {basis}) "
-                   "but held-out accuracy did not "
+                   f"but held-out accuracy did not rise beyond {held['threshold']:.3g} "
                    f"({held['first']:.3g} -> {held['last']:.3g}, trainer's policy, steps {ev['first_steps'][0]} -> "
                    f"{ev['steps'][-1]}): the policy may be fitting its pool of training problems, not the task")
     return out

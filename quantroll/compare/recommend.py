@@ -123,8 +123,9 @@ def _test_text(t: dict, ref: str, k: int | None) -> str:
     need = ("no seed spread (1 seed)" if t["need"] is None else
             f"needs > {t['need']:.3g} = max(seed spread {t['spread']:.3g}, {MARGIN:.0%} of the difference "
             f"{t['margin']:.3g})")
+    by = f"closer by {t['gain']:.3g}" if t["gain"] >= 0 else f"farther by {-t['gain']:.3g}"
     return (f"{criterion_name(t['criterion'], k)} {t['value']:.3g} vs {ref} {t['reference']:.3g}, BF16 "
-            f"{t['bf16']:.3g}: closer by {t['gain']:+.3g}, {need}")
+            f"{t['bf16']:.3g}: {by}, {need}")
 
 
 def _why(chosen: dict, cands: dict[str, dict], k: int | None) -> str:
@@ -136,7 +137,9 @@ def _why(chosen: dict, cands: dict[str, dict], k: int | None) -> str:
     detail = "; ".join(f"{c}: " + ("; ".join(_test_text(t, ref, k) for t in ts) or "no data")
                        for c, ts in chosen["tests"].items())
     if not chosen["passed"]:
-        return f"{ref} (no correction needed: none is distinguishable from {ref}; {detail})"
+        if ref == "none":
+            return f"none, no correction needed: none is distinguishable from running without one ({detail})"
+        return f"{ref}, the cheapest run; no other is distinguishable from it ({detail})"
     rest = [c for c in chosen["passed"] if c != chosen["choice"]]
     tail = f"; {', '.join(rest)} also pass{'es' if len(rest) == 1 else ''}, {chosen['choice']} is cheaper" if rest else ""
     return f"{chosen['choice']} (closer to BF16 than {ref} by more than the seed spread and {MARGIN:.0%} of the " \

@@ -111,8 +111,8 @@ def test_a_quantized_source_is_refused(tmp_path, capsys, tiny_checkpoint):
 @pytest.mark.slow
 def test_response_length_sweep_runs_sample_to_full_length_and_are_reported(tmp_path):
     out = tmp_path / "study"
-    argv = ["compare", "--output-dir", str(out), "--num-rollout", "1", "--seeds", "1", "--corrections", "none",
-            "--sweep-response-len", "12,20", "--train-args", "--rollout-batch-size 2 --n-samples-per-prompt 2 --eval-size 4"]
+    argv = ["compare", "--output-dir", str(out), "--num-rollout", "1", "--seeds", "1", "--modes", "1",
+            "--corrections", "none", "--sweep-response-len", "12,20", "--train-args", "--rollout-batch-size 2 --n-samples-per-prompt 2 --eval-size 4"]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {(r["precision"], r["response_len"]): r for r in summary["sweep"]}

@@ -77,7 +77,6 @@ def run_values(steps: list[dict]) -> dict:
         "reward_last": mean(s.get("reward_mean") for s in steps[-reward_window(len(steps)):]),
         "means": {k: mean(s.get(k) for s in steps) for k in keys},
         "step0": {k: as_float(step0.get(k)) for k in keys},
-        "final": {k: as_float(last.get(k)) for k in keys},
         "gap_step0": {k: as_float(step0.get(k)) for k in GAP_METRICS},
         "gap_mean": {k: mean(s.get(k) for s in steps) for k in GAP_METRICS},
         "times": {k: mean(s.get(k) for s in timed) for k in TIME_KEYS},

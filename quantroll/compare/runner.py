@@ -83,7 +83,8 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
         args += list(setup.sweep_args)
     elif setup.eval_interval:
         args += ["--eval-interval", str(setup.eval_interval)]
-    return args + spec.train_args() + ["--metrics-file", str(run_dir / "metrics.jsonl")]
+    # absolute: config.json and run.json name the file wherever the run is continued from
+    return args + spec.train_args() + ["--metrics-file", str((run_dir / "metrics.jsonl").absolute())]
 
 
 def _read_json(path: Path) -> dict | None:

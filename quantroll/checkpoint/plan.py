@@ -257,13 +257,15 @@ def plan(
         _keep_name_collisions(decisions, fused_kept)
         if sum(d.action == KEEP for d in decisions.values()) == n_kept:
             break
-    _refuse_skipping_everything(decisions, fmt.name)
     return Plan(fmt.name, decisions, _scale_groups(decisions), tuple(sorted(fused_kept)))
 
 
-def _refuse_skipping_everything(decisions: dict[str, Decision], fmt_name: str) -> None:
+def refuse_skipping_everything(the_plan: Plan) -> None:
     """--skip patterns that leave no weight to quantize would make a checkpoint labelled
-    with the format that holds none of it: refused, naming the patterns that matched."""
+    with the format that holds none of it: refused, naming the patterns that matched. Called
+    by the writer (convert_checkpoint), not by plan(): attribution asks plan() which modules
+    a flag set keeps, every module included."""
+    decisions, fmt_name = the_plan.decisions, the_plan.format
     if any(d.action == QUANTIZE for d in decisions.values()):
         return
     patterns = list(dict.fromkeys(d.detail for d in decisions.values() if d.reason == SKIP_PATTERN))

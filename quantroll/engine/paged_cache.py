@@ -154,13 +154,10 @@ class PagedKVCache:
         the model's own ops run. Norm weights None: a family without QK-norm."""
         if not self.gpu_kernels or self.head_dim & (self.head_dim - 1):
             return None
-        from quantroll.kernels import paged_attention, rope_store
+        from quantroll.kernels import paged_attention
 
-        def attend(layer, qkv, q_w, k_w, eps, cos, sin, heads, kv_heads, head_dim, quantize=False):
-            if q_w is None:
-                return rope_store.decode_from_qkv_rope(qkv, cos, sin, self, layer, self.batch)
-            return paged_attention.decode_from_qkv(qkv, q_w, k_w, eps, cos, sin, self, layer, self.batch)
-        return attend
+        return lambda layer, qkv, q_w, k_w, eps, cos, sin, heads, kv_heads, head_dim, quantize=False: \
+            paged_attention.decode_from_qkv(qkv, q_w, k_w, eps, cos, sin, self, layer, self.batch)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [N, Hkv, D] at the batch's slots (quantized for an FP8 cache)."""

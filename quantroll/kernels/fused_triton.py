@@ -93,11 +93,19 @@ def _norm_rope(x1, x2, w1, w2, c, s, eps, D: tl.constexpr, OUT: tl.constexpr):
     h2 = x2.to(tl.float32)
     var = (tl.sum(h1 * h1, axis=0) + tl.sum(h2 * h2, axis=0)) / D
     r = 1.0 / tl.sqrt(var + eps)
-    n1 = (w1.to(tl.float32) * (h1 * r).to(OUT).to(tl.float32)).to(OUT).to(tl.float32)
-    n2 = (w2.to(tl.float32) * (h2 * r).to(OUT).to(tl.float32)).to(OUT).to(tl.float32)
-    # x * cos + rotate_half(x) * sin, rounded after each op as PyTorch does in bf16
-    y1 = ((n1 * c).to(OUT).to(tl.float32) + (-n2 * s).to(OUT).to(tl.float32)).to(OUT)
-    y2 = ((n2 * c).to(OUT).to(tl.float32) + (n1 * s).to(OUT).to(tl.float32)).to(OUT)
+    n1 = (w1.to(tl.float32) * (h1 * r).to(OUT).to(tl.float32)).to(OUT)
+    n2 = (w2.to(tl.float32) * (h2 * r).to(OUT).to(tl.float32)).to(OUT)
+    return _rope(n1, n2, c, s, OUT)
+
+
+@triton.jit
+def _rope(x1, x2, c, s, OUT: tl.constexpr):
+    """x * cos + rotate_half(x) * sin on a head's two halves, rounded after each op as
+    PyTorch rounds it in the model dtype (model/rope.apply_rotary)."""
+    h1 = x1.to(tl.float32)
+    h2 = x2.to(tl.float32)
+    y1 = ((h1 * c).to(OUT).to(tl.float32) + (-h2 * s).to(OUT).to(tl.float32)).to(OUT)
+    y2 = ((h2 * c).to(OUT).to(tl.float32) + (h1 * s).to(OUT).to(tl.float32)).to(OUT)
     return y1, y2
 
 

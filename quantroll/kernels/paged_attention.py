@@ -173,8 +173,9 @@ def attend(q: torch.Tensor, cache, layer: int, batch) -> torch.Tensor:
 
 def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin, cache, layer: int, batch
                     ) -> torch.Tensor:
-    """A decode step from the fused q/k/v projection [B, (H + 2 Hkv) D]: norms, rotary and
-    the key/value store in one launch, then attention -> [B, H, D]."""
+    """A decode step from the fused q/k/v projection [B, (H + 2 Hkv) D] (biases already
+    added): the per-head QK-norms (none where ``q_norm_w`` is None: a family without them),
+    rotary and the key/value store in one launch, then attention -> [B, H, D]."""
     from quantroll.kernels.paged_attention_triton import store_kv_kernel
 
     b = qkv.shape[0]
@@ -182,8 +183,9 @@ def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin,
     q = torch.empty(b, h, d, dtype=qkv.dtype, device=qkv.device)
     cos2, sin2 = cos.reshape(b, -1), sin.reshape(b, -1)
     k, v, ks, vs = _pools(cache, layer)
+    qk_norm = q_norm_w is not None
     store_kv_kernel[(b, h + hkv)](
-        qkv, q_norm_w, k_norm_w, cos2, sin2, q, k, v, ks, vs, batch.slots, eps,
-        qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1), HQ=h, HKV=hkv, D=d, FP8=cache.quantized,
-        BLOCK_SIZE=cache.block_size, num_warps=1)
+        qkv, q_norm_w if qk_norm else qkv, k_norm_w if qk_norm else qkv, cos2, sin2, q, k, v, ks, vs, batch.slots,
+        eps, qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1), HQ=h, HKV=hkv, D=d, FP8=cache.quantized,
+        BLOCK_SIZE=cache.block_size, QK_NORM=qk_norm, num_warps=1)
     return decode_attention(q, cache, layer, batch)

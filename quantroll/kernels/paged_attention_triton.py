@@ -37,7 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.fused_triton import FP32_TINY, _norm_rope
+from quantroll.kernels.fused_triton import FP32_TINY, _norm_rope, _rope
 
 
 @triton.jit
@@ -302,9 +302,10 @@ def _store_head(pool, scales, slot, kvh, offs, y1, y2, HKV: tl.constexpr, D: tl.
 @triton.jit
 def store_kv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr, eps,
                     s_t, s_ct, s_qt, s_qh, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr):
-    """Program (token, head): q heads normalized and rotated into q; k heads normalized,
-    rotated and stored at the token's slot, with the matching v head."""
+                    BLOCK_SIZE: tl.constexpr, QK_NORM: tl.constexpr):
+    """Program (token, head): q heads normalized (QK_NORM: the family's per-head RMSNorm;
+    else qw/kw are never read) and rotated into q; k heads normalized, rotated and stored at
+    the token's slot, with the matching v head. q/k/v biases are already in qkv."""
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -314,15 +315,21 @@ def store_kv_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_p
     OUT = q_ptr.dtype.element_ty
     if head < HQ:
         base = qkv_ptr + t * s_t + head * D
-        y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(qw_ptr + offs),
-                            tl.load(qw_ptr + HALF + offs), c, s, eps, D, OUT)
+        if QK_NORM:
+            y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(qw_ptr + offs),
+                                tl.load(qw_ptr + HALF + offs), c, s, eps, D, OUT)
+        else:
+            y1, y2 = _rope(tl.load(base + offs), tl.load(base + HALF + offs), c, s, OUT)
         tl.store(q_ptr + t * s_qt + head * s_qh + offs, y1)
         tl.store(q_ptr + t * s_qt + head * s_qh + HALF + offs, y2)
     else:
         kvh = head - HQ
         base = qkv_ptr + t * s_t + (HQ + kvh) * D
-        y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(kw_ptr + offs),
-                            tl.load(kw_ptr + HALF + offs), c, s, eps, D, OUT)
+        if QK_NORM:
+            y1, y2 = _norm_rope(tl.load(base + offs), tl.load(base + HALF + offs), tl.load(kw_ptr + offs),
+                                tl.load(kw_ptr + HALF + offs), c, s, eps, D, OUT)
+        else:
+            y1, y2 = _rope(tl.load(base + offs), tl.load(base + HALF + offs), c, s, OUT)
         slot = tl.load(slot_ptr + t)
         _store_head(k_ptr, ks_ptr, slot, kvh, offs, y1, y2, HKV, D, FP8, BLOCK_SIZE, False)
         vbase = qkv_ptr + t * s_t + (HQ + HKV + kvh) * D

@@ -28,7 +28,7 @@ def checkpoint(request, tmp_path_factory):
 def test_compare_runs_end_to_end(checkpoint, tmp_path):
     out = tmp_path / "study"
     assert main(["compare", "--hf-checkpoint", str(checkpoint), "--output-dir", str(out), "--num-rollout", "1",
-                 "--seeds", "1", "--corrections", "none", "--eval-interval", "0", "--train-args",
+                 "--seeds", "1", "--corrections", "none", "--modes", "1", "--eval-interval", "0", "--train-args",
                  "--rollout-batch-size 2 --n-samples-per-prompt 2 --eval-size 4"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     gaps = {row["run_id"]: row["gap_step0"] for row in summary["runs"]}

@@ -19,7 +19,7 @@ from quantroll.engine import Engine, SamplingParams  # noqa: E402
 from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache  # noqa: E402
 from quantroll.formats import get_format  # noqa: E402
 from quantroll.formats.kv_fp8 import dequantize_kv, quantize_kv  # noqa: E402
-from quantroll.kernels import paged_attention, rope_store  # noqa: E402
+from quantroll.kernels import paged_attention  # noqa: E402
 from quantroll.model.rope import apply_rotary  # noqa: E402
 
 DEV = "cuda"
@@ -48,7 +48,7 @@ def test_rope_store_kernel_matches_the_model_rotary(kv_dtype, monkeypatch):
                                  (pos + 1).to(torch.int32), None)
     grabbed = []
     monkeypatch.setattr(paged_attention, "decode_attention", lambda q, *_: grabbed.append(q) or q)
-    rope_store.decode_from_qkv_rope(qkv, cos, sin, cache, 0, cache.batch)
+    paged_attention.decode_from_qkv(qkv, None, None, 0.0, cos, sin, cache, 0, cache.batch)
     q = grabbed[0]
     qr, kr, vr = qkv.split([heads * dim, kv * dim, kv * dim], -1)
     q_ref = apply_rotary(qr.view(b, 1, heads, dim), cos, sin)[:, 0]
@@ -82,14 +82,15 @@ def test_engine_fused_paths_match_the_unfused_engine(model_type, fmt, monkeypatc
         m.setattr(PagedKVCache, "attend_qkv", property(lambda self: None))
         plain = Engine.from_model(build(), form, DEV, fused_kernels=False, cuda_graphs=False).generate(prompts, params)
     calls = []
-    real = rope_store.decode_from_qkv_rope
-    monkeypatch.setattr(rope_store, "decode_from_qkv_rope", lambda *a: calls.append(1) or real(*a))
+    real = paged_attention.decode_from_qkv
+    monkeypatch.setattr(paged_attention, "decode_from_qkv",
+                        lambda qkv, q_w, *a: calls.append(q_w is None) or real(qkv, q_w, *a))
     engine = Engine.from_model(build(), form, DEV, fused_kernels=True, cuda_graphs=False)
     attn = engine.model.model.layers[0].self_attn
     assert attn.qkv_proj is not None and attn.q_norm is None
     assert (attn.qkv_proj.bias is not None) == (model_type == "qwen2")
     fused = engine.generate(prompts, params)
-    assert calls, "the fused decode path without QK-norm did not run"
+    assert calls and all(calls), "the fused decode path without QK-norm did not run"
     for a, b in zip(plain, fused):
         n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), len(a.tokens))
         assert n >= 4, (a.tokens, b.tokens)  # same samples until rounding flips a near-tie

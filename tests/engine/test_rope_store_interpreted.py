@@ -1,5 +1,5 @@
-"""The decode store kernel of families without QK-norm (kernels/rope_store_triton.py) on a
-CPU, under Triton's interpreter (this file run as a script, float32): rotary and the k/v
+"""The decode store kernel with its QK-norm off (paged_attention_triton.store_kv_kernel,
+QK_NORM False: the families without QK-norm) on a CPU, under Triton's interpreter (this file run as a script, float32): rotary and the k/v
 store bit for bit against the model's apply_rotary, and whole Llama / Qwen2 engines (the
 latter with q/k/v biases in the fused projection) whose cache runs the kernels against
 ones that run the reference. The device runs them compiled (test_family_gpu.py)."""
@@ -29,7 +29,7 @@ def _cfg(model_type, heads=4, kv_heads=2, head_dim=64):
 
 def check_store() -> None:
     from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache
-    from quantroll.kernels import paged_attention, rope_store
+    from quantroll.kernels import paged_attention
     from quantroll.model.rope import apply_rotary
 
     heads, kv, dim, b = 6, 2, 64, 3
@@ -47,7 +47,7 @@ def check_store() -> None:
     real = paged_attention.decode_attention
     paged_attention.decode_attention = lambda q, *_: grabbed.append(q) or q
     try:
-        rope_store.decode_from_qkv_rope(qkv, cos, sin, cache, 0, cache.batch)
+        paged_attention.decode_from_qkv(qkv, None, None, 0.0, cos, sin, cache, 0, cache.batch)
     finally:
         paged_attention.decode_attention = real
     qr, kr, vr = qkv.split([heads * dim, kv * dim, kv * dim], -1)

@@ -79,16 +79,11 @@ CASES = [
       "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},
      dict(HKV=8, D=128, D_PAD=128, GROUP=2, BLOCK_SIZE=16, BLOCK_M=16, BLOCK_N=64, FP8=False, IEEE=False),
      dict(num_warps=4, num_stages=2)),
-    *[("paged_attention_triton", "store_kv_kernel",
+    *[("paged_attention_triton", "store_kv_kernel",  # QK_NORM False: the families without QK-norm
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
        | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},
-       dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv", BLOCK_SIZE=16), dict(num_warps=1))
-      for kv in ("bf16", "fp8e4nv")],
-    *[("rope_store_triton", "rope_store_kv_kernel",  # the store kernel of families without QK-norm
-       {p: "bf16" for p in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
-       | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},
-       dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv", BLOCK_SIZE=16), dict(num_warps=1))
-      for kv in ("bf16", "fp8e4nv")],
+       dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv", BLOCK_SIZE=16, QK_NORM=qk_norm), dict(num_warps=1))
+      for kv in ("bf16", "fp8e4nv") for qk_norm in (True, False)],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
                                              "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
        dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),

@@ -60,7 +60,7 @@ def check_engines() -> None:
     from quantroll.bench.shapes import random_model
     from quantroll.engine import Engine, SamplingParams
 
-    for model_type in ("llama", "qwen2"):
+    for model_type in ("llama", "qwen2", "qwen3"):  # qwen3: the same kernel with its QK-norm on
         model = random_model(_cfg(model_type), "cpu").float()
         prompts = [list(range(3 + i, 20 + 2 * i)) for i in range(3)]
         params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=(), seed=5)

@@ -34,6 +34,7 @@ from quantroll.trainer.policy import refuse_quantized
 
 DEFAULT_NUM_ROLLOUT = 30
 DEFAULT_EVAL_INTERVAL = 10
+DEFAULT_SAVE_INTERVAL = 5
 
 
 def register(subparsers) -> None:
@@ -64,6 +65,10 @@ def register(subparsers) -> None:
     p.add_argument("--eval-interval", type=int, default=DEFAULT_EVAL_INTERVAL, help="held-out greedy accuracy of "
                    "the engine's and the trainer's policy (problems outside the training pool) at step 0, every N "
                    "steps and at the last step of each main run (0: never)")
+    p.add_argument("--save-interval", type=int, default=DEFAULT_SAVE_INTERVAL, help="each run saves its trainer "
+                   "state every N steps and at its end (OUT/runs/RUN/state, `train --save`); rerunning the same "
+                   "command resumes each unfinished run from its last save and skips finished ones (0: no saves, "
+                   "an interrupted run starts again at step 0)")
     p.add_argument("--sweep-response-len", default=None, help="also measure the gap at these response lengths "
                    "(comma-separated, e.g. 1024,4096,8192,16384): responses sampled to full length, ignoring EOS")
     p.add_argument("--sweep-num-rollout", type=int, default=1, help="RL steps per sweep run (1: the gap at step 0)")
@@ -107,7 +112,7 @@ def _train_args(text: str) -> tuple[str, ...]:
     owned = {"--hf-checkpoint", "--ref-load", "--seed", "--metrics-file", "--num-rollout", "--device",
              "--rollout-max-response-len", "--use-tis", "--tis-mode", "--fp8-recipe", "--fp4-recipe",
              "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save", "--eval-interval",
-             "--compute-dtype", "--skip"}
+             "--compute-dtype", "--skip", "--save-interval", "--force", "--config"}
     clash = sorted(owned & {a.split("=")[0] for a in extra})
     if clash:
         raise QuantrollError(f"--train-args may not set {', '.join(clash)}: compare sets them per run "
@@ -156,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError("--num-rollout and --sweep-num-rollout must be >= 1")
     if args.eval_interval < 0:
         raise QuantrollError(f"--eval-interval must be >= 0, got {args.eval_interval}")
+    if args.save_interval < 0:
+        raise QuantrollError(f"--save-interval must be >= 0, got {args.save_interval}")
     source, label, moe = _source(args)
     exceptions = _exceptions(args.bf16_exceptions)
     specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
@@ -171,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16,
                           **({"skip": tuple(args.skip)} if args.skip else {})}, args.eval_interval,
                          {p: exceptions.convert_fields() for p in _low_precisions(specs)}
-                         if exceptions not in (None, "auto") else {})
+                         if exceptions not in (None, "auto") else {}, args.save_interval)
     _check_runs(setup, specs)
     fresh = not out.exists()
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory

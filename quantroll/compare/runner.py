@@ -6,7 +6,11 @@ take the others down, and so that each run's peak memory is its own. It gets its
 configuration as ``config.json`` (``quantroll train --config``); the directory's
 ``run.json`` holds the spec, the same run as a command line and the status; a finished
 run whose command is unchanged is not redone, so an interrupted compare continues where
-it stopped.
+it stopped. Each run saves its trainer state every ``save_interval`` steps into
+``run_dir/state`` (``train --save``, rl/savedir.py); a run that was interrupted (killed,
+a time limit, Ctrl-C) or failed, with the same command, resumes from its last saved
+step (``train --load``: same weights, optimizer, RNG and metrics file up to that step),
+so a 16K-token run cut after step 17 does not start again at step 0.
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.compare.matrix import RunSpec
 from quantroll.compare.rundata import read_metrics
+from quantroll.errors import QuantrollError
 from quantroll.formats import get_format
+from quantroll.rl import savedir
+
+STATE_DIR = "state"  # the run's --save directory, under its run directory
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class CompareSetup:
     convert_args: dict  # ConvertConfig fields (layers kept in BF16)
     eval_interval: int = 0  # held-out evaluation of the main runs (step 0, every N, last); sweep runs never
     exceptions: dict = field(default_factory=dict)  # precision -> ConvertConfig fields of its BF16 exceptions
+    save_interval: int = 0  # every run saves its state every N steps (and at its end) to resume from; 0: never
 
 
 def exception_args(setup: CompareSetup, precision: str) -> dict:
@@ -79,7 +88,29 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
         args += list(setup.sweep_args)
     elif setup.eval_interval:
         args += ["--eval-interval", str(setup.eval_interval)]
-    return args + spec.train_args() + ["--metrics-file", str(run_dir / "metrics.jsonl")]
+    args += spec.train_args() + ["--metrics-file", str(run_dir / "metrics.jsonl")]
+    if setup.save_interval:
+        args += ["--save", str(run_dir / STATE_DIR), "--save-interval", str(setup.save_interval)]
+    return args
+
+
+def saved_step(run_dir: Path) -> int | None:
+    """The last step the run's state directory holds (None: none, or a damaged one, which
+    the fresh start that follows replaces)."""
+    try:
+        saved = savedir.latest(run_dir / STATE_DIR)
+    except QuantrollError:
+        return None
+    return saved.step if saved else None
+
+
+def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, steps: int) -> int | None:
+    """The saved step an unfinished run continues after, when it is the same run (same
+    command and engine checkpoint) and its state holds one (None: start it afresh)."""
+    if not previous or previous.get("status") == "done" or previous.get("command") != shown \
+            or previous.get("engine_checkpoint_made_from") != made_from:
+        return None
+    return saved_step(run_dir)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -116,21 +147,36 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
             and previous.get("engine_checkpoint_made_from") == made_from and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
-    metrics.unlink(missing_ok=True)
+    resume = _resume_point(previous, shown, made_from, run_dir, steps) if setup.save_interval else None
+    if resume is not None and resume + 1 >= steps and len(read_metrics(metrics)[0]) >= steps:
+        log(f"  {spec.run_id}: finished earlier (killed before it was marked done), kept")  # the last save is the end
+        record = {**previous, "status": "done", "error": None}
+        atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
+        return record
+    if resume is not None and resume + 1 >= steps:
+        resume = None  # its state is the end but its metrics are not: the metrics decide, start over
+    if resume is None:  # a fresh start: whatever an older or different run left goes
+        metrics.unlink(missing_ok=True)
+        savedir.wipe(run_dir / STATE_DIR)
+        argv = cmd[3:]
+    else:
+        log(f"  {spec.run_id}: resuming after its saved step {resume} of {steps}")
+        argv = cmd[3:] + ["--load", str(run_dir / STATE_DIR)]
     config = run_dir / "config.json"
-    atomic_write_text(config, config_of(cmd[3:]).to_json())
+    atomic_write_text(config, config_of(argv).to_json())
+    resumes = (previous.get("resumed_after_steps") or []) + [resume] if resume is not None else []
     record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
-              "engine_checkpoint_made_from": made_from,
+              "engine_checkpoint_made_from": made_from, "resumed_after_steps": resumes,
               "emulated": None}
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as out:
+    with open(run_dir / "train.log", "a" if resume is not None else "w") as out:  # a resume's log follows the last
         proc = subprocess.Popen([*cmd[:4], "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             code = proc.wait()
-        except BaseException:  # Ctrl-C: stop the child too; the run stays "running" and is redone next time
+        except BaseException:  # Ctrl-C: stop the child too; the run stays "running" and resumes next time
             proc.kill()
             proc.wait()
             raise

@@ -56,6 +56,13 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-dtypes", default="bf16", help="the engine's KV cache dtypes, of bf16,fp8: each "
                    "repeats the matrix with that cache, so that the report shows what FP8 weights, an FP8 KV cache "
                    "and both add to the gap apart")
+    p.add_argument("--groups", default=None, metavar="GROUP,...", help="run these groups instead of the matrix of "
+                   "--precisions/--corrections/--modes/--kv-cache-dtypes (leave those out). GROUP = BASE[+MOD...][@N]: "
+                   "BASE bf16 | fp8, mxfp8, nvfp4 (mode 1) | fp8-m2, mxfp8-m3, nvfp4-m4 (unified); MOD kvfp8 (FP8 KV "
+                   "cache), top (true on-policy), or one correction: tis, tis-seq, tis-geo (TIS at token / sequence / "
+                   "geometric level), mask, mask-seq, mask-geo, r3 (MoE); @N: the first N of --seeds. A correction's "
+                   "flags reach only the groups that name it. E.g. the long-response study: --seeds 1,2 --groups "
+                   "bf16,fp8,fp8+tis@1,fp8+tis-seq@1,fp8+mask@1,fp8-m2@1,fp8+kvfp8@1")
     p.add_argument("--true-on-policy", action="store_true", help="add the true-on-policy group: the bf16 baseline "
                    "and mode 2 (with --modes 2) again with `train --true-on-policy-mode` (CPU), reported beside the "
                    "same runs without it, gap and cost side by side")
@@ -139,6 +146,26 @@ def train_config(argv: list[str]):
     return config_from_args(parsed)
 
 
+class SavedStates:
+    """The runs' --save directories as train writes them (rl/savedir.py): compare.runner's RunStates."""
+
+    @staticmethod
+    def saved_step(directory: Path) -> int | None:
+        from quantroll.rl import savedir
+
+        try:
+            saved = savedir.latest(directory)
+        except QuantrollError:  # a damaged pointer: the fresh start that follows replaces it
+            return None
+        return saved.step if saved else None
+
+    @staticmethod
+    def wipe(directory: Path) -> None:
+        from quantroll.rl import savedir
+
+        savedir.wipe(directory)
+
+
 def _check_runs(setup, specs) -> None:
     """Every run's configuration made now, as `quantroll train` will make it, so that a bad
     value fails here, before any run or output."""
@@ -165,9 +192,12 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--save-interval must be >= 0, got {args.save_interval}")
     source, label, moe = _source(args)
     exceptions = _exceptions(args.bf16_exceptions)
-    specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
-                         moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy,
-                         bf16_exceptions=exceptions is not None)
+    if args.groups is not None:
+        specs = _grouped(args, moe, exceptions is not None)
+    else:
+        specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
+                             moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy,
+                             bf16_exceptions=exceptions is not None)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
@@ -189,6 +219,26 @@ def run(args: argparse.Namespace) -> int:
             if fresh:
                 remove_empty_dirs(out)  # the run directories of a compare that failed before writing them
             raise
+
+
+MATRIX_FLAGS = ("precisions", "corrections", "modes", "kv_cache_dtypes", "true_on_policy")
+
+
+def _grouped(args, moe: bool, bf16_exceptions: bool) -> list:
+    """--groups: the runs of the named groups; the matrix flags beside it, or a correction
+    level in --train-args (it would reach every group), are refused."""
+    from quantroll.compare.groupspec import build_groups_matrix
+
+    defaults = _parser().parse_args(["compare"])  # compare's own defaults: the matrix the flags would give
+    given = [k for k in MATRIX_FLAGS if getattr(args, k) != getattr(defaults, k)]
+    if given:
+        raise QuantrollError(f"--groups names every group; drop {', '.join('--' + k.replace('_', '-') for k in given)} "
+                             "(write kvfp8, a correction or top into the groups, e.g. fp8+kvfp8, fp8-m2+top)")
+    if {"--tis-level", "--tis-mode", "--use-tis"} & {a.split("=")[0] for a in _train_args(args.train_args)}:
+        raise QuantrollError("--train-args may not set the correction's level or mode with --groups: name it in the "
+                             "group (fp8+tis-seq, fp8+tis-geo, fp8+mask-seq, ...)")
+    return build_groups_matrix(args.groups, args.seeds, args.rollout_max_response_len, moe, args.sweep_response_len,
+                               bf16_exceptions)
 
 
 def _exceptions(value: str | None):
@@ -261,7 +311,7 @@ def _run_matrix(setup, specs, label, args) -> int:
     try:
         for i, spec in enumerate(specs, 1):
             print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
-            record = run_one(setup, spec, checkpoints, train_config, log=print)
+            record = run_one(setup, spec, checkpoints, train_config, log=print, states=SavedStates())
             if record["status"] == "failed":
                 print(f"  failed: {record['error']}")
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ import base64
 import html
 from pathlib import Path
 
+from quantroll.compare.bylength import by_length_tables
 from quantroll.compare.tables import Table, answer, build_tables, plots_after, preamble
 
 CSS = """
@@ -52,7 +53,7 @@ def render_html(summary: dict, plots: dict) -> str:
     body = ["<h1>quantroll compare: low-precision rollout study</h1>",
             '<ul class="answer">' + "".join(f"<li><strong>{_e(line)}</strong></li>" for line in answer(summary)) + "</ul>",
             "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in preamble(summary)) + "</ul>"]
-    tables = build_tables(summary)
+    tables = build_tables(summary) + by_length_tables(summary)  # per group, by length bucket
     after = plots_after(tables)
     for t in tables:
         body.append(table_html(t))

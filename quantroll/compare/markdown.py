@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from quantroll.compare.bylength import by_length_tables
 from quantroll.compare.tables import Table, answer, build_tables, plots_after, preamble
 
 
@@ -30,7 +31,7 @@ def render_markdown(summary: dict, plots: dict) -> str:
     out = ["# quantroll compare: low-precision rollout study", ""]
     out += [f"- {md_text(line)}" for line in answer(summary)] + [""]
     out += [f"- {md_text(line)}" for line in preamble(summary)] + [""]
-    tables = build_tables(summary)
+    tables = build_tables(summary) + by_length_tables(summary)  # per group, by length bucket
     after = plots_after(tables)
     for t in tables:
         out += table_md(t)

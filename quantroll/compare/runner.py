@@ -22,14 +22,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.compare.matrix import RunSpec
 from quantroll.compare.rundata import read_metrics
-from quantroll.errors import QuantrollError
 from quantroll.formats import get_format
-from quantroll.rl import savedir
 
 STATE_DIR = "state"  # the run's --save directory, under its run directory
 
@@ -94,23 +93,25 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
     return args
 
 
-def saved_step(run_dir: Path) -> int | None:
-    """The last step the run's state directory holds (None: none, or a damaged one, which
-    the fresh start that follows replaces)."""
-    try:
-        saved = savedir.latest(run_dir / STATE_DIR)
-    except QuantrollError:
-        return None
-    return saved.step if saved else None
+class RunStates(Protocol):
+    """What the runner needs of a run's ``--save`` directory; the command layer gives it
+    (rl/savedir.py owns the format, and compare does not import rl)."""
+
+    def saved_step(self, directory: Path) -> int | None:
+        """The last step saved there (None: nothing, or a damaged state, to be replaced)."""
+
+    def wipe(self, directory: Path) -> None:
+        """Delete the state there, for a fresh start."""
 
 
-def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, steps: int) -> int | None:
+def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, states: RunStates
+                  ) -> int | None:
     """The saved step an unfinished run continues after, when it is the same run (same
     command and engine checkpoint) and its state holds one (None: start it afresh)."""
     if not previous or previous.get("status") == "done" or previous.get("command") != shown \
             or previous.get("engine_checkpoint_made_from") != made_from:
         return None
-    return saved_step(run_dir)
+    return states.saved_step(run_dir / STATE_DIR)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -128,12 +129,14 @@ def _error_line(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print) -> dict:
+def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print,
+            states: RunStates | None = None) -> dict:
     """Run (or skip, when already done with the same command) one spec; returns run.json.
 
     ``config_of(argv)``: the TrainConfig that `quantroll train` makes of a command line (the
     command layer owns that parser). The child gets that config as ``run_dir/config.json``
-    (``train --config``); run.json keeps the same run as flags, for people."""
+    (``train --config``); run.json keeps the same run as flags, for people. ``states``:
+    the run's saved states (needed when ``setup.save_interval`` is set: resume, or wipe)."""
     run_dir = setup.out_dir / "runs" / spec.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command_for(setup, spec, checkpoints, run_dir)
@@ -147,7 +150,9 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
             and previous.get("engine_checkpoint_made_from") == made_from and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
-    resume = _resume_point(previous, shown, made_from, run_dir, steps) if setup.save_interval else None
+    if setup.save_interval and states is None:
+        raise ValueError("run_one: setup.save_interval needs states (the command layer's RunStates)")
+    resume = _resume_point(previous, shown, made_from, run_dir, states) if setup.save_interval else None
     if resume is not None and resume + 1 >= steps and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: finished earlier (killed before it was marked done), kept")  # the last save is the end
         record = {**previous, "status": "done", "error": None}
@@ -157,7 +162,8 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
         resume = None  # its state is the end but its metrics are not: the metrics decide, start over
     if resume is None:  # a fresh start: whatever an older or different run left goes
         metrics.unlink(missing_ok=True)
-        savedir.wipe(run_dir / STATE_DIR)
+        if states is not None:
+            states.wipe(run_dir / STATE_DIR)
         argv = cmd[3:]
     else:
         log(f"  {spec.run_id}: resuming after its saved step {resume} of {steps}")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from quantroll.cli import main
-from quantroll.compare.runner import STATE_DIR, saved_step
+from quantroll.commands.compare import SavedStates
+from quantroll.compare.runner import STATE_DIR
 
 RUN = "bf16-baseline-none-seed1"
 ARGS = ["--precisions", "bf16", "--seeds", "1", "--num-rollout", "3", "--save-interval", "1", "--eval-interval", "2",
@@ -38,7 +39,7 @@ def _kill_after_first_save(out: Path) -> None:
     run_dir = out / "runs" / RUN
     deadline = time.monotonic() + 600
     try:
-        while saved_step(run_dir) is None:
+        while SavedStates.saved_step(run_dir / STATE_DIR) is None:
             assert proc.poll() is None, "compare ended before its first save"
             assert time.monotonic() < deadline, "no save within 10 minutes"
             time.sleep(0.01)
@@ -55,7 +56,7 @@ def test_a_killed_run_resumes_from_its_save_and_matches_an_uninterrupted_one(tmp
     _kill_after_first_save(killed)
     run_dir = killed / "runs" / RUN
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
-    step = saved_step(run_dir)
+    step = SavedStates.saved_step(run_dir / STATE_DIR)
     assert step is not None and step + 1 < 3, "the kill came after the run finished: nothing left to resume"
     capsys.readouterr()
     assert main(["compare", "--output-dir", str(killed), *ARGS]) == 0

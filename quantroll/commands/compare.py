@@ -8,8 +8,11 @@ which correction to use, by a rule it states. Then the train/rollout gap at step
 the steps and by response length, rewards and held-out accuracy of both policies (step 0
 and every --eval-interval steps), what each checkpoint kept in BF16, time per step, the
 rollout speedup against BF16 and whether it pays for the re-quantization of every update
-(break-even). Rerunning the same command continues an interrupted compare; failed runs
-are listed.
+(break-even), and each group by length bucket (reward, held-out accuracy, every gap
+metric). Rerunning the same command continues an interrupted compare: finished runs are
+kept, and each unfinished one resumes from its last saved step (--save-interval); failed
+runs are listed. --groups names the groups one by one instead of the matrix of
+--precisions x --corrections x --modes x --kv-cache-dtypes.
 """
 
 from __future__ import annotations

@@ -93,6 +93,15 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
     return args
 
 
+def _same_run(a: list[str] | None, b: list[str]) -> bool:
+    """The same command but for the value of --num-rollout (nothing in a step depends on
+    it but the evaluation of the last step, which a longer run adds and does not use)."""
+    def masked(cmd: list[str]) -> list[str]:
+        return [("*" if i and cmd[i - 1] == "--num-rollout" else x) for i, x in enumerate(cmd)]
+
+    return a is not None and masked(list(a)) == masked(b)
+
+
 class RunStates(Protocol):
     """What the runner needs of a run's ``--save`` directory; the command layer gives it
     (rl/savedir.py owns the format, and compare does not import rl)."""
@@ -106,9 +115,10 @@ class RunStates(Protocol):
 
 def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, states: RunStates
                   ) -> int | None:
-    """The saved step an unfinished run continues after, when it is the same run (same
-    command and engine checkpoint) and its state holds one (None: start it afresh)."""
-    if not previous or previous.get("status") == "done" or previous.get("command") != shown \
+    """The saved step a run continues after, when it is the same run (same command up to
+    --num-rollout, same engine checkpoint) and its state holds one (None: start it afresh).
+    A finished run asked for more steps continues too: its last save is its last step."""
+    if not previous or not _same_run(previous.get("command"), shown) \
             or previous.get("engine_checkpoint_made_from") != made_from:
         return None
     return states.saved_step(run_dir / STATE_DIR)
@@ -153,20 +163,22 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
     if setup.save_interval and states is None:
         raise ValueError("run_one: setup.save_interval needs states (the command layer's RunStates)")
     resume = _resume_point(previous, shown, made_from, run_dir, states) if setup.save_interval else None
-    if resume is not None and resume + 1 >= steps and len(read_metrics(metrics)[0]) >= steps:
+    if resume is not None and resume + 1 == steps and previous.get("command") == shown \
+            and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: finished earlier (killed before it was marked done), kept")  # the last save is the end
         record = {**previous, "status": "done", "error": None}
         atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
         return record
     if resume is not None and resume + 1 >= steps:
-        resume = None  # its state is the end but its metrics are not: the metrics decide, start over
+        resume = None  # its state is the end (or past it: fewer steps asked) and nothing is left to do: start over
     if resume is None:  # a fresh start: whatever an older or different run left goes
         metrics.unlink(missing_ok=True)
         if states is not None:
             states.wipe(run_dir / STATE_DIR)
         argv = cmd[3:]
     else:
-        log(f"  {spec.run_id}: resuming after its saved step {resume} of {steps}")
+        verb = "extending" if previous.get("status") == "done" else "resuming"
+        log(f"  {spec.run_id}: {verb} after its saved step {resume} of {steps}")
         argv = cmd[3:] + ["--load", str(run_dir / STATE_DIR)]
     config = run_dir / "config.json"
     atomic_write_text(config, config_of(argv).to_json())

@@ -1,6 +1,8 @@
 """`quantroll compare` killed mid-run (SIGKILL to the whole process group, compare and its
 train child) and run again resumes the run from its last saved step and ends with the
-same metrics lines as a run never interrupted (CPU, the built-in model, 3 steps)."""
+same metrics lines as a run never interrupted (CPU, the built-in model, 3 steps); run
+again with a larger --num-rollout, a finished run continues from its last save and
+matches a run of that length from the start."""
 
 import json
 import os
@@ -17,10 +19,12 @@ from quantroll.commands.compare import SavedStates
 from quantroll.compare.runner import STATE_DIR
 
 RUN = "bf16-baseline-none-seed1"
-ARGS = ["--precisions", "bf16", "--seeds", "1", "--num-rollout", "3", "--save-interval", "1", "--eval-interval", "2",
+BASE = ["--precisions", "bf16", "--seeds", "1", "--save-interval", "1", "--eval-interval", "2",
         "--train-args", "--rollout-batch-size 4 --n-samples-per-prompt 2 --eval-size 8"]
-# measured, not modelled: wall-clock times, throughput and memory differ between any two runs
-VARYING = ("time", "per_s", "memory", "_gib", "preemptions")
+ARGS = BASE + ["--num-rollout", "3"]
+# measured, not modelled: wall-clock times, throughput and memory differ between any two runs;
+# weight_version counts the weight updates of the process (a resumed one counts from its load)
+VARYING = ("time", "per_s", "memory", "_gib", "preemptions", "weight_version")
 
 
 def _lines(path: Path) -> list[dict]:
@@ -74,6 +78,24 @@ def test_a_killed_run_resumes_from_its_save_and_matches_an_uninterrupted_one(tmp
     assert f"{RUN}: done earlier, kept" in capsys.readouterr().out
     assert (run_dir / "metrics.jsonl").read_bytes() == before
     assert (run_dir / STATE_DIR / "LATEST").is_file()
+    # more steps asked: the finished run continues from its last save (eval at steps 0, 2 and the new last, 3)
+    longer = tmp_path / "longer"
+    assert main(["compare", "--output-dir", str(longer), *BASE, "--num-rollout", "4"]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--output-dir", str(killed), *BASE, "--num-rollout", "4"]) == 0
+    assert f"{RUN}: extending after its saved step 2 of 4" in capsys.readouterr().out
+    c, d = _lines(longer / "runs" / RUN / "metrics.jsonl"), _lines(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in d] == [0, 1, 2, 3] and [_deterministic(r) for r in d] == [_deterministic(r) for r in c]
+    assert json.loads((run_dir / "run.json").read_text())["resumed_after_steps"] == [step, 2]
+
+
+def test_a_run_is_the_same_up_to_its_number_of_steps():
+    from quantroll.compare.runner import _same_run
+
+    cmd = ["quantroll", "train", "--num-rollout", "3", "--seed", "1"]
+    assert _same_run(cmd, ["quantroll", "train", "--num-rollout", "30", "--seed", "1"])
+    assert not _same_run(cmd, ["quantroll", "train", "--num-rollout", "3", "--seed", "3"])
+    assert not _same_run(None, cmd)
 
 
 def test_save_interval_reaches_the_runs_and_is_owned_by_compare(tmp_path):

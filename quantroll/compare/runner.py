@@ -10,7 +10,9 @@ it stopped. Each run saves its trainer state every ``save_interval`` steps into
 ``run_dir/state`` (``train --save``, rl/savedir.py); a run that was interrupted (killed,
 a time limit, Ctrl-C) or failed, with the same command, resumes from its last saved
 step (``train --load``: same weights, optimizer, RNG and metrics file up to that step),
-so a 16K-token run cut after step 17 does not start again at step 0.
+so a 16K-token run cut after step 17 does not start again at step 0; a finished run
+asked for more steps (a larger --num-rollout, nothing else changed) continues from its
+last save the same way.
 """
 
 from __future__ import annotations

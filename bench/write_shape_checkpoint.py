@@ -1,4 +1,5 @@
-"""Write a random-weight BF16 HF checkpoint of a real Qwen3 shape (nothing downloaded),
+"""Write a random-weight BF16 HF checkpoint of a real dense shape of any family (Qwen3,
+Llama 3.x, Qwen2.5; nothing downloaded),
 with quantroll's character tokenizer, for GPU runs of `quantroll train` / `compare`
 that measure time and mismatch at real sizes.
 
@@ -15,7 +16,7 @@ from quantroll.bench.shapes import SHAPES, shape_config, write_shape_checkpoint
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="qwen3-1.7b", choices=[s for s, c in SHAPES.items() if c.model_type == "qwen3"])
+    p.add_argument("--shape", default="qwen3-1.7b", choices=[s for s, c in SHAPES.items() if not c.num_experts])
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the real model")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)

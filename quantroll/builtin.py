@@ -138,8 +138,8 @@ def write_tiny_qwen3(directory: str | Path, shape: TinyQwen3 = TinyQwen3(), seed
 # `quantroll compare` start from a model that already gets rewards, in seconds.
 DATA_DIR = Path(__file__).parent / "data"
 BUILTIN_MODELS = {
-    "dense": ("tiny-qwen3-arith", "quantroll sft --save {dir}"),
-    "moe": ("tiny-qwen3-moe-arith", "quantroll sft --moe --save {dir}"),
+    "dense": ("tiny-qwen3-arith", "quantroll sft --save {dir} --force"),
+    "moe": ("tiny-qwen3-moe-arith", "quantroll sft --moe --save {dir} --force"),
 }
 
 

@@ -74,6 +74,25 @@ def dir_mode() -> int:
     return 0o777 & ~current_umask()
 
 
+def file_mode() -> int:
+    """What ``open(..., "w")`` gives a new file under the current umask (0644 under 022)."""
+    return 0o666 & ~current_umask()
+
+
+def follow_umask(root: Path) -> None:
+    """Give every file and directory under ``root`` (and ``root``) the umask's permissions:
+    what a library writes through a private temporary file (safetensors' ``save_file``
+    makes 0600 files) or copies with its source's mode must read as if quantroll had
+    created it with ``open``."""
+    files, dirs = file_mode(), dir_mode()
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, dirs)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, files)
+
+
 def fsync_dir(path: str | Path) -> None:
     """Make a rename or a new entry in ``path`` durable (ignored where unsupported)."""
     try:
@@ -107,6 +126,11 @@ def make_temp_dir(beside: Path, kind: str = "partial") -> Path:
 
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old|tmp)-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is one of the temporary names ``temp_name`` makes."""
+    return _TEMP.match(name) is not None
 
 
 def pid_alive(pid: int) -> bool:
@@ -217,5 +241,6 @@ def remove_empty(dirs: list[Path]) -> None:
             break
 
 
-__all__ = ["advice", "describe", "writing", "write_atomic", "make_temp_dir", "stale_temps", "pid_alive", "dir_mode",
+__all__ = ["advice", "describe", "writing", "write_atomic", "make_temp_dir", "stale_temps", "is_temp_name",
+           "file_mode", "follow_umask", "pid_alive", "dir_mode",
            "fsync_dir", "make_dirs", "remove_empty", "remove_empty_dirs", "remove", "temp_name"]

@@ -182,10 +182,12 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
                shape: TinyQwen3 = WARM_START_SHAPE, progress: bool = True, *, eval_size: int = DEFAULT_EVAL_SIZE,
                target_accuracy: float | None = DEFAULT_TARGET_ACCURACY, check_every: int = DEFAULT_CHECK_EVERY,
                val_size: int = DEFAULT_VAL_SIZE, schedule: str = "cosine", device: str = "cpu",
-               compute_dtype: str = "auto") -> dict:
+               compute_dtype: str = "auto", force: bool = False, what: str | None = None) -> dict:
     """Make the random tiny Qwen3 (``write_tiny_qwen3(shape, seed)``), train it on ``task``,
-    export it to ``out_dir`` (HF BF16; replaced if present) and return the stats, which are
-    also written to ``out_dir/quantroll_sft.json``.
+    export it to ``out_dir`` (HF BF16) and return the stats, which are also written to
+    ``out_dir/quantroll_sft.json``. An existing ``out_dir`` is replaced only with ``force``
+    and only when quantroll wrote all of it (quantroll/outputs.py), which is checked
+    before training as well as at the export; ``what`` names it in messages.
 
     Training stops after ``steps`` steps, or earlier once the exact-match accuracy on
     ``val_size`` validation problems (teacher-forced argmax, checked every
@@ -195,7 +197,10 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
     neither set is ever trained on. ``compute_dtype``: what training and the engine's
     accuracy checks compute in (quantroll/compute.py; auto: float32 on CPU, BF16 on GPU)."""
     from quantroll.compute import resolve_compute_dtype
+    from quantroll.outputs import check_replace
 
+    what = what or f"output directory {out_dir}"
+    check_replace(what, out_dir, force)
     train_dtype = resolve_compute_dtype(device, compute_dtype)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
@@ -230,5 +235,6 @@ def warm_start(out_dir: str | Path, task: Task = ArithmeticTask(), steps: int = 
             "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
             "train_seconds": round(train_s, 1), "total_seconds": round(time.perf_counter() - t0, 1),
         }
-        save_hf_checkpoint(model, init, out_dir, extra_files={STATS_FILE: json.dumps(stats, indent=2) + "\n"})
+        save_hf_checkpoint(model, init, out_dir, extra_files={STATS_FILE: json.dumps(stats, indent=2) + "\n"},
+                           force=force, what=what)
     return stats

@@ -50,7 +50,7 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
         (["--prompt-len", "0"], "--prompt-len must be >= 1"),
         (["--new-tokens", "-3"], "--new-tokens must be >= 1"),
         (["--repeats", "0"], "--repeats must be >= 1"),
-        (["--json", str(tmp_path / "missing" / "out.json")], "is not a directory; create it first"),
+        (["--json", str(tmp_path / "missing" / "out.json")], "does not exist; create it first"),
         (["--workload", "rl", "--mean-len", "9000"], "--mean-len 9000 is above the cap --new-tokens 8192"),
         (["--workload", "rl", "--samples", "0"], "--samples must be >= 1"),
         (["--workload", "rl", "--kv-cache-dtypes", "bf16,int4"], "unknown KV cache dtype 'int4'"),

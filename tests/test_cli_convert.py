@@ -53,14 +53,40 @@ def test_convert_happy_path(capsys, tmp_path, tiny_qwen3_moe_sharded_dir):
     assert (dst / "model.safetensors.index.json").exists()
 
 
-def test_force_replaces_existing(capsys, tmp_path, tiny_qwen3_dir):
+def test_force_replaces_only_a_conversion_quantroll_wrote(capsys, tmp_path, tiny_qwen3_dir):
+    dst = tmp_path / "o"
+    convert = ("convert", "--model-dir", str(tiny_qwen3_dir), "--save-dir", str(dst))
+    rc, _, err = run(capsys, *convert, "--format", "fp8")
+    assert rc == 0, err
+    listed = json.loads((dst / ".quantroll").read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in dst.iterdir() if p.name != ".quantroll")
+    rc, _, err = run(capsys, *convert, "--format", "nvfp4")  # without --force: refused, one line
+    assert rc == 2 and "already holds an output quantroll wrote; pass --force" in err, err
+    rc, _, err = run(capsys, *convert, "--format", "nvfp4", "--force")
+    assert rc == 0, err
+    assert (dst / "hf_quant_config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    (dst / "notes.txt").write_text("mine")  # now the directory holds a file of the user's
+    rc, _, err = run(capsys, *convert, "--format", "fp8", "--force")
+    assert rc == 2 and "files quantroll did not write (notes.txt)" in err and "--force or not" in err, err
+    assert (dst / "notes.txt").read_text() == "mine" and (dst / "hf_quant_config.json").exists()
+
+
+def test_an_empty_existing_directory_is_used(capsys, tmp_path, tiny_qwen3_dir):
     dst = tmp_path / "o"
     dst.mkdir()
-    (dst / "stale.txt").write_text("old")
-    rc, _, err = run(capsys, "convert", "--model-dir", str(tiny_qwen3_dir), "--save-dir", str(dst), "--format", "nvfp4", "--force")
+    rc, _, err = run(capsys, "convert", *_args(tiny_qwen3_dir, dst))
     assert rc == 0, err
-    assert not (dst / "stale.txt").exists() and (dst / "hf_quant_config.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    assert (dst / "config.json").is_file()
+
+
+@pytest.mark.parametrize("patterns", [["*"], ["*proj", "model.*"]])
+def test_skip_that_leaves_nothing_to_quantize_is_refused(capsys, tmp_path, tiny_qwen3_dir, patterns):
+    dst = tmp_path / "o"
+    assert_refused(capsys, tmp_path, dst, *_args(tiny_qwen3_dir, dst, "fp8", "--skip", *patterns),
+                   match=f"--skip {patterns[0]!r}")
+    rc, _, err = run(capsys, "convert", *_args(tiny_qwen3_dir, dst, "fp8", "--skip", "model.layers.0.*"))
+    assert rc == 0, err  # one that leaves some weights: written
 
 
 # ---- bad input ---------------------------------------------------------------------------
@@ -133,10 +159,11 @@ def test_non_finite_weights_named(capsys, tmp_path, tiny_qwen3_dir, fmt, tensor,
 def test_failure_with_force_keeps_old_destination(capsys, tmp_path, tiny_qwen3_dir):
     src = copy_editing_tensors(tiny_qwen3_dir, tmp_path / "src", lambda t: t["model.layers.3.mlp.up_proj.weight"].fill_(float("nan")))
     dst = tmp_path / "o"
-    dst.mkdir()
-    (dst / "keep.txt").write_text("old")
+    rc, _, err = run(capsys, "convert", *_args(tiny_qwen3_dir, dst, "fp8"))
+    assert rc == 0, err
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
     assert_refused(capsys, tmp_path, dst, *_args(src, dst, "fp8", "--force"), match="NaN")
-    assert sorted(p.name for p in dst.iterdir()) == ["keep.txt"]
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
 
 
 def test_unsupported_dtype(capsys, tmp_path, tiny_qwen3_dir):

@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[1] / "quantroll"
 RANKS = {
     "errors": 0,
     "jsonfields": 1, "compute": 1, "durable": 1, "inputs": 1, "metrics": 1, "formats": 1,
-    "outputs": 2, "locks": 2, "cli": 2, "kernels": 2, "tasks": 2, "checkpoint": 2,
+    "outputs": 1.5,  # the file layer: on durable, under everything that writes a directory (checkpoint's too)
+    "locks": 2, "cli": 2, "kernels": 2, "tasks": 2, "checkpoint": 2,
     "model": 3, "builtin": 3,
     "engine": 4, "trainer": 4,
     "sync": 5,
-    "dist": 6, "evaluation": 6,
+    "distributed": 6, "evaluation": 6,
     "sft": 7, "compare": 7, "bench": 7,
     "rl": 8, "longsft": 8,
     "attribution": 9,

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
+from quantroll.model.causal_lm import CausalLM
 from quantroll.model.linear import QLinear
-from quantroll.model.qwen3 import Qwen3ForCausalLM
 
 
 class Hybrid:
-    def __init__(self, bf16: Qwen3ForCausalLM, converted: Qwen3ForCausalLM):
+    def __init__(self, bf16: CausalLM, converted: CausalLM):
         self.model = bf16.eval()
         self.quantized: dict[str, QLinear] = converted.quantized_linears()
         self._slots: dict[str, tuple[object, str, QLinear]] = {}

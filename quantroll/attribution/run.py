@@ -109,6 +109,10 @@ def run_attribution(cfg: AttributeConfig, log=print, progress: bool = True) -> d
     task = make_task(cfg.task, cfg.digits, prompt_data=cfg.prompt_data, input_key=cfg.input_key,
                      label_key=cfg.label_key)
     tokenizer = _tokenizer(source)
+    if cfg.prompt_data:
+        from quantroll.tasks.data import check_vocabulary
+
+        check_vocabulary(task.problems, tokenizer, "--prompt-data")
     dtype = resolve_compute_dtype(cfg.device, cfg.compute_dtype)
     torch.manual_seed(0)
     with CheckpointReader(source) as reader:

@@ -7,8 +7,9 @@ import dataclasses
 import torch
 
 from quantroll.formats import Format
-from quantroll.model.config import ModelConfig, RopeConfig
-from quantroll.model.qwen3 import Qwen3ForCausalLM
+from quantroll.model.causal_lm import CausalLM
+from quantroll.model.config import ModelConfig, RopeConfig, config_from_dict
+from quantroll.model.families.registry import shapes as family_shapes
 
 SHAPES = {
     "qwen3-8b": ModelConfig(
@@ -24,6 +25,8 @@ SHAPES = {
         model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
         max_position_embeddings=40960, rope=RopeConfig(theta=1_000_000.0), tie_word_embeddings=True),
+    # the other families' sizes, as each family module states them
+    **{name: config_from_dict(raw, f"shape {name}") for name, raw in family_shapes().items()},
 }
 
 
@@ -33,19 +36,14 @@ def shape_config(name: str, layers: int | None = None) -> ModelConfig:
 
 
 def write_shape_checkpoint(name: str, out, layers: int | None = None, seed: int = 0):
-    """A random-weight BF16 HF checkpoint of a dense shape (with quantroll's character
-    tokenizer) at ``out``, for GPU runs of train / compare / benches at real sizes."""
-    from quantroll.builtin import TinyQwen3, write_tiny_qwen3
+    """A random-weight BF16 HF checkpoint of a dense shape of any family (with quantroll's
+    character tokenizer) at ``out``, for GPU runs of train / compare / benches at real sizes."""
+    from quantroll.model.random_checkpoint import write_random_checkpoint
 
     c = shape_config(name, layers)
-    if c.model_type != "qwen3":
+    if c.num_experts:
         raise ValueError(f"{name}: only dense shapes are written as checkpoints")
-    shape = TinyQwen3(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                      num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-                      max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-                      rope_theta=c.rope.theta, tie_word_embeddings=c.tie_word_embeddings)
-    return write_tiny_qwen3(out, shape, seed)
+    return write_random_checkpoint(c, out, seed)
 
 
 def layer_gemm_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -61,7 +59,7 @@ EIGHT_B_GEMMS = layer_gemm_shapes(SHAPES["qwen3-8b"])
 
 @torch.no_grad()
 def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int = 0,
-                 source: Qwen3ForCausalLM | None = None) -> Qwen3ForCausalLM:
+                 source: CausalLM | None = None) -> CausalLM:
     """A model of ``cfg`` with N(0, 0.02) weights (norms 1); with ``fmt`` every linear of
     the decoder is stored in that format. ``source`` quantizes another model's weights
     instead of drawing new ones (so BF16 and FP8 runs compare the same model)."""
@@ -72,7 +70,7 @@ def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int 
     def fmt_for(name: str):
         return fmt if fmt is not None and name != "lm_head" and not name.endswith("mlp.gate") else None
 
-    model = Qwen3ForCausalLM(cfg, fmt_for, dtype=torch.bfloat16, device=device)
+    model = CausalLM(cfg, fmt_for, dtype=torch.bfloat16, device=device)
     src = dict(source.named_parameters()) if source is not None else {}
     for name, p in model.named_parameters():
         if name in src:

@@ -10,8 +10,13 @@ it, so the destination path is at every instant the complete old or the complete
 directory; elsewhere the old one is renamed aside first (absent for the moment
 between the two renames). Temporary names carry the writer's pid
 (``.NAME.partial-PID-XXXXXXXX``): those of a writer that was killed are removed the
-next time the same destination is written. New directories get the umask's
-permissions (``tempfile.mkdtemp`` alone would make them 0700).
+next time the same destination is written. Every file and directory written gets the
+umask's permissions (``tempfile.mkdtemp`` alone would make the directory 0700, and
+safetensors writes 0600 files).
+
+What may be replaced is quantroll/outputs.py's rule: an existing destination only with
+``force`` and only when quantroll wrote every file in it; so each directory written
+here gets the marker (``.quantroll``) that lists its files.
 """
 
 from __future__ import annotations
@@ -24,17 +29,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from quantroll import durable
+from quantroll import durable, outputs
 from quantroll.errors import QuantrollError
 
 
-def check_destination(dst: Path, force: bool) -> None:
-    """Refuse an existing destination unless ``force``; refuse a non-directory always."""
-    if dst.exists() or dst.is_symlink():
-        if not dst.is_dir() or dst.is_symlink():
-            raise QuantrollError(f"destination {dst} exists and is not a directory; choose another --save-dir")
-        if not force:
-            raise QuantrollError(f"destination {dst} already exists; choose another --save-dir or pass --force to replace it")
+def check_destination(dst: Path, force: bool, what: str | None = None) -> None:
+    """The replace rule of quantroll/outputs.py for ``dst`` (``what`` names it: "--save-dir out")."""
+    outputs.check_replace(what or f"destination {dst}", dst, force)
 
 
 def _make_parents(parent: Path) -> list[Path]:
@@ -47,30 +48,34 @@ def _make_parents(parent: Path) -> list[Path]:
 
 
 @contextmanager
-def atomic_directory(dst: str | Path, force: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary directory that becomes ``dst`` when the block succeeds.
+def atomic_directory(dst: str | Path, force: bool = False, what: str | None = None) -> Iterator[Path]:
+    """Yield an empty temporary directory that becomes ``dst`` when the block succeeds,
+    with the marker listing what the block wrote. ``what`` names ``dst`` in messages.
 
     On any exception (including KeyboardInterrupt) the temporary directory and any
     parent directories created for it are removed, and ``dst`` is left as it was; an
     OSError (a full disk, a read-only filesystem) becomes one QuantrollError naming ``dst``.
     """
     dst = Path(dst).absolute()
-    check_destination(dst, force)
+    what = what or f"destination {dst}"
+    check_destination(dst, force, what)
     created = _make_parents(dst.parent)
     for stale in durable.stale_temps(dst.parent, dst.name):  # left by a killed writer of dst
         durable.remove(stale)
     try:
         tmp = durable.make_temp_dir(dst)
     except OSError as err:
-        _remove_empty(created)
+        durable.remove_empty(created)
         raise QuantrollError(f"cannot write in {dst.parent}: {durable.advice(err)}") from None
     try:
         with durable.writing(str(dst)):
             yield tmp
-            _move_into_place(tmp, dst, force)
+            durable.follow_umask(tmp)
+            outputs.write_marker(tmp)
+            _move_into_place(tmp, dst, force, what)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(created)
+        durable.remove_empty(created)
         raise
 
 
@@ -91,8 +96,8 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _move_into_place(tmp: Path, dst: Path, force: bool) -> None:
-    check_destination(dst, force)  # it may have appeared while we were writing
+def _move_into_place(tmp: Path, dst: Path, force: bool, what: str) -> None:
+    check_destination(dst, force, what)  # it may have appeared, or changed, while we were writing
     if dst.exists() and _exchange(tmp, dst):  # tmp now holds the old directory
         durable.fsync_dir(dst.parent)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -110,14 +115,6 @@ def _move_into_place(tmp: Path, dst: Path, force: bool) -> None:
     durable.fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove_empty(dirs: list[Path]) -> None:
-    for d in reversed(dirs):
-        try:
-            d.rmdir()
-        except OSError:
-            break
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -99,10 +99,10 @@ def check_source(reader: CheckpointReader) -> None:
             )
 
 
-def _check_paths(src: Path, dst: Path) -> None:
+def _check_paths(src: Path, dst: Path, what: str) -> None:
     s, d = src.resolve(), dst.resolve()
     if s == d or s in d.parents or d in s.parents:
-        raise QuantrollError(f"--save-dir {dst} overlaps --model-dir {src}; write the output to a separate directory")
+        raise QuantrollError(f"{what} overlaps the source checkpoint {src}; write the output to a separate directory")
 
 
 def _output_layout(reader: CheckpointReader, the_plan: Plan, fmt: Format) -> dict[str, list[PlannedTensor]]:
@@ -138,20 +138,22 @@ def shared_amaxes(reader: CheckpointReader, the_plan: Plan) -> dict[str, float]:
     return shared
 
 
-def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig) -> ConvertResult:
-    """Write the quantized checkpoint of ``src`` to ``dst``; nothing is left at ``dst`` on error."""
+def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig, what: str | None = None) -> ConvertResult:
+    """Write the quantized checkpoint of ``src`` to ``dst``; nothing is left at ``dst`` on error.
+    ``what`` names ``dst`` in messages (default: ``--save-dir DST``, convert's flag)."""
     src, dst = Path(src), Path(dst)
+    what = what or f"--save-dir {dst}"
     fmt = get_format(cfg.format, cfg.scale_rule)
     rules = cfg.rules
-    check_destination(dst.absolute(), cfg.force)
+    _check_paths(src, dst, what)
+    check_destination(dst.absolute(), cfg.force, what)
     with CheckpointReader(src) as reader:
-        _check_paths(src, dst)
         check_source(reader)
         shapes = {name: info.shape for name, info in reader.tensors.items()}
         the_plan = plan(shapes, fmt, rules, num_hidden_layers(reader.config))
         layout = _output_layout(reader, the_plan, fmt)
         qc = build_quantization_config(fmt, the_plan, rules)
-        with atomic_directory(dst, cfg.force) as tmp:
+        with atomic_directory(dst, cfg.force, what) as tmp:
             shared = shared_amaxes(reader, the_plan) if fmt.shared_global_scale else {}
             _write_shards(reader, the_plan, fmt, layout, shared, tmp, cfg.progress)
             _write_metadata(reader, fmt, layout, qc, tmp)

@@ -257,7 +257,20 @@ def plan(
         _keep_name_collisions(decisions, fused_kept)
         if sum(d.action == KEEP for d in decisions.values()) == n_kept:
             break
+    _refuse_skipping_everything(decisions, fmt.name)
     return Plan(fmt.name, decisions, _scale_groups(decisions), tuple(sorted(fused_kept)))
+
+
+def _refuse_skipping_everything(decisions: dict[str, Decision], fmt_name: str) -> None:
+    """--skip patterns that leave no weight to quantize would make a checkpoint labelled
+    with the format that holds none of it: refused, naming the patterns that matched."""
+    if any(d.action == QUANTIZE for d in decisions.values()):
+        return
+    patterns = list(dict.fromkeys(d.detail for d in decisions.values() if d.reason == SKIP_PATTERN))
+    if patterns:
+        shown = " ".join(repr(p) for p in patterns)
+        raise QuantrollError(f"--skip {shown} keeps every quantizable weight in BF16, so the {fmt_name} checkpoint "
+                             "would quantize nothing; narrow the pattern (e.g. 'model.layers.3.*', '*.mlp.down_proj')")
 
 
 def _keep_fused_siblings(decisions: dict[str, Decision]) -> set[str]:

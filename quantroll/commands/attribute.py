@@ -23,6 +23,7 @@ from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.formats import FORMAT_NAMES
+from quantroll.outputs import FORCE_HELP
 
 
 def register(subparsers) -> None:
@@ -59,7 +60,7 @@ def register(subparsers) -> None:
                    "and seed): no ablations, no proposal")
     o = p.add_argument_group("output")
     o.add_argument("--output-dir", default="quantroll-attribution", help="report.md, attribution.json, plots/")
-    o.add_argument("--force", action="store_true", help="replace --output-dir if it exists (default: refuse)")
+    o.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=run)
 
 
@@ -97,19 +98,41 @@ def run(args: argparse.Namespace) -> int:
     from quantroll.attribution.run import run_attribution
     from quantroll.checkpoint.atomic import atomic_directory
     from quantroll.durable import writing
-    from quantroll.outputs import check_output_dir
+    from quantroll.outputs import check_output_dir, check_replace
 
     cfg = config_from_args(args)
     out = Path(args.output_dir)
+    what = f"--output-dir {out}"
     check_output_dir("--output-dir", args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise QuantrollError(f"--output-dir {out} exists and is not a directory; choose another path")
-    if out.exists() and not args.force:
-        raise QuantrollError(f"--output-dir {out} already exists; choose another or pass --force to replace it")
+    check_replace(what, out, args.force)  # before the work, and again when the output is moved into place
+    _check_memory(cfg)
     result = run_attribution(cfg)
     print()
     print(format_report(result), end="")
-    with writing(f"--output-dir {out}"), atomic_directory(out, force=args.force) as tmp:
+    with writing(what), atomic_directory(out, force=args.force, what=what) as tmp:
         write_outputs(result, tmp)
     print(f"\nreport: {out / 'report.md'}")
     return 0
+
+
+def _check_memory(cfg) -> None:
+    """--prompts, --samples and --max-new-tokens have no bound of their own: refuse what
+    cannot fit (rl/memory.py's rule), with the lower bound of one seed's batch: the
+    float32 logits of every sampled sequence (response and one prompt token) over the
+    vocabulary, and two models' weights (2 bytes a parameter each)."""
+    import math
+
+    from quantroll.attribution.run import source_of
+    from quantroll.checkpoint.reader import CheckpointReader
+    from quantroll.model.config import load_model_config
+    from quantroll.rl.memory import GIB, check_need
+
+    source, _ = source_of(cfg)
+    if not (source / "config.json").is_file():
+        return  # refused by its reader, in its own words
+    with CheckpointReader(source) as reader:
+        params = sum(math.prod(i.shape) for i in reader.tensors.values())
+    sequences = cfg.prompts * cfg.samples
+    est = {"weights": 2 * 2 * params / GIB,
+           "logits": sequences * (cfg.max_new_tokens + 1) * load_model_config(source).vocab_size * 4 / GIB}
+    check_need(est, cfg.device, "--prompts, --samples or --max-new-tokens", device_parts=("weights", "logits"))

@@ -23,10 +23,11 @@ def register(subparsers) -> None:
     r.add_argument("--workload", default="fixed", choices=["fixed", "rl"], help="fixed batches, or the RL workload "
                    "(default: fixed)")
     r.add_argument("--shape", default=None, help="model shape(s), random weights, comma-separated for fixed: "
-                   "qwen3-8b, qwen3-1.7b, qwen3-30b-a3b (default: qwen3-8b,qwen3-1.7b fixed; qwen3-8b rl)")
+                   "qwen3-8b, qwen3-1.7b, qwen3-30b-a3b, or another family's size (an unknown name lists them) "
+                   "(default: qwen3-8b,qwen3-1.7b fixed; qwen3-8b rl)")
     r.add_argument("--layers", type=int, default=None, help="use only N decoder layers (default: all)")
     r.add_argument("--batches", default=None, help="comma-separated batch sizes, for every shape (default: 8B "
-                   "1,16,64,128,256,512; 1.7B 64,128,256,512; 30B-A3B 1,16,64)")
+                   "1,16,64,128,256,512; 1.7B 64,128,256,512; 30B-A3B 1,16,64; other shapes 8B's)")
     r.add_argument("--precisions", default="bf16,fp8", help="comma-separated engine precisions (default: bf16,fp8)")
     r.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default: 128 fixed, "
                    "512 rl)")
@@ -63,7 +64,7 @@ def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[s
         raise QuantrollError(f"--workload rl takes one --shape, got {args.shape!r}")
     args.shapes = shapes
     if args.batches is None:
-        batches = {s: list(DEFAULT_BATCHES[s]) for s in shapes}
+        batches = {s: list(DEFAULT_BATCHES.get(s, DEFAULT_BATCHES["qwen3-8b"])) for s in shapes}
     else:
         try:
             given = [int(b) for b in args.batches.split(",")]

@@ -32,12 +32,15 @@ from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.durable import remove_empty_dirs, writing
 from quantroll.errors import QuantrollError
 from quantroll.locks import OutputLock
-from quantroll.outputs import check_output_dir
+from quantroll.outputs import MARKER, check_output_dir, list_files, record_owned, refuse_foreign
 from quantroll.trainer.policy import refuse_quantized
 
 DEFAULT_NUM_ROLLOUT = 30
 DEFAULT_EVAL_INTERVAL = 10
 DEFAULT_SAVE_INTERVAL = 5
+# what a compare writes in --output-dir, listed in its marker (quantroll/outputs.py)
+OWNED_FILES = ("summary.json", "report.md", "report.html", "checkpoints.json")
+OWNED_DIRS = ("runs", "checkpoints", "plots", "attribution")
 
 
 def register(subparsers) -> None:
@@ -45,7 +48,8 @@ def register(subparsers) -> None:
                               "correction; report.md/html with plots", description=__doc__,
                               formatter_class=HelpFormatter)
     p.add_argument("--output-dir", default="quantroll-compare", help="where runs, summary.json, report.md, "
-                   "report.html and plots/ go; rerunning continues what is there")
+                   "report.html and plots/ go; rerunning continues what is there. It must be new, empty or one "
+                   "compare wrote (listed in its .quantroll): a directory holding other files is refused")
     p.add_argument("--hf-checkpoint", default=None, help="BF16 HF checkpoint to study (converted once per "
                    "precision); default: the built-in warm-started tiny Qwen3")
     p.add_argument("--builtin-model", default="dense", choices=sorted(BUILTIN_MODELS), help="which built-in model "
@@ -109,10 +113,9 @@ def _source(args) -> tuple[Path, str, bool]:
     else:
         source = builtin_checkpoint(args.builtin_model)
         label = f"built-in tiny Qwen3 ({args.builtin_model}, warm-started)"
-    from quantroll.inputs import read_json
+    from quantroll.model.config import load_model_config
 
-    config = read_json(source / "config.json", "config", fix="fix or re-download it")
-    return source, label, config.get("model_type") == "qwen3_moe"
+    return source, label, load_model_config(source).num_experts > 0
 
 
 def _train_args(text: str) -> tuple[str, ...]:
@@ -174,12 +177,13 @@ def _check_runs(setup, specs) -> None:
     """Every run's configuration made now, as `quantroll train` will make it, so that a bad
     value fails here, before any run or output."""
     from quantroll.compare.runner import command_for
+    from quantroll.rl.memory import check_fits
 
     placeholders = {spec.checkpoint_key: setup.source for spec in specs}
     for spec in specs:
         argv = command_for(setup, spec, placeholders, setup.out_dir / spec.run_id)[3:]  # after "python -m quantroll"
         try:
-            train_config(argv)
+            check_fits(train_config(argv), setup.source)  # and the sizes fit, as `train` will check
         except QuantrollError as err:
             raise QuantrollError(f"run {spec.run_id}: {err}") from None
 
@@ -204,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
                              bf16_exceptions=exceptions is not None)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
+    refuse_foreign(f"--output-dir {out}", out)
     common = ("--compute-dtype", args.compute_dtype) + _train_args(args.train_args)
     sweep = ("--rollout-batch-size", str(args.sweep_rollout_batch_size),
              "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
@@ -218,10 +223,14 @@ def run(args: argparse.Namespace) -> int:
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
         try:
             with writing(f"--output-dir {out}"):  # a full disk or a read-only filesystem: one line
+                refuse_foreign(f"--output-dir {out}", out)  # again, now that no other compare writes there
+                record_owned(out, files=OWNED_FILES, dirs=OWNED_DIRS)
                 return _run_matrix(setup, specs, label, args)
         except BaseException:
             if fresh:
                 remove_empty_dirs(out)  # the run directories of a compare that failed before writing them
+                if not list_files(out):
+                    (out / MARKER).unlink(missing_ok=True)
             raise
 
 

@@ -14,6 +14,7 @@ from quantroll.checkpoint import ConvertConfig, convert_checkpoint
 from quantroll.checkpoint.plan import REASONS
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.formats import FORMAT_NAMES, SCALE_RULES
+from quantroll.outputs import FORCE_HELP
 
 
 def register(subparsers) -> None:
@@ -32,13 +33,10 @@ def register(subparsers) -> None:
     io = p.add_argument_group("input and output")
     io.add_argument("--model-dir", required=True, metavar="SRC", help="BF16 Hugging Face checkpoint directory to read (required)")
     io.add_argument(
-        "--save-dir", required=True, metavar="DST", help="directory to create with the quantized checkpoint (required; must not exist unless --force)"
+        "--save-dir", required=True, metavar="DST", help="directory to write the quantized checkpoint to (required; "
+        "new or empty, or see --force); it appears only when complete"
     )
-    io.add_argument(
-        "--force",
-        action="store_true",
-        help="replace DST if it exists (the old directory is removed only after the new one is complete); default: refuse",
-    )
+    io.add_argument("--force", action="store_true", help=FORCE_HELP)
     fmt = p.add_argument_group("format")
     fmt.add_argument(
         "--format",

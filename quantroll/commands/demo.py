@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from quantroll.builtin import write_tiny_qwen3
+from quantroll.checkpoint.atomic import atomic_directory
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.checkpoint.stats import inspect_checkpoint
 from quantroll.commands.helpformat import HelpFormatter
@@ -32,7 +33,9 @@ def register(subparsers) -> None:
         "against the BF16 source, and measure each engine's logprob gap to the BF16 model on its own rollouts.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--workdir", default="quantroll-demo", help="where the checkpoints go (default: ./quantroll-demo)")
+    p.add_argument("--workdir", default="quantroll-demo", help="where the checkpoints go, each replaced at every run "
+                   "when quantroll wrote all of it (a directory there holding other files is refused) "
+                   "(default: ./quantroll-demo)")
     p.add_argument("--prompts", type=int, default=8, help="number of rollout prompts (default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="response length of each rollout (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
@@ -54,14 +57,34 @@ def logprob_gap(reference: Engine, results) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from quantroll.errors import QuantrollError
+
+    if args.prompts < 1:
+        raise QuantrollError(f"--prompts must be >= 1 (the rollout prompts whose gap the demo measures), got "
+                             f"{args.prompts}")
+    if args.max_new_tokens < 1:
+        raise QuantrollError(f"--max-new-tokens must be >= 1 (the response length), got {args.max_new_tokens}")
+    from quantroll.outputs import check_replace
+    from quantroll.rl.memory import GIB, check_need
+    from quantroll.tasks.tokenizer import char_vocab
+
+    # the lower bound of one engine's rollout (rl/memory.py's rule): the float32 logits of every
+    # prompt's response and its longest prompt (15 tokens) over the built-in vocabulary
+    check_need({"logits": args.prompts * (args.max_new_tokens + 15) * len(char_vocab()) * 4 / GIB}, "cpu",
+               "--prompts or --max-new-tokens")
+
     work = Path(args.workdir)
     bf16 = work / "tiny-qwen3-bf16"
-    write_tiny_qwen3(bf16)
+    for name in ("bf16", *FORMAT_NAMES):  # all of them before any is written
+        check_replace(f"--workdir {work}: tiny-qwen3-{name}", work / f"tiny-qwen3-{name}", force=True)
+    with atomic_directory(bf16, force=True, what=f"--workdir {work}: {bf16.name}") as tmp:  # quantroll's only
+        write_tiny_qwen3(tmp)
     print(f"built-in checkpoint: {bf16}")
     dirs = {"bf16": bf16}
     for name in FORMAT_NAMES:
         out = work / f"tiny-qwen3-{name}"
-        convert_checkpoint(bf16, out, ConvertConfig(format=name, force=True, progress=False))
+        convert_checkpoint(bf16, out, ConvertConfig(format=name, force=True, progress=False),
+                           f"--workdir {work}: {out.name}")
         dirs[name] = out
         print(f"\n== quantroll inspect {out} --against {bf16}")
         print(format_report(inspect_checkpoint(out, bf16), top=3))

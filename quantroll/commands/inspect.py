@@ -80,13 +80,35 @@ def format_report(r: InspectReport, top: int) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def _check_args(args: argparse.Namespace) -> None:
+    """--top and --against are checked before any work: a negative count, or a source that
+    is not there, is one line (an unquantized DIR would otherwise skip --against unread)."""
+    from pathlib import Path
+
+    from quantroll.checkpoint.reader import CheckpointReader
+    from quantroll.errors import QuantrollError
+
+    if args.top < 0:
+        raise QuantrollError(f"--top must be >= 0 (how many of the worst weights to list), got {args.top}")
+    if args.against is not None:
+        against = Path(args.against)
+        if not against.is_dir():
+            what = "not a directory" if against.exists() else "no such directory"
+            raise QuantrollError(f"--against {args.against}: {what}; give the BF16 checkpoint DIR was made from")
+        with CheckpointReader(against):  # a directory that is not a checkpoint: its own one line
+            pass
     if args.json:
         check_output_path("--json", args.json, is_file=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_args(args)
     report = inspect_checkpoint(args.dir, args.against)
     problems = stored_problems(args.dir)
     report.problems = problems
     print(format_report(report, args.top))
+    if args.against is not None and report.against is None:
+        print(f"--against: {args.dir} holds no quantized weights, so there is nothing to compare with {args.against}")
     if args.json:
         with writing(f"--json {args.json}"):
             write_atomic(args.json, json.dumps(report.to_json(args.top), indent=2) + "\n")

@@ -23,6 +23,7 @@ from quantroll.builtin import TINY_QWEN3_MOE
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
+from quantroll.outputs import FORCE_HELP, check_output_dir, check_replace
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 from quantroll.tasks.trace import FibTraceTask
 from quantroll.longsft.run import LongSFTConfig, long_sft
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
         f"problems before and after, and save it as an HF BF16 checkpoint (recipe and accuracies in {STATS_FILE}).",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write (replaced if it exists); required")
+    p.add_argument("--save", required=True, metavar="DIR", help="checkpoint directory to write; required")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--moe", action="store_true", help="warm-start the MoE variant (Qwen3-MoE: 8 experts, top-2) "
                    "instead of the dense tiny Qwen3")
     p.add_argument("--task", choices=("arithmetic", "count", "fib"), default="arithmetic",
@@ -106,10 +108,13 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
         raise QuantrollError(f"--eval-size must be >= 1, got {args.eval_size}")
+    _check_memory(args, task)
+    check_output_dir("--save", args.save)
+    check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
     print(f"sft: {task} for up to {args.steps} steps of {args.batch_size}, lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
-                       compute_dtype=args.compute_dtype,
+                       compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}",
                        shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"
@@ -143,6 +148,8 @@ def _run_long(args: argparse.Namespace, task) -> int:
     if not args.state_dir:
         raise QuantrollError("--tokens-per-batch needs --state-dir DIR, where the run keeps its state for --resume")
     shape = parse_shape(args.shape, args.context)
+    check_output_dir("--save", args.save)
+    check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
     cfg = LongSFTConfig(steps=args.steps, tokens_per_batch=args.tokens_per_batch,
                         micro_batch_tokens=args.micro_batch_tokens, lr=args.lr, seed=args.seed,
                         save_every=args.save_every, check_every=args.check_every, val_size=args.val_size,
@@ -151,7 +158,7 @@ def _run_long(args: argparse.Namespace, task) -> int:
           f"{shape.max_position_embeddings} positions) for up to {args.steps} steps of {args.tokens_per_batch} tokens, "
           f"lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = long_sft(args.save, task, shape, cfg, args.state_dir, resume=args.resume, device=args.device,
-                     compute_dtype=args.compute_dtype)
+                     compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}")
     before, after = stats["greedy_before"], stats["greedy_after"]
     print(f"ran {stats['steps_run']} of {args.steps} steps (stopped by {stats['stopped_by']}); loss "
           f"{stats['losses'][0]:.3f} -> {stats['losses'][-1]:.3f}")
@@ -160,3 +167,16 @@ def _run_long(args: argparse.Namespace, task) -> int:
           + " ".join(f"[{b}: {v['accuracy']:.0%}]" for b, v in after["by_len"].items()))
     print(f"saved {args.save}")
     return 0
+def _check_memory(args: argparse.Namespace, task) -> None:
+    """--batch-size and --eval-size have no bound of their own: refuse what cannot fit, with
+    a lower-bound estimate (rl/memory.py's rule): one batch's float32 logits over the
+    character vocabulary at the shortest example length (prompt, one answer character, EOS),
+    and ~200 bytes per held-out problem."""
+    from quantroll.rl.memory import GIB, check_need
+    from quantroll.sft import DEFAULT_VAL_SIZE
+    from quantroll.tasks.tokenizer import char_vocab
+
+    tokens = 2 * args.digits + 2 + 2 if args.task == "arithmetic" else 2 * args.span
+    est = {"logits": args.batch_size * tokens * len(char_vocab()) * 4 / GIB,
+           "problems": (args.eval_size + DEFAULT_VAL_SIZE) * 200 / GIB}
+    check_need(est, args.device, "--batch-size, --eval-size or --digits/--span", device_parts=("logits",))

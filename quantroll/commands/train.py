@@ -15,6 +15,7 @@ from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.errors import QuantrollError
 from quantroll.formats import FORMAT_NAMES, format_for_recipe, recipe_values
+from quantroll.outputs import FORCE_HELP
 from quantroll.rl.config import FLAGS, TrainConfig, flag_defaults
 
 
@@ -42,7 +43,8 @@ def register(subparsers) -> None:
                    "--hf-checkpoint (or the built-in model) to this format for the engine and train on the BF16 source "
                    "(mode 1; add --fp8-recipe/--fp4-recipe for modes 2-4). Default: whatever --hf-checkpoint holds")
     m.add_argument("--convert-dir", help="where --rollout-precision writes its conversion, kept after "
-                   "the run (default: a temporary directory)")
+                   "the run and replaced by the next run's when quantroll wrote all of it, --force or not (it is "
+                   "a cache; any other file there is refused) (default: a temporary directory)")
     m.add_argument("--num-layers-at-start-in-bf16", type=int, help="with --rollout-precision: keep the "
                    "first N layers in BF16 on both sides")
     m.add_argument("--num-layers-at-end-in-bf16", type=int, help="with --rollout-precision: keep the last "
@@ -153,8 +155,9 @@ def register(subparsers) -> None:
     out.add_argument("--save-hf", help="at the end, export the trained policy as an HF BF16 checkpoint "
                      "(loads in transformers and `quantroll convert`)")
     out.add_argument("--load", help="resume from a --save directory; the metrics file continues")
-    out.add_argument("--force", action="store_true", help="start over: replace the run that --save and "
-                     "--metrics-file hold (without it, a fresh run refuses them: resume with --load)")
+    out.add_argument("--force", action="store_true", help="start over: replace the run that --save, "
+                     "--metrics-file and --save-hf hold (without it, a fresh run refuses them: resume with --load). "
+                     "Like every command's --force: " + FORCE_HELP)
     pl = p.add_argument_group("placement across processes (Ray; Miles' flag names)", "Give any of these to start "
                               "the ranks as Ray actors (pip install -e '.[ray]'); without them, torchrun "
                               "--nproc-per-node N -m quantroll train ... starts them, colocated, or with "
@@ -201,7 +204,7 @@ def ray_placement(args: argparse.Namespace):
     flags = (args.actor_num_nodes, args.actor_num_gpus_per_node, args.rollout_num_gpus)
     if all(f is None for f in flags) and not args.colocate:
         return None
-    from quantroll.dist.ray_launch import RayPlacement
+    from quantroll.distributed.ray_launch import RayPlacement
 
     return RayPlacement(args.actor_num_nodes or 1, args.actor_num_gpus_per_node or 1, args.rollout_num_gpus,
                         args.colocate)
@@ -233,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     if "WORLD_SIZE" in os.environ:  # a rank started by torchrun
         history = run_training(cfg, engine_ranks=torchrun_engine_ranks(args))
     elif (placement := ray_placement(args)) is not None:
-        from quantroll.dist.ray_launch import import_ray, launch
+        from quantroll.distributed.ray_launch import import_ray, launch
 
         import_ray()  # refused before any work when Ray is missing
         history = launch(functools.partial(run_training, cfg, engine_ranks=placement.engine_ranks), placement,

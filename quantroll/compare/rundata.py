@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantroll.compare.runstatus import settled
 from quantroll.inputs import read_json
 
 
@@ -55,7 +56,7 @@ def read_metrics(path: Path) -> tuple[list[dict], bool, tuple[int, ...]]:
 
 def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
-    spec = read_json(run_dir / "run.json", "run record", fix="delete that run's directory to redo it")
+    spec = settled(read_json(run_dir / "run.json", "run record", fix="delete that run's directory to redo it"))
     spec.setdefault("run_id", run_dir.name)
     steps, truncated, bad = read_metrics(run_dir / "metrics.jsonl")
     return RunData(spec=spec, steps=steps, truncated_last_line=truncated, bad_lines=bad)

@@ -4,7 +4,8 @@
 A run is a child process so that one failing (an error, an out-of-memory kill) cannot
 take the others down, and so that each run's peak memory is its own. It gets its whole
 configuration as ``config.json`` (``quantroll train --config``); the directory's
-``run.json`` holds the spec, the same run as a command line and the status; a finished
+``run.json`` holds the spec, the same run as a command line, the status and its owner
+(pid and host of the compare running it: quantroll/compare/runstatus.py); a finished
 run whose command is unchanged is not redone, so an interrupted compare continues where
 it stopped. Each run saves its trainer state every ``save_interval`` steps into
 ``run_dir/state`` (``train --save``, rl/savedir.py); a run that was interrupted (killed,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +32,9 @@ from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.compare.matrix import RunSpec
 from quantroll.compare.rundata import read_metrics
+from quantroll.compare.runstatus import mark_interrupted, terminate_as_interrupt
 from quantroll.formats import get_format
+from quantroll.outputs import write_owned_file
 
 STATE_DIR = "state"  # the run's --save directory, under its run directory
 
@@ -73,8 +77,8 @@ def prepare_checkpoints(setup: CompareSetup, specs: list[RunSpec], log=print) ->
         if not marker.is_file() or marker.read_text() != made_from:  # absent, interrupted, or another source
             log(f"converting {setup.source} -> {key}")
             convert_checkpoint(setup.source, target, ConvertConfig(format=precision, force=True, progress=False,
-                                                                   **args))
-            marker.write_text(made_from)
+                                                                   **args), f"--output-dir {target}")
+            write_owned_file(target, marker.name, made_from)  # listed as quantroll's: the next conversion replaces it
         out[key] = target
     return out
 
@@ -188,17 +192,20 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
     record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
               "engine_checkpoint_made_from": made_from, "resumed_after_steps": resumes,
-              "emulated": None}
+              "emulated": None, "pid": os.getpid(), "host": socket.gethostname()}  # the owner (runstatus.py)
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     start = time.perf_counter()
-    with open(run_dir / "train.log", "a" if resume is not None else "w") as out:  # a resume's log follows the last
+    # a resume's log follows the last attempt's
+    with open(run_dir / "train.log", "a" if resume is not None else "w") as out, terminate_as_interrupt():
         proc = subprocess.Popen([*cmd[:4], "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             code = proc.wait()
-        except BaseException:  # Ctrl-C: stop the child too; the run stays "running" and resumes next time
+        except BaseException as err:  # Ctrl-C, SIGTERM: stop the child too; the run resumes from its save next time
             proc.kill()
             proc.wait()
+            record.update(mark_interrupted(record, err))
+            atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
             raise
     record["wall_time_s"] = round(time.perf_counter() - start, 2)
     written = read_metrics(metrics)[0]

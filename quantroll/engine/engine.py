@@ -226,7 +226,7 @@ class Engine:
             if q.global_scale is not None:
                 out[f"{name}.weight_global"] = q.global_scale
         for name, p in self._params.items():
-            if not name.endswith(("qkv_proj.weight", "gate_up_proj.weight")):
+            if not name.rsplit(".", 1)[0].endswith(("qkv_proj", "gate_up_proj")):  # fused: views of the parts
                 out[name] = p.data
         return out
 

@@ -264,10 +264,6 @@ class ModelRunner:
         for b in sizes:
             self._state(b, params, largest)
 
-    def drop_graphs(self) -> None:
-        self.states.clear()
-        self.graph_pool = None
-
     # -- MoE routes -------------------------------------------------------------------------
     def _routes_rows(self, seq: Sequence, n: int) -> torch.Tensor:
         slots = torch.tensor([self._slot(seq, p) for p in range(n)], dtype=torch.long, device=self.device)

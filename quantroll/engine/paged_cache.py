@@ -131,9 +131,6 @@ class PagedKVCache:
         tensors = self.k + self.v + (self.k_scale + self.v_scale if self.quantized else [])
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def data_ptrs(self) -> tuple[int, ...]:
-        return tuple(t.data_ptr() for t in self.k + self.v)
-
     # -- the model's Attend interface --------------------------------------------------
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, T, H, D], k/v [B, T, Hkv, D] in the batch's flattened token order -> [B, T, H, D]."""
@@ -152,14 +149,18 @@ class PagedKVCache:
 
     @property
     def attend_qkv(self):
-        """The GPU decode path from the fused q/k/v projection (norms, rotary and the cache
-        write in one kernel, then paged attention), or None where the model's own ops run."""
+        """The GPU decode path from the fused q/k/v projection (QK-norms where the model has
+        them, rotary and the cache write in one kernel, then paged attention), or None where
+        the model's own ops run. Norm weights None: a family without QK-norm."""
         if not self.gpu_kernels or self.head_dim & (self.head_dim - 1):
             return None
-        from quantroll.kernels import paged_attention
+        from quantroll.kernels import paged_attention, rope_store
 
-        return lambda layer, qkv, q_w, k_w, eps, cos, sin, heads, kv_heads, head_dim, quantize=False: \
-            paged_attention.decode_from_qkv(qkv, q_w, k_w, eps, cos, sin, self, layer, self.batch)
+        def attend(layer, qkv, q_w, k_w, eps, cos, sin, heads, kv_heads, head_dim, quantize=False):
+            if q_w is None:
+                return rope_store.decode_from_qkv_rope(qkv, cos, sin, self, layer, self.batch)
+            return paged_attention.decode_from_qkv(qkv, q_w, k_w, eps, cos, sin, self, layer, self.batch)
+        return attend
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [N, Hkv, D] at the batch's slots (quantized for an FP8 cache)."""

@@ -90,7 +90,8 @@ def _step(model, opt: MasterWeightAdamW, examples, micro_tokens: int, device) ->
 
 def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConfig, state_dir: str | Path, *,
              resume: bool = False, device: str = "cpu", compute_dtype: str = "auto", log: Callable[[str], None] = print,
-             on_step: Callable[[int, float], None] | None = None) -> dict:
+             on_step: Callable[[int, float], None] | None = None, force: bool = False,
+             what: str | None = None) -> dict:
     """Train a model of ``shape`` on ``task`` and export it to ``out_dir`` (HF BF16, with the
     stats in quantroll_sft.json, which are also returned). ``on_step(step, loss)`` is called
     after every step (progress; an exception there stops the run as a kill would)."""
@@ -176,5 +177,6 @@ def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConf
         "train_seconds_this_process": round(time.perf_counter() - t0, 1),
         "stopped_by": "target_pass_rate" if stopped else "steps",
     }
-    save_hf_checkpoint(model, init, out_dir, extra_files={STATS_FILE: json.dumps(stats, indent=2) + "\n"})
+    save_hf_checkpoint(model, init, out_dir, extra_files={STATS_FILE: json.dumps(stats, indent=2) + "\n"},
+                       force=force, what=what)
     return stats

@@ -1,9 +1,11 @@
-"""Model configuration read from an HF ``config.json`` (Qwen3 and Qwen3-MoE).
+"""Model configuration read from an HF ``config.json``, for every family of
+model/families/registry.py.
 
-One frozen dataclass for both architectures: a dense model is a MoE model with no
-MoE layers. Both spellings transformers has written are accepted (``rope_theta`` /
-``rope_scaling`` at the top level, v4; ``rope_parameters``, v5; ``num_experts`` or
-``num_local_experts``).
+One frozen dataclass for all of them: a dense model is a MoE model with no MoE layers,
+and what a family changes in the decoder block is its ``Block`` (``ModelConfig.block``),
+resolved from the family's rules and the config's boolean keys. Both spellings
+transformers has written are accepted (``rope_theta`` / ``rope_scaling`` at the top
+level, v4; ``rope_parameters``, v5; ``num_experts`` or ``num_local_experts``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 
 from quantroll.errors import QuantrollError
 from quantroll.jsonfields import JsonFields
+from quantroll.model.families import registry
+from quantroll.model.families.base import Block, Family
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
+SUPPORTED_MODEL_TYPES = registry.supported_model_types()
+SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn", *registry.rope_variants())
 
 
 @dataclass(frozen=True)
@@ -28,8 +32,8 @@ class RopeConfig:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0  # llama3
+    low_freq_factor: float = 1.0  # band-wise rescaling (a family's rope variant)
+    high_freq_factor: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ class ModelConfig:
     max_position_embeddings: int
     rope: RopeConfig = field(default_factory=RopeConfig)
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    # the config's boolean keys the family's bias rules read (e.g. attention_bias) that are true
+    bias_flags: tuple[str, ...] = ()
     # MoE (num_experts == 0 for dense)
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -55,6 +60,15 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def family(self) -> Family:
+        return registry.family_for(self.model_type)
+
+    @property
+    def block(self) -> Block:
+        """The decoder block's optional parts (QK-norm, biases) for this config."""
+        return self.family.block({key: True for key in self.bias_flags})
 
     def is_moe_layer(self, layer: int) -> bool:
         """Same rule as transformers' Qwen3MoeDecoderLayer."""
@@ -69,14 +83,14 @@ class ModelConfig:
         return tuple(i for i in range(self.num_hidden_layers) if self.is_moe_layer(i))
 
 
-def _rope_from(raw: dict, source: str) -> RopeConfig:
+def _rope_from(raw: dict, source: str, default_theta: float) -> RopeConfig:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     where = "rope_parameters." if raw.get("rope_parameters") else "rope_scaling."
     if not isinstance(params, dict):
         raise QuantrollError(f"{source}: '{where.rstrip('.')}' must be an object, got {params!r}")
     top = JsonFields(raw, source)
     f = JsonFields(params, source, where)
-    theta = f.float("rope_theta", None, positive=True) or top.float("rope_theta", 1_000_000.0, positive=True)
+    theta = f.float("rope_theta", None, positive=True) or top.float("rope_theta", default_theta, positive=True)
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise QuantrollError(f"rope type '{rope_type}' is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
@@ -97,19 +111,22 @@ def _rope_from(raw: dict, source: str) -> RopeConfig:
 def config_from_dict(raw: dict, source: str = "config.json") -> ModelConfig:
     if not isinstance(raw, dict):
         raise QuantrollError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise QuantrollError(
-            f"{source}: model_type '{model_type}' is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    family = registry.family_for(raw.get("model_type"), raw.get("architectures"), source)
+    model_type = family.model_types[0] if raw.get("model_type") is None else raw["model_type"]
     f = JsonFields(raw, source)
+    if f.bool("use_sliding_window", False):
+        raise QuantrollError(f"{source}: use_sliding_window is true; quantroll runs full attention only "
+                             "(set it to false if the model was trained without the window)")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise QuantrollError(f"{source}: hidden_act '{act}' is not supported; quantroll's MLP is SwiGLU (silu)")
     heads = f.int("num_attention_heads", minimum=1)
     hidden = f.int("hidden_size", minimum=1)
     kv_heads = f.int("num_key_value_heads", heads, minimum=1)
     if heads % kv_heads:
         raise QuantrollError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
                              f"{kv_heads}")
-    moe = model_type == "qwen3_moe"
+    moe = family.moe
     experts = 0
     if moe:
         experts = f.int("num_experts", None, minimum=0)
@@ -128,9 +145,9 @@ def config_from_dict(raw: dict, source: str = "config.json") -> ModelConfig:
         head_dim=f.int("head_dim", None, minimum=1) or hidden // heads,
         rms_norm_eps=f.float("rms_norm_eps", 1e-6, positive=True),
         max_position_embeddings=f.int("max_position_embeddings", 32768, minimum=1),
-        rope=_rope_from(raw, source),
+        rope=_rope_from(raw, source, family.default_rope_theta),
         tie_word_embeddings=f.bool("tie_word_embeddings", False),
-        attention_bias=f.bool("attention_bias", False),
+        bias_flags=tuple(key for key in family.bias_keys() if f.bool(key, False)),
         num_experts=experts,
         num_experts_per_tok=top_k,
         moe_intermediate_size=f.int("moe_intermediate_size", minimum=1) if experts else 0,
@@ -148,3 +165,42 @@ def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
     from quantroll.inputs import read_json
 
     return config_from_dict(read_json(path, "config", fix="fix or re-download it"), str(path))
+
+
+_ROPE_KEYS = {"default": (), "linear": ("factor",),
+              "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                       "truncate")}
+
+
+def config_to_dict(cfg: ModelConfig) -> dict:
+    """The config.json transformers writes for ``cfg`` (v5 spelling: ``rope_parameters``),
+    which ``config_from_dict`` reads back to ``cfg``: what random checkpoints of a family
+    are written with (model/random_checkpoint.py)."""
+    family, r = cfg.family, cfg.rope
+    keys = _ROPE_KEYS[r.rope_type] if r.rope_type in _ROPE_KEYS else registry.rope_variants()[r.rope_type].keys
+    rope = {"rope_type": r.rope_type, "rope_theta": r.theta,
+            **{k: getattr(r, k) for k in keys if getattr(r, k) is not None}}
+    moe = {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+           "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.norm_topk_prob,
+           "decoder_sparse_step": cfg.decoder_sparse_step, "mlp_only_layers": list(cfg.mlp_only_layers)}
+    eos = list(cfg.eos_token_ids)
+    return {
+        "architectures": [family.architectures[0]],
+        "model_type": cfg.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": rope,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        **{key: key in cfg.bias_flags for key in family.bias_keys()},
+        **(moe if family.moe else {}),
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+        "torch_dtype": "bfloat16",
+    }

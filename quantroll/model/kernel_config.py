@@ -1,7 +1,7 @@
 """Which implementation each op of a forward pass takes, as one frozen value.
 
 The engine and the trainer each hold a ``KernelConfig`` given to the model once
-(``Qwen3ForCausalLM.use_kernels_``): the default keeps every op as it is (the fastest
+(``CausalLM.use_kernels_``): the default keeps every op as it is (the fastest
 kernel for each shape), ``INVARIANT_KERNELS`` makes every op batch-invariant
 (model/invariant.py) so that a token's logprob is the same bits whatever else shares its
 batch, whatever the schedule, and whether it is computed by the engine's decode step, its

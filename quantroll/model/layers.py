@@ -1,4 +1,5 @@
-"""Qwen3 building blocks: RMSNorm, attention with q/k norms and GQA, the SwiGLU MLP.
+"""Decoder building blocks: RMSNorm, rotary attention with GQA (QK-norm and biases as
+the config's ``Block`` says), the SwiGLU MLP.
 
 Attention delegates the score/softmax/value step to an ``attend`` callable, so the
 same layer serves the trainer (whole sequences, causal) and the engine (a KV cache):
@@ -108,17 +109,19 @@ class Attention(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
         p = f"model.layers.{layer_idx}.self_attn."
-        h, hd, nh, nkv, b = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias
+        h, hd, nh, nkv, block = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.block
         self.layer_idx, self.head_dim = layer_idx, hd
-        self.q_proj = linear(p + "q_proj", fmt_for, h, nh * hd, b, dtype, device)
-        self.k_proj = linear(p + "k_proj", fmt_for, h, nkv * hd, b, dtype, device)
-        self.v_proj = linear(p + "v_proj", fmt_for, h, nkv * hd, b, dtype, device)
-        self.o_proj = linear(p + "o_proj", fmt_for, nh * hd, h, b, dtype, device)
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device)
+        self.q_proj = linear(p + "q_proj", fmt_for, h, nh * hd, block.qkv_bias, dtype, device)
+        self.k_proj = linear(p + "k_proj", fmt_for, h, nkv * hd, block.qkv_bias, dtype, device)
+        self.v_proj = linear(p + "v_proj", fmt_for, h, nkv * hd, block.qkv_bias, dtype, device)
+        self.o_proj = linear(p + "o_proj", fmt_for, nh * hd, h, block.o_bias, dtype, device)
+        # QK-norm: RMSNorm over head_dim on q and k before rotary (None where the family has none)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device) if block.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, device) if block.qk_norm else None
 
         self.qkv_proj: QLinear | None = None  # set by fuse_(): one GEMM for q, k and v
         self.heads, self.kv_heads, self.eps = nh, nkv, cfg.rms_norm_eps
+        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def fuse_(self) -> None:
         parts = [self.q_proj, self.k_proj, self.v_proj]
@@ -130,9 +133,10 @@ class Attention(torch.nn.Module):
         b, t, _ = x.shape
         attend_qkv = getattr(attend, "attend_qkv", None)
         if attend_qkv is not None and self.qkv_proj is not None and t == 1:
-            # decode on GPU: norms, rotary and the cache write in one kernel, then attention (or all in one,
-            # which may hand o_proj its input already quantized)
-            out = attend_qkv(self.layer_idx, self.qkv_proj(x).view(b, -1), self.q_norm.weight, self.k_norm.weight,
+            # decode on GPU: q/k/v biases already added by qkv_proj; (norms,) rotary and the cache write in one
+            # kernel, then attention (or all in one, which may hand o_proj its input already quantized)
+            q_w, k_w = (self.q_norm.weight, self.k_norm.weight) if self.q_norm is not None else (None, None)
+            out = attend_qkv(self.layer_idx, self.qkv_proj(x).view(b, -1), q_w, k_w,
                              self.eps, cos, sin, self.heads, self.kv_heads, self.head_dim,
                              quantize=takes_fp8_activation(self.o_proj))
             return self.o_proj(_as_rows(out, b, t))
@@ -142,7 +146,9 @@ class Attention(torch.nn.Module):
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = (p.reshape(b, t, -1, self.head_dim) for p in (q, k, v))
-        if self.q_norm.kernels.batch_invariant:
+        if self.q_norm is None:  # rotary alone: elementwise, so batch-invariant as it stands
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        elif self.kernels.batch_invariant:
             q = invariant.norm_rope(q, self.q_norm.weight, self.eps, cos, sin)
             k = invariant.norm_rope(k, self.k_norm.weight, self.eps, cos, sin)
         else:
@@ -151,11 +157,12 @@ class Attention(torch.nn.Module):
 
 
 class MLP(torch.nn.Module):
-    def __init__(self, prefix: str, hidden: int, inter: int, fmt_for: FormatFor, dtype, device=None):
+    def __init__(self, prefix: str, hidden: int, inter: int, fmt_for: FormatFor, dtype, device=None,
+                 bias: bool = False):
         super().__init__()
-        self.gate_proj = linear(prefix + "gate_proj", fmt_for, hidden, inter, False, dtype, device)
-        self.up_proj = linear(prefix + "up_proj", fmt_for, hidden, inter, False, dtype, device)
-        self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, False, dtype, device)
+        self.gate_proj = linear(prefix + "gate_proj", fmt_for, hidden, inter, bias, dtype, device)
+        self.up_proj = linear(prefix + "up_proj", fmt_for, hidden, inter, bias, dtype, device)
+        self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, bias, dtype, device)
         self.gate_up_proj: QLinear | None = None  # set by fuse_(): one GEMM for gate and up
         self.fused = False  # silu * up in one Triton kernel on GPU (set by the engine)
         self.kernels: KernelConfig = DEFAULT_KERNELS

@@ -49,7 +49,7 @@ class QLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.format, self.name = in_features, out_features, fmt, name
         self.backend = "emulated"
-        self.kernels: KernelConfig = DEFAULT_KERNELS  # set for the whole model by Qwen3ForCausalLM.use_kernels_
+        self.kernels: KernelConfig = DEFAULT_KERNELS  # set for the whole model by CausalLM.use_kernels_
         self._dequant_cache: torch.Tensor | None = None
         self._fused_into: list[QLinear] = []
         # trainer modes 2-4: a BF16 layer whose forward uses this format (see quantized_forward)
@@ -126,11 +126,12 @@ class QLinear(torch.nn.Module):
 def can_fuse(parts: list[QLinear]) -> bool:
     """Linears that read the same input can run as one GEMM when their weights stack
     along the output dimension: BF16 always, block FP8 when every part's rows fill
-    whole 128-row scale blocks; formats with per-tensor scales (NVFP4) never."""
+    whole 128-row scale blocks; formats with per-tensor scales (NVFP4) never. Biases
+    (q/k/v of some families) stack too, when every part has one."""
     fmt = parts[0].format
     if any(p.format is not fmt and (p.format is None or fmt is None or p.format.name != fmt.name) for p in parts):
         return False
-    if any(p.bias is not None for p in parts):
+    if len({p.bias is None for p in parts}) > 1:
         return False
     if fmt is None:
         return True
@@ -139,24 +140,27 @@ def can_fuse(parts: list[QLinear]) -> bool:
 
 @torch.no_grad()
 def fuse_linears(parts: list[QLinear], name: str) -> QLinear:
-    """One QLinear over the concatenated weights; the parts become views into it, so
-    in-place weight loads into a part update the fused layer (and drop its caches)."""
+    """One QLinear over the concatenated weights (and biases); the parts become views into
+    it, so in-place weight loads into a part update the fused layer (and drop its caches)."""
     first = parts[0]
-    fused = QLinear(first.in_features, sum(p.out_features for p in parts), fmt=first.format, name=name,
+    biased = first.bias is not None
+    fused = QLinear(first.in_features, sum(p.out_features for p in parts), bias=biased, fmt=first.format, name=name,
                     dtype=first.weight.dtype if first.format is None else torch.bfloat16, device=first.weight.device)
     fused.backend = first.backend
     fields = ["weight"] if first.format is None else ["weight", "weight_scale"]
+    fields += ["bias"] if biased else []
     for field in fields:
+        parameter = field == "bias" or (field == "weight" and first.format is None)
         stacked = torch.cat([getattr(p, field).detach() for p in parts], dim=0)
-        if field == "weight" and first.format is None:
-            fused.weight = torch.nn.Parameter(stacked, requires_grad=False)
+        if parameter:
+            setattr(fused, field, torch.nn.Parameter(stacked, requires_grad=False))
         else:
             setattr(fused, field, stacked)
         offset = 0
         for p in parts:
             rows = getattr(p, field).shape[0]
             view = stacked[offset: offset + rows]
-            setattr(p, field, torch.nn.Parameter(view, requires_grad=False) if field == "weight" and first.format is None else view)
+            setattr(p, field, torch.nn.Parameter(view, requires_grad=False) if parameter else view)
             offset += rows
     for p in parts:
         p._fused_into.append(fused)

@@ -17,8 +17,8 @@ from quantroll.checkpoint.loader import QuantizedCheckpoint
 from quantroll.checkpoint.reader import CheckpointReader
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import Format, invalid_values
+from quantroll.model.causal_lm import CausalLM
 from quantroll.model.config import config_from_dict
-from quantroll.model.qwen3 import Qwen3ForCausalLM
 
 
 def _open(path: Path) -> tuple[CheckpointReader, QuantizedCheckpoint | None]:
@@ -31,7 +31,7 @@ def _open(path: Path) -> tuple[CheckpointReader, QuantizedCheckpoint | None]:
 
 
 def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-               ) -> tuple[Qwen3ForCausalLM, Format | None]:
+               ) -> tuple[CausalLM, Format | None]:
     """(model in eval mode, the checkpoint's format or None for BF16)."""
     path = Path(checkpoint_dir)
     reader, ckpt = _open(path)
@@ -39,14 +39,14 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu", d
         cfg = config_from_dict(reader.config, str(path / "config.json"))
         quantized = set(ckpt.quantized) if ckpt else set()
         fmt = ckpt.format if ckpt else None
-        model = Qwen3ForCausalLM(cfg, lambda name: fmt if name in quantized else None, dtype=dtype, device=device)
+        model = CausalLM(cfg, lambda name: fmt if name in quantized else None, dtype=dtype, device=device)
         _fill(model, reader, ckpt, quantized, path)
     finally:
         reader.close()
     return model.eval(), fmt
 
 
-def _fill(model: Qwen3ForCausalLM, reader: CheckpointReader, ckpt: QuantizedCheckpoint | None,
+def _fill(model: CausalLM, reader: CheckpointReader, ckpt: QuantizedCheckpoint | None,
           quantized: set[str], path: Path) -> None:
     """Every stored tensor onto its model tensor (names in sorted order, so that the first
     problem reported is the same on every run); NaN/Inf values, NaN codes or bad scales,

@@ -69,7 +69,8 @@ class SparseMoE(torch.nn.Module):
         self.stacks: dict[str, torch.Tensor] | None = None  # set by stack_experts_ (GPU engine)
         self.kernels: KernelConfig = DEFAULT_KERNELS
         self.experts = torch.nn.ModuleList(
-            MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device)
+            MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device,
+                cfg.block.mlp_bias)
             for e in range(cfg.num_experts)
         )
 

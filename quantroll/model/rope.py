@@ -8,6 +8,7 @@ import math
 import torch
 
 from quantroll.model.config import ModelConfig
+from quantroll.model.families.registry import rope_variants
 
 
 def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -20,7 +21,7 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
         return (inv / r.factor if r.rope_type == "linear" else inv), 1.0
     if r.rope_type == "yarn":
         return _yarn(cfg, exponents)
-    return _llama3(cfg, 1.0 / (base**exponents)), 1.0
+    return rope_variants()[r.rope_type].inverse_frequencies(1.0 / (base**exponents), r, cfg.max_position_embeddings), 1.0
 
 
 def _yarn(cfg: ModelConfig, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -47,18 +48,6 @@ def _yarn(cfg: ModelConfig, exponents: torch.Tensor) -> tuple[torch.Tensor, floa
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     keep = 1 - ramp
     return interpolation * (1 - keep) + extrapolation * keep, float(attention)
-
-
-def _llama3(cfg: ModelConfig, inv: torch.Tensor) -> torch.Tensor:
-    r = cfg.rope
-    original = r.original_max_position_embeddings or cfg.max_position_embeddings
-    low_wavelen, high_wavelen = original / r.low_freq_factor, original / r.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / r.factor, inv)
-    smooth = (original / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, smoothed, scaled)
 
 
 class Rotary(torch.nn.Module):

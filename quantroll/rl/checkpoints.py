@@ -73,9 +73,9 @@ def resolve_checkpoints(cfg: TrainConfig) -> Iterator[tuple[Path, Path]]:
     convert = ConvertConfig(format=models.rollout_precision, num_layers_at_start_in_bf16=models.num_layers_at_start_in_bf16,
                             num_layers_at_end_in_bf16=models.num_layers_at_end_in_bf16, skip=tuple(models.skip), force=True,
                             progress=False)
-    if models.convert_dir:  # kept after the run (replaced if present)
+    if models.convert_dir:  # kept after the run; a conversion quantroll wrote there is replaced, nothing else
         target = Path(models.convert_dir)
-        convert_checkpoint(source, target, convert)
+        convert_checkpoint(source, target, convert, f"--convert-dir {target}")
         yield target, source
         return
     with tempfile.TemporaryDirectory(prefix="quantroll-rollout-") as tmp:

@@ -86,15 +86,16 @@ def run_training(cfg: TrainConfig, progress: bool = True, log=print, engine_rank
     locks and the state of the outputs (quantroll/rl/claim.py). ``engine_ranks``: in a
     multi-process run, how many of the last ranks hold an engine only (--rollout-num-gpus
     without --colocate; 0: colocated)."""
-    from quantroll.dist.context import from_environ
+    from quantroll.distributed.context import from_environ
     from quantroll.rl.claim import claim_outputs
-    from quantroll.rl.preflight import check_outputs
+    from quantroll.rl.preflight import check_memory, check_outputs
 
     if (ctx := from_environ(cfg.models.device, engine_ranks)) is not None:  # a rank of a torchrun / Ray run
         from quantroll.rl.ranks import run_rank
 
         return run_rank(cfg, ctx, _train, _serve, _check_prompt_lengths, progress, log)
     check_outputs(cfg)
+    check_memory(cfg)
     task, eval_problems = build_task(cfg.rollout)
     _check_prompt_lengths(cfg, task, eval_problems)
     with claim_outputs(cfg, log) as claim:
@@ -277,7 +278,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             with writing(f"--save-hf {cfg.output.save_hf}"), place.stage("the export"):
                 whole = place.exportable(policy, trainer_dir, dtype)
                 if whole is not None:
-                    save_hf_checkpoint(whole, trainer_dir, cfg.output.save_hf)
+                    save_hf_checkpoint(whole, trainer_dir, cfg.output.save_hf, force=cfg.output.force,
+                                       what=f"--save-hf {cfg.output.save_hf}")
     except BaseException:
         if bar is not None:
             bar.leave = False  # a failure's one line is the error, not a half-full bar above it

@@ -2,7 +2,10 @@
 
 - A fresh run needs the file absent or empty. A file that holds steps is the record of
   a run, so it is not overwritten silently: resume that run (``--load``), overwrite
-  it (``--force``) or choose another file.
+  it (``--force``) or choose another file. ``--force`` replaces only a file quantroll
+  wrote, recognised by its first line: a JSON object with an integer ``step`` and a
+  string ``rollout_precision`` (every step record the loop writes has both; see
+  ``is_quantroll_metrics``). Any other file is the user's: refused, --force or not.
 - A run resumed after step S keeps the lines of steps <= S byte for byte and drops
   later ones (written after the last save, before a crash), rewriting the file with the
   atomic writer: killed during the rewrite, the file is the old one or the new one.
@@ -43,12 +46,31 @@ def _records(path: Path, flag: str) -> tuple[list[tuple[int, bytes, dict]], str 
     return out, note
 
 
+def is_quantroll_metrics(raw: bytes) -> bool:
+    """Whether ``raw`` (a file's bytes) starts as a metrics file quantroll wrote: its first
+    non-blank line is a step record (an object with an integer "step" and a string
+    "rollout_precision")."""
+    first = next((line for line in raw.split(b"\n") if line.strip()), b"")
+    try:
+        record = json.loads(first.decode("utf-8"))
+    except ValueError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("step"), int) \
+        and not isinstance(record["step"], bool) and isinstance(record.get("rollout_precision"), str)
+
+
 def check_fresh(path: str | Path | None, force: bool, flag: str = "--metrics-file") -> None:
-    """A fresh run may write ``path``: absent, empty, or ``force``."""
-    if not path or force:
+    """A fresh run may write ``path``: absent, empty, or a quantroll metrics file with ``force``."""
+    if not path:
         return
     p = Path(path)
-    if p.is_file() and read_bytes(p, flag).strip():
+    raw = read_bytes(p, flag) if p.is_file() else b""
+    if not raw.strip():
+        return
+    if not is_quantroll_metrics(raw):
+        raise QuantrollError(f"{flag} {p} is not a metrics file quantroll wrote (its first line is not a step "
+                             "record); quantroll never replaces it, --force or not: choose another file")
+    if not force:
         raise QuantrollError(f"{flag} {p} already holds the metrics of a run; resume that run with --load, pass "
                              "--force to overwrite it, or choose another file")
 

@@ -1,5 +1,5 @@
 """Where the trainer and the engine run: in this process (``OneProcess``), or as ranks of
-a multi-process run (quantroll/dist/placement.py). The RL loop asks its placement for
+a multi-process run (quantroll/distributed/placement.py). The RL loop asks its placement for
 each piece it builds and each step that crosses processes, so the loop reads the same
 either way and a one-process run is exactly what it was before ranks existed.
 """

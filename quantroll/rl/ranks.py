@@ -2,11 +2,11 @@
 process, with the checks agreed between ranks and the outputs written by rank 0 only.
 
 Started by torchrun (``torchrun --nproc-per-node N -m quantroll train ...``) or by the Ray
-launcher (quantroll/dist/ray_launch.py); both give every rank the same flags. Every rank
+launcher (quantroll/distributed/ray_launch.py); both give every rank the same flags. Every rank
 takes part in the checks before the run. Colocated, every rank then runs the loop: it
 loads the engine and the trainer, and shards the trainer. With engines on ranks of their
 own (``--rollout-num-gpus R``), the trainer ranks run the loop and the last R ranks serve
-their requests (quantroll/dist/engine_ranks.py) until trainer rank 0 says stop. Rank 0
+their requests (quantroll/distributed/engine_ranks.py) until trainer rank 0 says stop. Rank 0
 alone holds the locks of the outputs, writes the metrics, the saves and the export.
 """
 
@@ -17,11 +17,11 @@ import os
 import sys
 from dataclasses import replace
 
-from quantroll.dist.context import DistContext, destroy_process_group, init_process_group
-from quantroll.dist.liveness import Heartbeat, Stopped, stop_on_sigterm
-from quantroll.dist.groups import RankGroups
-from quantroll.dist.placement import Ranks
-from quantroll.dist.trainer_rows import check_divisible
+from quantroll.distributed.context import DistContext, destroy_process_group, init_process_group
+from quantroll.distributed.liveness import Heartbeat, Stopped, stop_on_sigterm
+from quantroll.distributed.groups import RankGroups
+from quantroll.distributed.placement import Ranks
+from quantroll.distributed.trainer_rows import check_divisible
 from quantroll.rl.config import TrainConfig
 
 
@@ -38,7 +38,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, serve, check_prompt_leng
     import the loop back). An engine rank returns no metrics."""
     from quantroll.rl.checkpoints import resolve_checkpoints
     from quantroll.rl.claim import Claim, claim_outputs
-    from quantroll.rl.preflight import check_outputs
+    from quantroll.rl.preflight import check_memory, check_outputs
     from quantroll.rl.rollout import build_task
 
     stop_on_sigterm()
@@ -61,6 +61,7 @@ def run_rank(cfg: TrainConfig, ctx: DistContext, train, serve, check_prompt_leng
                             cfg.optimizer.global_batch_size, ctx.world_size - ctx.engine_ranks)
             if ctx.is_source:
                 check_outputs(cfg)
+            check_memory(cfg, shards=max(1, ctx.world_size - ctx.engine_ranks))
             task, eval_problems = build_task(cfg.rollout)
             check_prompt_lengths(cfg, task, eval_problems)
             return task, eval_problems

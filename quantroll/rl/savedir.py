@@ -4,6 +4,7 @@ at every instant the directory names a complete state that loads.
     DIR/LATEST                         {"format": ..., "state": "step-00000012-1a2b3c4d", "step": 12}
     DIR/step-00000012-1a2b3c4d/        one complete state (quantroll/rl/state.py writes its files)
     DIR/.quantroll.lock                while a process trains into DIR (quantroll/locks.py)
+    DIR/.quantroll                     what quantroll wrote there (quantroll/outputs.py): LATEST, the versions
 
 A save writes the new version into a hidden ``.partial-`` directory beside the current
 one, flushes it to disk and renames it to its version name, then replaces ``LATEST``
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantroll import durable
+from quantroll import durable, outputs
 from quantroll.errors import QuantrollError
 from quantroll.inputs import read_json
 from quantroll.locks import LOCK_NAME
@@ -81,13 +82,12 @@ def holds_run(directory: str | Path) -> bool:
         or any(_VERSION.match(p.name) for p in directory.iterdir())
 
 
-def foreign_entries(directory: str | Path) -> list[str]:
-    """Names in the directory that no save wrote (the user's files: never deleted)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    ours = set(LEGACY_FILES) | {LOCK_NAME}
-    return sorted(p.name for p in directory.iterdir() if p.name not in ours and not _OURS.match(p.name))
+def written_by_a_save(name: str) -> bool:
+    """Whether a top-level name in a --save directory is one a save writes (pointer,
+    version, partial version, pointer temporary, the old format's files): what the
+    directory's marker lists, recognised without it too (a kill between a rename and the
+    marker's update; directories saved before the marker existed)."""
+    return name in LEGACY_FILES or name == LOCK_NAME or _OURS.match(name) is not None
 
 
 def clean(directory: str | Path) -> list[str]:
@@ -106,6 +106,14 @@ def clean(directory: str | Path) -> list[str]:
         if entry.name.startswith((".partial-", f".{POINTER}.")) or (_VERSION.match(entry.name) and entry.name != keep):
             durable.remove(entry)
             removed.append(entry.name)
+    for stale in durable.stale_temps(directory):  # e.g. the marker's temporary file, its writer killed
+        if stale.exists():
+            durable.remove(stale)
+            removed.append(stale.name)
+    listed_files, listed_dirs = outputs.read_marker(directory)
+    gone = tuple(n for n in listed_files | listed_dirs if not (directory / n).exists())  # a kill before the marker's update
+    if removed or gone:
+        outputs.record_owned(directory, drop=tuple(removed) + gone)
     parent = directory.absolute().parent
     for entry in parent.iterdir():  # the .DIR.partial-* / .DIR.old-* of the old whole-directory save
         if re.match(rf"^\.{re.escape(directory.absolute().name)}\.(partial|old)-[A-Za-z0-9_]{{8}}$", entry.name):
@@ -126,6 +134,7 @@ def wipe(directory: str | Path) -> None:
     for entry in directory.iterdir():
         if entry.name != LOCK_NAME and _OURS.match(entry.name):
             durable.remove(entry)
+    outputs.write_marker(directory, [])
 
 
 def write_version(directory: str | Path, step: int, write: Callable[[Path], None]) -> Path:
@@ -144,6 +153,7 @@ def write_version(directory: str | Path, step: int, write: Callable[[Path], None
         durable.fsync_dir(tmp)
         os.rename(tmp, final)
         durable.fsync_dir(directory)
+        outputs.record_owned(directory, files=(POINTER,), dirs=(final.name,))
     except BaseException:
         durable.remove(tmp)
         raise
@@ -155,6 +165,7 @@ def write_version(directory: str | Path, step: int, write: Callable[[Path], None
         raise
     if previous is not None and previous.path != final:
         durable.remove(previous.path)
+        outputs.record_owned(directory, drop=(previous.path.name,))
     return final
 
 

@@ -56,7 +56,7 @@ def local_tensors(policy, optimizer) -> tuple[dict[str, torch.Tensor], dict[str,
 def save(directory: str | Path, policy, optimizer, step: int, rng: random.Random, config, ctx) -> None:
     import torch.distributed as dist
 
-    from quantroll.dist.collectives import broadcast_text
+    from quantroll.distributed.collectives import broadcast_text
 
     tensors, layout, optimizer_record = local_tensors(policy, optimizer)
     mine = shard_file(ctx.rank, ctx.world_size)

@@ -7,7 +7,7 @@ minibatch: for each micro-batch: logprobs -> PPO loss -> correction -> KL -> agg
 ``--micro-batch-size`` bounds the sequences in one forward pass (memory at long
 responses); the minibatch's loss and gradient do not depend on it, beyond float rounding.
 
-Across ranks (quantroll/dist/trainer_rows.py) each rank takes its share of every
+Across ranks (quantroll/distributed/trainer_rows.py) each rank takes its share of every
 minibatch's rows and the gradients sum over ranks (FSDP2); the old logprobs, routes and
 per-minibatch statistics are gathered, so every rank sees the whole batch's numbers and
 the metrics are those of one process. ``WholeBatch`` is the one-process case.

@@ -53,9 +53,28 @@ def read_problems(path: str | Path, input_key: str, label_key: str, flag: str = 
     return problems
 
 
+def check_vocabulary(problems: list[Problem], tokenizer, flag: str) -> None:
+    """Every character of every prompt and label has a token: one the tokenizer lacks would
+    silently become its unknown token (the character tokenizer's pad token), so the model
+    would see a prompt nobody wrote, or be rewarded against a label it can never spell.
+    One line naming the character and the file line."""
+    from quantroll.tasks.tokenizer import first_unknown
+
+    for problem in problems:
+        for what, text in (("prompt", problem.prompt), ("label", problem.label)):
+            bad = first_unknown(tokenizer, text)
+            if bad is not None:
+                code = " ".join(f"U+{ord(c):04X}" for c in bad[:4])
+                raise QuantrollError(f"{problem.where or flag}: the {what} holds {bad!r} ({code}), which the "
+                                     "checkpoint's tokenizer has no token for (it would silently become its unknown "
+                                     "token); remove or replace that character")
+
+
 def check_prompt_lengths(problems: list[Problem], tokenizer, context: int, max_new: int, flag: str) -> None:
-    """Every prompt, tokenized as the rollout will, leaves room for ``max_new`` tokens in
+    """Every prompt and label is spelled in the tokenizer's vocabulary (``check_vocabulary``),
+    and every prompt, tokenized as the rollout will, leaves room for ``max_new`` tokens in
     the model's ``context``; otherwise one line naming the file and line."""
+    check_vocabulary(problems, tokenizer, flag)
     for problem in problems:
         n = len(tokenizer.encode(problem.prompt, add_special_tokens=False).ids)
         if n == 0:

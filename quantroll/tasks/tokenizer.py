@@ -66,6 +66,22 @@ def write_char_tokenizer(directory: str | Path, max_length: int = 2048) -> None:
     }, indent=2) + "\n")
 
 
+def first_unknown(tokenizer, text: str) -> str | None:
+    """The first character (or piece) of ``text`` that ``tokenizer`` (a ``tokenizers``
+    Tokenizer) has no token for and would silently turn into its unknown token (the
+    character tokenizer's is the pad token), or None. Tokenizers without an unknown
+    token (byte-level BPE spells any text) never have one."""
+    unk = getattr(tokenizer.model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if unk else None
+    if unk_id is None:
+        return None
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+        if token_id == unk_id and text[start:end] != unk:
+            return text[start:end]
+    return None
+
+
 def load_tokenizer(checkpoint: Path):
     """The checkpoint's ``tokenizer.json`` (any HF tokenizer the ``tokenizers`` library
     reads); a missing file is a one-line error naming it."""

@@ -25,7 +25,7 @@ from quantroll.inputs import read_json
 
 WEIGHTS_FILE = "model.safetensors"
 # Suffixes of tensors that exist only inside a running model, never in a checkpoint.
-_INFERENCE_ONLY = ("qkv_proj.weight", "gate_up_proj.weight")
+_INFERENCE_ONLY = ("qkv_proj.weight", "gate_up_proj.weight", "qkv_proj.bias", "gate_up_proj.bias")
 # Non-weight files copied from the source besides config.json (rewritten).
 _COPIED = ("generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
            "chat_template.jinja", "chat_template.json")
@@ -68,10 +68,13 @@ def export_config(src_config: dict, model: torch.nn.Module, dtype: torch.dtype) 
     return cfg
 
 
-def save_hf_checkpoint(model: torch.nn.Module, src_dir: str | Path, out_dir: str | Path, *, force: bool = True,
-                       dtype: torch.dtype = torch.bfloat16, extra_files: dict[str, str] | None = None) -> Path:
-    """Write ``model`` as an HF checkpoint at ``out_dir`` (replaced atomically when ``force``),
-    taking config.json, generation_config.json and the tokenizer files from ``src_dir``.
+def save_hf_checkpoint(model: torch.nn.Module, src_dir: str | Path, out_dir: str | Path, *, force: bool = False,
+                       dtype: torch.dtype = torch.bfloat16, extra_files: dict[str, str] | None = None,
+                       what: str | None = None) -> Path:
+    """Write ``model`` as an HF checkpoint at ``out_dir``, taking config.json,
+    generation_config.json and the tokenizer files from ``src_dir``. An existing
+    ``out_dir`` is replaced (atomically) only with ``force`` and only when quantroll wrote
+    all of it (quantroll/outputs.py); ``what`` names it in messages ("--save-hf DIR").
     ``extra_files`` (file name -> text) are written beside them. Returns ``out_dir``."""
     src = Path(src_dir)
     cfg_path = src / "config.json"
@@ -79,7 +82,7 @@ def save_hf_checkpoint(model: torch.nn.Module, src_dir: str | Path, out_dir: str
         raise QuantrollError(f"{src}: config.json not found; the export takes config and tokenizer from there")
     config = export_config(read_json(cfg_path, "config", fix="fix or re-download it"), model, dtype)
     state = export_state_dict(model, dtype)
-    with atomic_directory(out_dir, force=force) as tmp:
+    with atomic_directory(out_dir, force=force, what=what) as tmp:
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for f in sorted(src.iterdir()):

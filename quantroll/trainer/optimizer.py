@@ -67,7 +67,7 @@ class MasterWeightAdamW:
 
     def export(self) -> tuple[list[torch.Tensor], dict]:
         """(FP32 master weights, AdamW's state_dict) as a save stores them: whole tensors.
-        A sharded optimizer (quantroll/dist/optimizer.py) gathers its shards here."""
+        A sharded optimizer (quantroll/distributed/optimizer.py) gathers its shards here."""
         return list(self.master), self.inner.state_dict()
 
     def load_state_dict(self, state: dict) -> None:

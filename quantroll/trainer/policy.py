@@ -17,10 +17,10 @@ import torch.utils.checkpoint
 from quantroll.errors import QuantrollError
 from quantroll.inputs import read_json
 from quantroll.model import invariant
+from quantroll.model.causal_lm import CausalLM
 from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
 from quantroll.model.loader import load_model
 from quantroll.model.moe import Routing
-from quantroll.model.qwen3 import Qwen3ForCausalLM
 
 
 def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> None:
@@ -37,7 +37,7 @@ def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> No
 
 
 def load_policy(checkpoint_dir: str | Path, device="cpu", dtype=torch.bfloat16,
-                kernels: KernelConfig = DEFAULT_KERNELS) -> Qwen3ForCausalLM:
+                kernels: KernelConfig = DEFAULT_KERNELS) -> CausalLM:
     """The trainable policy; ``kernels``: the forward's op forms (batch-invariant ones for
     true on-policy, where the backward still takes the ordinary kernels)."""
     refuse_quantized(checkpoint_dir)
@@ -72,14 +72,14 @@ def pad_batch(prompts: list[list[int]], responses: list[list[int]], device) -> t
 LOGPROB_CHUNK_ROWS = 2048
 
 
-def _token_logprobs(model: Qwen3ForCausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
+def _token_logprobs(model: CausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
     logits = model.logits(hidden).float()
     if model.kernels.batch_invariant:  # the engine's reported logprob (engine/sampling.py), same bits
         return invariant.log_softmax(logits / t).gather(-1, targets[:, None])[:, 0]
     return torch.log_softmax(logits / t, dim=-1).gather(-1, targets[:, None])[:, 0]
 
 
-def response_logprobs(model: Qwen3ForCausalLM, prompts: list[list[int]], responses: list[list[int]],
+def response_logprobs(model: CausalLM, prompts: list[list[int]], responses: list[list[int]],
                       temperature: float, routing: Routing | None = None,
                       chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, R] float32 of each response token, mask [B, R]); differentiable.

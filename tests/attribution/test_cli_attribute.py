@@ -39,9 +39,16 @@ def test_attribute_refuses_bad_flags(capsys, tmp_path, argv, match):
 
 
 def test_attribute_refuses_an_existing_output_dir(capsys, tmp_path):
-    (tmp_path / "out").mkdir()
-    refused(capsys, "attribute", "--output-dir", str(tmp_path / "out"), match="--force")
-    assert list((tmp_path / "out").iterdir()) == []
+    from quantroll.outputs import write_marker
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.txt").write_text("an earlier attribution")
+    write_marker(out)  # one quantroll wrote: replaced only with --force
+    refused(capsys, "attribute", "--output-dir", str(out), match="pass --force to replace it")
+    (out / "mine.txt").write_text("the user's")  # now it holds a file of the user's: refused, --force or not
+    refused(capsys, "attribute", "--output-dir", str(out), "--force", match="did not write (mine.txt)")
+    assert sorted(p.name for p in out.iterdir()) == [".quantroll", "mine.txt", "report.txt"]
 
 
 def test_compare_refuses_a_bad_exception_flag_set(capsys, tmp_path):

@@ -1,6 +1,9 @@
 """StreamingSafetensorsWriter output loads with safetensors; atomic_directory leaves nothing on error."""
 
 import json
+import os
+import shutil
+import stat
 import struct
 
 import pytest
@@ -75,11 +78,37 @@ def test_atomic_success_and_no_leftovers(tmp_path):
     assert sorted(p.name for p in dst.parent.iterdir()) == ["out"]
 
 
-def test_atomic_refuses_existing_without_force(tmp_path):
+def _written(dst, *names):
+    """A directory quantroll wrote (through atomic_directory, so it carries the marker)."""
+    with atomic_directory(dst, force=True) as tmp:
+        for name in names:
+            (tmp / name).write_text(name)
+    return dst
+
+
+def test_atomic_uses_an_empty_directory_and_refuses_its_own_without_force(tmp_path):
     (tmp_path / "out").mkdir()
-    with pytest.raises(QuantrollError, match="--force"):
+    with atomic_directory(tmp_path / "out") as tmp:  # empty: used without --force
+        (tmp / "f").write_text("new")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".quantroll", "f"]
+    assert json.loads((tmp_path / "out" / ".quantroll").read_text())["files"] == ["f"]
+    with pytest.raises(QuantrollError, match="already holds an output quantroll wrote; pass --force"):
         with atomic_directory(tmp_path / "out"):
             pass
+    assert (tmp_path / "out" / "f").read_text() == "new"
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_atomic_never_replaces_a_directory_with_files_it_did_not_write(tmp_path, force):
+    dst = _written(tmp_path / "out", "a")
+    (dst / "mine.txt").write_text("precious")
+    (dst / "sub").mkdir()
+    for name in ("x", "y", "z"):
+        (dst / "sub" / name).write_text(name)
+    with pytest.raises(QuantrollError, match=r"files quantroll did not write \(mine.txt, sub/x, sub/y and 1 more\)"):
+        with atomic_directory(dst, force=force):
+            raise AssertionError("the block must not run")
+    assert (dst / "mine.txt").read_text() == "precious" and (dst / "a").read_text() == "a"
 
 
 def test_atomic_refuses_a_file_even_with_force(tmp_path):
@@ -89,28 +118,57 @@ def test_atomic_refuses_a_file_even_with_force(tmp_path):
             pass
 
 
+def test_atomic_refuses_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for target in (".", str(tmp_path.parent)):
+        with pytest.raises(QuantrollError, match="current directory"):
+            with atomic_directory(target, force=True):
+                pass
+    assert tmp_path.is_dir()
+
+
 def test_atomic_force_replaces(tmp_path):
-    dst = tmp_path / "out"
-    dst.mkdir()
-    (dst / "old").write_text("old")
+    dst = _written(tmp_path / "out", "old")
     with atomic_directory(dst, force=True) as tmp:
         (tmp / "new").write_text("new")
-    assert sorted(p.name for p in dst.iterdir()) == ["new"]
+    assert sorted(p.name for p in dst.iterdir()) == [".quantroll", "new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_atomic_files_follow_the_umask(tmp_path, umask):
+    """A file a library wrote 0600 (safetensors' save_file) or a copy of a read-only file
+    gets what the umask gives a new file; directories what it gives mkdir."""
+    from safetensors.torch import save_file
+
+    old = os.umask(umask)
+    try:
+        src = tmp_path / "ro.txt"
+        src.write_text("x")
+        src.chmod(0o400)
+        with atomic_directory(tmp_path / "out") as tmp:
+            save_file({"a": torch.zeros(2)}, str(tmp / "model.safetensors"))
+            shutil.copy2(src, tmp / "copied.txt")
+            (tmp / "sub").mkdir(mode=0o700)
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "copied.txt", ".quantroll"):
+        assert stat.S_IMODE(os.stat(tmp_path / "out" / name).st_mode) == 0o666 & ~umask, name
+    for d in ("out", "out/sub"):
+        assert stat.S_IMODE(os.stat(tmp_path / d).st_mode) == 0o777 & ~umask, d
 
 
 @pytest.mark.parametrize("force", [False, True])
 def test_atomic_error_leaves_nothing_and_keeps_old(tmp_path, force):
     dst = tmp_path / "a" / "out"
     if force:
-        dst.mkdir(parents=True)
-        (dst / "old").write_text("old")
+        _written(dst, "old")
     with pytest.raises(RuntimeError):
         with atomic_directory(dst, force=force) as tmp:
             (tmp / "half").write_text("x")
             raise RuntimeError("boom")
     if force:
-        assert sorted(p.name for p in dst.iterdir()) == ["old"]
+        assert sorted(p.name for p in dst.iterdir()) == [".quantroll", "old"]
         assert sorted(p.name for p in dst.parent.iterdir()) == ["out"]
     else:
         assert not (tmp_path / "a").exists()  # the parent it created is gone too

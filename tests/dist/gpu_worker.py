@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from quantroll.dist.collectives import all_gather_varlen, tensor_to_text, text_to_tensor
-from quantroll.dist.context import from_environ, init_process_group
-from quantroll.dist.placement import Ranks
+from quantroll.distributed.collectives import all_gather_varlen, tensor_to_text, text_to_tensor
+from quantroll.distributed.context import from_environ, init_process_group
+from quantroll.distributed.placement import Ranks
 from tests.dist import scenarios
 from tests.dist.worker import BUCKET, digest
 

@@ -18,9 +18,9 @@ import sys
 import torch
 
 from quantroll.builtin import builtin_checkpoint
-from quantroll.dist import weight_broadcast
-from quantroll.dist.context import from_environ, init_process_group
-from quantroll.dist.placement import Ranks
+from quantroll.distributed import weight_broadcast
+from quantroll.distributed.context import from_environ, init_process_group
+from quantroll.distributed.placement import Ranks
 from quantroll.engine import Engine
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.trainer.policy import load_policy

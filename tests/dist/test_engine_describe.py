@@ -6,7 +6,7 @@ loopback, so the server's reply is what the trainer side reads."""
 
 from types import SimpleNamespace
 
-from quantroll.dist import engine_ranks
+from quantroll.distributed import engine_ranks
 
 
 class _Loopback:

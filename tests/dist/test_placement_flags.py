@@ -4,8 +4,8 @@ the flag for each one that cannot be placed (before Ray or any rank starts)."""
 import pytest
 
 from quantroll.cli import main
-from quantroll.dist.context import from_environ
-from quantroll.dist.ray_launch import RayPlacement
+from quantroll.distributed.context import from_environ
+from quantroll.distributed.ray_launch import RayPlacement
 from quantroll.errors import QuantrollError
 
 

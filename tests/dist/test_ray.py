@@ -28,7 +28,7 @@ PLACEMENTS = {"colocated": ({"actor_num_gpus_per_node": 2, "colocate": True}, 0,
 
 @pytest.fixture(scope="module", params=list(PLACEMENTS))
 def ray_ranks(request, engines, tmp_path_factory):
-    from quantroll.dist.ray_launch import RayPlacement, launch
+    from quantroll.distributed.ray_launch import RayPlacement, launch
 
     flags, engine_ranks, cases = PLACEMENTS[request.param]
     out = tmp_path_factory.mktemp("ray")

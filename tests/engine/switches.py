@@ -41,7 +41,7 @@ def switched(module, name: str, value):
 
 
 def fused_forward(inner, shape: tuple[int, int], vocab: int) -> torch.Tensor:
-    """Qwen3Model._forward_fused (the engine's GPU path, every residual add inside the next
+    """DecoderStack._forward_fused (the engine's GPU path, every residual add inside the next
     norm) on random token ids of ``shape`` [B, T], positions 0..T-1, CPU tensors; the
     caller makes ``layers._on_gpu`` answer True so that the GPU branches run."""
     from quantroll.model.layers import causal_attend

@@ -181,8 +181,9 @@ def test_malformed_requests_are_refused_in_one_line(dense_engine):
 
 
 def test_unknown_model_type_lists_supported(tiny_qwen3_dir, tmp_path):
-    bad = copy_editing_config(tiny_qwen3_dir, tmp_path / "llama", lambda cfg: cfg.update(model_type="llama"))
-    with pytest.raises(QuantrollError, match="supported: qwen3, qwen3_moe"):
+    bad = copy_editing_config(tiny_qwen3_dir, tmp_path / "gpt2", lambda cfg: cfg.update(model_type="gpt2"))
+    with pytest.raises(QuantrollError, match="model_type 'gpt2' is not supported; supported model_type values: "
+                                             "qwen3, qwen3_moe, llama, qwen2"):
         Engine(bad)
 
 

@@ -84,6 +84,11 @@ CASES = [
        | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},
        dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv", BLOCK_SIZE=16), dict(num_warps=1))
       for kv in ("bf16", "fp8e4nv")],
+    *[("rope_store_triton", "rope_store_kv_kernel",  # the store kernel of families without QK-norm
+       {p: "bf16" for p in ("qkv_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
+       | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},
+       dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv", BLOCK_SIZE=16), dict(num_warps=1))
+      for kv in ("bf16", "fp8e4nv")],
     *[("moe_triton", "grouped_gemm_kernel", {"a_ptr": a, "as_ptr": "fp32", "w_ptr": a, "ws_ptr": "fp32",
                                              "c_ptr": "bf16", "sorted_ptr": "i64", "block_expert_ptr": "i64"},
        dict(A_ROW_IS_TOKEN=True, FP8=a == "fp8e4nv", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128),

@@ -32,16 +32,6 @@ def test_tiled_gemm_row_does_not_depend_on_the_batch(n, k):
     assert torch.allclose(invariant.matmul_tiles(x, w, 16), F.linear(x, w), atol=1e-4)
 
 
-def test_plain_mkl_gemm_is_batch_variant_here_or_the_tiles_are_moot():
-    """Why the tiles exist: on this CPU a row of F.linear changes with the row count (a
-    control; if some BLAS makes this pass, the tiles cost time for nothing)."""
-    w = torch.randn(512, 256).bfloat16().float()
-    x = torch.randn(64, 256)
-    rows = [F.linear(x[:m], w)[0] for m in (1, 2, 3, 5, 7, 16, 64)]
-    if all(torch.equal(r, rows[0]) for r in rows):
-        pytest.skip("this BLAS computes a row the same at every row count")
-
-
 def test_attention_decode_prefill_and_causal_agree_bitwise():
     torch.manual_seed(0)
     s, t, h, hkv, d = 2, 11, 4, 2, 16

@@ -4,9 +4,9 @@ checkpoint, in float32 on CPU: max |diff| <= 1e-4."""
 import pytest
 import torch
 
+from quantroll.model.causal_lm import CausalLM
 from quantroll.model.config import config_from_dict
 from quantroll.model.moe import RecordRouting, ReplayRouting
-from quantroll.model.qwen3 import Qwen3ForCausalLM
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,7 +20,7 @@ def _pair(hf_config):
             if "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     cfg = config_from_dict(hf_config.to_dict())
-    ours = Qwen3ForCausalLM(cfg, dtype=torch.float32).eval()
+    ours = CausalLM(cfg, dtype=torch.float32).eval()
     state = hf.state_dict()
     if any(hasattr(layer.mlp, "experts") for layer in hf.model.layers):
         state = _unfuse_experts(hf, state)

@@ -48,9 +48,10 @@ def test_output_paths_are_checked_before_any_work(tmp_path):
     a_file = tmp_path / "afile"
     a_file.write_text("x")
     cases = [
-        (TrainConfig.of(save_hf=str(precious)), "--save-hf .* exists and is not empty"),
-        (TrainConfig.of(save=str(precious), save_interval=1), "holds 'precious.txt', which no save wrote"),
-        (TrainConfig.of(convert_dir=str(precious), rollout_precision="fp8"), "is not a quantroll conversion"),
+        (TrainConfig.of(save_hf=str(precious)), r"--save-hf .* holds files quantroll did not write \(precious.txt\)"),
+        (TrainConfig.of(save_hf=str(precious), force=True), "did not write .* --force or not"),
+        (TrainConfig.of(save=str(precious), save_interval=1), r"--save .* did not write \(precious.txt\)"),
+        (TrainConfig.of(convert_dir=str(precious), rollout_precision="fp8"), r"--convert-dir .* did not write"),
         (TrainConfig.of(save_hf=str(a_file / "hf")), "afile is a file, not a directory"),
         (TrainConfig.of(metrics_file=str(tmp_path)), "is a directory; give a file path"),
         (TrainConfig.of(tensorboard_dir=str(a_file)), "is a file; give a directory path"),
@@ -109,4 +110,4 @@ def test_inspect_checks_its_json_path_first(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--json", str(tmp_path)]) == 2
     assert "is a directory; give a file path" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path), "--json", str(tmp_path / "no" / "r.json")]) == 2
-    assert "is not a directory; create it first" in capsys.readouterr().err
+    assert "does not exist; create it first" in capsys.readouterr().err

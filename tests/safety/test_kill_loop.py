@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from quantroll.locks import LOCK_NAME
+from quantroll.outputs import read_marker
 from quantroll.rl import savedir
 from tests.safety.child import forkserver
 from tests.safety.helpers import train_args, write_model
@@ -90,6 +91,7 @@ def test_kill_during_training_and_saves_then_resume(tmp_path):
     assert steps == list(range(final)), "a metrics line was lost or repeated"
     assert savedir.latest(save).step == final - 1
     left = sorted(p.name for p in save.iterdir())
-    assert left == ["LATEST", savedir.latest(save).path.name], left  # no partial, no old version, no lock
+    assert left == [".quantroll", "LATEST", savedir.latest(save).path.name], left  # no partial, old version, lock
+    assert read_marker(save) == ({"LATEST"}, {savedir.latest(save).path.name})  # the marker names what is there
     assert LOCK_NAME not in left
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary files

@@ -61,7 +61,8 @@ def test_a_save_holds_only_tensors_and_json(model, tmp_path):
     save = tmp_path / "s"
     assert main(train_args(model, "--save", str(save), "--save-interval", "1")) == 0
     entries = sorted(p.name for p in save.iterdir())
-    assert entries[0] == "LATEST" and len(entries) == 2, entries
+    assert entries[:2] == [".quantroll", "LATEST"] and len(entries) == 3, entries
+    assert json.loads((save / ".quantroll").read_text())["files"] == ["LATEST"]  # the marker is JSON too
     version = save / json.loads((save / "LATEST").read_text())["state"]
     assert sorted(p.name for p in version.iterdir()) == ["state.json", "state.safetensors"]
     record = json.loads((version / "state.json").read_text())

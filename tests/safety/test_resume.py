@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from quantroll.cli import main
+from quantroll.outputs import read_marker
 from quantroll.rl import savedir
 from tests.safety import faults
 from tests.safety.helpers import assert_refused, run_cli, train_args, write_model
@@ -73,7 +74,8 @@ def test_leftovers_of_killed_saves_are_removed_at_the_next_start(model, tmp_path
     rc, out, err = run_cli(capsys, _run(model, tmp_path, "--load", str(save), "--num-rollout", "3"))
     assert rc == 0, err
     assert "removed 5 leftover(s) of an interrupted save" in out
-    assert sorted(p.name for p in save.iterdir()) == ["LATEST", savedir.latest(save).path.name]
+    assert sorted(p.name for p in save.iterdir()) == [".quantroll", "LATEST", savedir.latest(save).path.name]
+    assert read_marker(save) == ({"LATEST"}, {savedir.latest(save).path.name})  # what the directory holds, no more
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
@@ -87,7 +89,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_state(model, tmp_path, cap
     assert_refused(rc, out, err, f"cannot write --save {save}: no space left on the device", "train")
     saved = savedir.latest(save)
     assert saved.step == 1  # step 1's state was written; step 2's failed and left nothing
-    assert sorted(p.name for p in save.iterdir()) == ["LATEST", saved.path.name]
+    assert sorted(p.name for p in save.iterdir()) == [".quantroll", "LATEST", saved.path.name]
     assert main(_run(model, tmp_path, "--load", str(save), "--num-rollout", "4")) == 0  # resumes after step 1
     assert _steps(tmp_path / "m.jsonl") == [0, 1, 2, 3]
 

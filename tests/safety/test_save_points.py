@@ -47,5 +47,6 @@ def test_a_save_stopped_at_any_point_leaves_the_old_or_the_new_state(tmp_path):
         for name, value in expected[step].items():
             assert torch.equal(model.state_dict()[name], value), (stop, step, name)
         savedir.clean(d)  # what the next start does, under the lock
-        assert sorted(p.name for p in d.iterdir()) == sorted([savedir.POINTER, savedir.latest(d).path.name]), stop
+        assert sorted(p.name for p in d.iterdir()) == sorted([".quantroll", savedir.POINTER,
+                                                              savedir.latest(d).path.name]), stop
     assert seen == {0, 1}  # stopped early, the old state; late, the new one

@@ -1,6 +1,8 @@
 """save_hf_checkpoint: a trained policy as an HF BF16 checkpoint that everything loads."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -69,7 +71,8 @@ def test_config_tokenizer_and_generation_config_come_from_the_source(src, tmp_pa
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).read_bytes() == (src / name).read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"])
+        [".quantroll", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+         "tokenizer_config.json"])
 
 
 def test_fused_engine_model_exports_only_checkpoint_tensors(src, tmp_path):
@@ -130,14 +133,29 @@ def test_export_is_atomic_and_replaces_an_old_directory(src, tmp_path, monkeypat
 
     monkeypatch.setattr(export, "save_file", boom)
     with pytest.raises(RuntimeError, match="disk full"):
-        save_hf_checkpoint(policy, src, out)
+        save_hf_checkpoint(policy, src, out, force=True)
     assert (out / "model.safetensors").read_bytes() == before  # the old one, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no partial directory left
     monkeypatch.undo()
-    save_hf_checkpoint(policy, src, out)
+    save_hf_checkpoint(policy, src, out, force=True)
     assert (out / "model.safetensors").read_bytes() != before
-    with pytest.raises(QuantrollError, match="already exists"):
-        save_hf_checkpoint(policy, src, out, force=False)
+    with pytest.raises(QuantrollError, match="--save-hf o already holds an output quantroll wrote; pass --force"):
+        save_hf_checkpoint(policy, src, out, what="--save-hf o")
+
+
+def test_export_never_replaces_the_users_files_and_follows_the_umask(src, tmp_path):
+    policy = load_policy(src)
+    old = os.umask(0o027)
+    try:
+        out = save_hf_checkpoint(policy, src, tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o640  # not safetensors' 0600
+    (out / "notes.txt").write_text("mine")
+    before = (out / "model.safetensors").read_bytes()
+    with pytest.raises(QuantrollError, match=r"did not write \(notes.txt\).*--force or not"):
+        save_hf_checkpoint(policy, src, out, force=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").read_bytes() == before
 
 
 def test_quantized_model_and_mismatched_source_are_refused(src, tmp_path):

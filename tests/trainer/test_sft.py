@@ -124,6 +124,15 @@ def test_sft_command_prints_accuracy_and_saves(tmp_path, capsys):
     assert "greedy accuracy on 8 held-out problems: before" in text and "after" in text
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert main(["sft", "--save", str(out), "--digits", "0"]) == 2
+    small = ["sft", "--save", str(out), "--steps", "1", "--batch-size", "8", "--eval-size", "8"]
+    assert main(small) == 2  # its own checkpoint: replaced only with --force, refused before training
+    assert "already holds an output quantroll wrote; pass --force" in capsys.readouterr().err
+    before = (out / "model.safetensors").read_bytes()
+    assert main([*small, "--seed", "1", "--force"]) == 0
+    assert (out / "model.safetensors").read_bytes() != before
+    (out / "mine.txt").write_text("the user's")  # issue 41: sft --save used to delete the directory with this in it
+    assert main([*small, "--force"]) == 2
+    assert "did not write (mine.txt)" in capsys.readouterr().err and (out / "mine.txt").read_text() == "the user's"
 
 
 @pytest.mark.slow

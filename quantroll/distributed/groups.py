@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quantroll.dist.context import PHASE_TIMEOUT, DistContext
+from quantroll.distributed.context import PHASE_TIMEOUT, DistContext
 
 
 @dataclass(frozen=True)

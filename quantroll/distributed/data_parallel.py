@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import torch
 
-from quantroll.dist.collectives import agree, all_gather_varlen, all_sum
-from quantroll.dist.context import DistContext
+from quantroll.distributed.collectives import agree, all_gather_varlen, all_sum
+from quantroll.distributed.context import DistContext
 from quantroll.engine.sampling import SEED_LIMIT, SamplingParams
 
 FINISH_REASONS = ("stop", "length")

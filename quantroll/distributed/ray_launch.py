@@ -5,11 +5,11 @@ Ray is an optional extra (``pip install -e '.[ray]'``); torchrun needs nothing b
 torch. The driver (the ``quantroll train`` process) starts a local Ray cluster when none
 is given (``ray.init()``; ``RAY_ADDRESS`` joins one), reserves one bundle per rank in a
 placement group (one GPU each on CUDA, a CPU share on a CPU), hosts the rendezvous store
-itself (so it outlives any rank: quantroll/dist/liveness.py reads the heartbeats there),
+itself (so it outlives any rank: quantroll/distributed/liveness.py reads the heartbeats there),
 and starts one actor per rank with the variables torchrun would set. Each actor then runs
 exactly what a torchrun rank runs.
 
-Placements (quantroll/dist/groups.py):
+Placements (quantroll/distributed/groups.py):
 - colocated (``--colocate``): every rank one trainer shard and one engine on its GPU, so
   ``--rollout-num-gpus`` equals the trainer's GPUs;
 - engines on GPUs of their own (``--rollout-num-gpus R`` without ``--colocate``): the
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from quantroll.dist.context import STORE_ENV
+from quantroll.distributed.context import STORE_ENV
 from quantroll.errors import QuantrollError
 
 T = TypeVar("T")
@@ -93,7 +93,7 @@ def launch(target: Callable[[], T], placement: RayPlacement, device: str, log=pr
     ``engine_ranks=placement.engine_ranks``)."""
     import torch
 
-    from quantroll.dist.placement import RankFailure
+    from quantroll.distributed.placement import RankFailure
 
     ray = import_ray()
     from ray.util.placement_group import placement_group

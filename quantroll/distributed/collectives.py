@@ -3,7 +3,7 @@ what crosses between ranks is tensors and UTF-8 text, as in every file quantroll
 
 Every function here must be called by every rank of the group, in the same order. The
 group is the context's (``ctx.group``: the world, or the trainer or engine ranks alone,
-quantroll/dist/groups.py); a ``src`` is a rank within it.
+quantroll/distributed/groups.py); a ``src`` is a rank within it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from quantroll.errors import NonFiniteError, QuantrollError
-from quantroll.dist.context import DistContext
+from quantroll.distributed.context import DistContext
 
 T = TypeVar("T")
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name

@@ -16,9 +16,9 @@ import math
 
 import torch
 
-from quantroll.dist.collectives import all_sum
-from quantroll.dist.context import DistContext
-from quantroll.dist.fsdp import gather_like, local_shard
+from quantroll.distributed.collectives import all_sum
+from quantroll.distributed.context import DistContext
+from quantroll.distributed.fsdp import gather_like, local_shard
 from quantroll.trainer.optimizer import MasterWeightAdamW
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from quantroll.dist.collectives import all_gather_rows, all_gather_varlen, all_sum, all_true
-from quantroll.dist.context import DistContext
-from quantroll.dist.data_parallel import share
+from quantroll.distributed.collectives import all_gather_rows, all_gather_varlen, all_sum, all_true
+from quantroll.distributed.context import DistContext
+from quantroll.distributed.data_parallel import share
 from quantroll.errors import QuantrollError
 
 

@@ -4,7 +4,7 @@ weight sync walks.
 Precision, and why it is set this way: the parameters FSDP2 shards are the policy's own
 (BF16 on a GPU; on a CPU float32 tensors holding BF16 values, quantroll/compute.py), the
 FP32 master weights and AdamW moments live, sharded the same way, in the optimizer
-(quantroll/dist/optimizer.py), and gradients are reduce-scattered in float32
+(quantroll/distributed/optimizer.py), and gradients are reduce-scattered in float32
 (``MixedPrecisionPolicy(reduce_dtype=float32)``). The forward therefore computes on the
 rounded BF16 weights exactly as one process does, so the two agree to float rounding.
 (FSDP2's other arrangement, FP32 parameters cast to ``param_dtype=bfloat16`` at each
@@ -12,8 +12,8 @@ all-gather, computes the same forward on a GPU but cannot express the CPU's "flo
 compute on BF16 values": it would compute on unrounded masters there.)
 
 Units: each decoder layer is one FSDP2 group, the embedding and final norm another
-(``model.model``, whose forward ``Qwen3ForCausalLM.hidden`` calls), ``lm_head`` a third
-(``Qwen3ForCausalLM.logits`` calls it directly, outside the root's forward). The weight
+(``model.model``, whose forward ``CausalLM.hidden`` calls), ``lm_head`` a third
+(``CausalLM.logits`` calls it directly, outside the root's forward). The weight
 sync gathers one unit at a time, so its memory is one layer's full weights.
 """
 

@@ -1,18 +1,18 @@
 """The RL loop's pieces as ranks of a multi-process run, in either of Miles' placements
-(quantroll/dist/groups.py): colocated (``--colocate``: every rank holds one trainer shard
+(quantroll/distributed/groups.py): colocated (``--colocate``: every rank holds one trainer shard
 and one whole engine on its device), or engines on ranks of their own (``--rollout-num-gpus
 R``: the loop runs on the trainer ranks, the engine ranks serve its requests,
-dist/engine_ranks.py).
+distributed/engine_ranks.py).
 
-- the policy: FSDP2 over the trainer ranks, ``fully_shard`` per decoder layer (dist/fsdp.py);
-- the optimizer: FP32 masters and moments of this rank's shards (dist/optimizer.py);
-- the engines: data-parallel, one per engine rank (dist/data_parallel.py; from a trainer
+- the policy: FSDP2 over the trainer ranks, ``fully_shard`` per decoder layer (distributed/fsdp.py);
+- the optimizer: FP32 masters and moments of this rank's shards (distributed/optimizer.py);
+- the engines: data-parallel, one per engine rank (distributed/data_parallel.py; from a trainer
   rank of its own, ``RemoteEngines``);
 - the sync: unshard layer by layer, quantize on rank 0, broadcast to every engine
-  (dist/weight_broadcast.py);
-- the rows each trainer rank trains on (dist/trainer_rows.py);
+  (distributed/weight_broadcast.py);
+- the rows each trainer rank trains on (distributed/trainer_rows.py);
 - failures: a rank's refusal reaches every rank (``agree``), and a collective that fails
-  because a rank died names that rank (``stage`` and dist/liveness.py).
+  because a rank died names that rank (``stage`` and distributed/liveness.py).
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import contextlib
 
 import torch
 
-from quantroll.dist.collectives import PeerFailed, agree, all_max
-from quantroll.dist.context import DistContext
-from quantroll.dist.data_parallel import DataParallelEngines
-from quantroll.dist.engine_ranks import EngineRequests, EngineServer, describe_engines
-from quantroll.dist.fsdp import full_tensor, shard_policy
-from quantroll.dist.groups import RankGroups
-from quantroll.dist.liveness import Stopped
-from quantroll.dist.optimizer import ShardedMasterAdamW
-from quantroll.dist.trainer_rows import RankRows
-from quantroll.dist.weight_broadcast import BroadcastWeightSync
+from quantroll.distributed.collectives import PeerFailed, agree, all_max
+from quantroll.distributed.context import DistContext
+from quantroll.distributed.data_parallel import DataParallelEngines
+from quantroll.distributed.engine_ranks import EngineRequests, EngineServer, describe_engines
+from quantroll.distributed.fsdp import full_tensor, shard_policy
+from quantroll.distributed.groups import RankGroups
+from quantroll.distributed.liveness import Stopped
+from quantroll.distributed.optimizer import ShardedMasterAdamW
+from quantroll.distributed.trainer_rows import RankRows
+from quantroll.distributed.weight_broadcast import BroadcastWeightSync
 from quantroll.errors import QuantrollError
 
 
@@ -167,7 +167,7 @@ class Ranks:
             raise self.failure(where) from None
 
     def failure(self, where: str) -> RankFailure:
-        from quantroll.dist.liveness import describe_failure
+        from quantroll.distributed.liveness import describe_failure
 
         return RankFailure(f"{describe_failure(self.store, self.ctx.world_size, self.ctx.rank, where)}; the run is "
                            "stopped: resume it with --load from the last save")

@@ -2,7 +2,7 @@
 trainer ranks ask, the engine ranks serve.
 
 Trainer rank 0 sends each request over the broadcast group (itself and the engine
-ranks, quantroll/dist/groups.py) as one JSON line; the engine ranks run a loop that
+ranks, quantroll/distributed/groups.py) as one JSON line; the engine ranks run a loop that
 takes the next request and serves it (``EngineServer``), so they need to know nothing of
 the RL loop's order of stages (evaluation, rollout, the first-update check, resume):
 
@@ -13,7 +13,7 @@ the RL loop's order of stages (evaluation, rollout, the first-update check, resu
               which the trainer ranks' descriptions on the meta device cannot tell
     sync      the units of the weight broadcast (the trainer's parameter names per FSDP2
               unit) and the bucket size: the engine ranks build their receiving side
-    update    one weight update (dist/weight_broadcast.py): trainer rank 0 quantizes and
+    update    one weight update (distributed/weight_broadcast.py): trainer rank 0 quantizes and
               broadcasts, the engine ranks load in place
     check     --check-weight-update-equal: every engine rank checks the next update
               against its checkpoint; the outcome is agreed over every rank
@@ -34,10 +34,10 @@ from dataclasses import asdict
 
 import torch
 
-from quantroll.dist.collectives import PeerFailed, agree, all_max, broadcast_tensor, broadcast_text
-from quantroll.dist.data_parallel import DataParallelEngines, pack, unpack
-from quantroll.dist.fsdp import ShardUnit
-from quantroll.dist.groups import RankGroups
+from quantroll.distributed.collectives import PeerFailed, agree, all_max, broadcast_tensor, broadcast_text
+from quantroll.distributed.data_parallel import DataParallelEngines, pack, unpack
+from quantroll.distributed.fsdp import ShardUnit
+from quantroll.distributed.groups import RankGroups
 from quantroll.engine.sampling import SamplingParams
 from quantroll.errors import NonFiniteError, QuantrollError
 
@@ -172,7 +172,7 @@ class EngineServer:
         send_results(self.groups, self.engine, results, self.engines.last_stats)
 
     def _sync(self, request: dict) -> None:
-        from quantroll.dist.weight_broadcast import BroadcastWeightSync
+        from quantroll.distributed.weight_broadcast import BroadcastWeightSync
 
         self.sync = None  # the old buffers first
         units = [ShardUnit(None, tuple(names)) for names in request["units"]]

@@ -1,6 +1,8 @@
-"""Qwen3 and Qwen3-MoE causal language models in plain PyTorch.
+"""The decoder-only causal language model of every family (model/families/), in plain PyTorch.
 
-Module and parameter names are the checkpoint's names, so a state dict loads by name.
+What a family changes (QK-norm, biases, MoE layers, rope variant) arrives as data in the
+``ModelConfig`` (``cfg.block``, ``cfg.is_moe_layer``, ``cfg.rope``); nothing here names a
+family. Module and parameter names are the checkpoint's names, so a state dict loads by name.
 Which linears are quantized, and in which format, is decided by ``fmt_for(name)``
 (the loader derives it from the checkpoint); everything else stays in the model dtype.
 """
@@ -29,7 +31,8 @@ class DecoderLayer(torch.nn.Module):
         if cfg.is_moe_layer(i):
             self.mlp: torch.nn.Module = SparseMoE(cfg, i, fmt_for, dtype, device)
         else:
-            self.mlp = MLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.intermediate_size, fmt_for, dtype, device)
+            self.mlp = MLP(f"model.layers.{i}.mlp.", cfg.hidden_size, cfg.intermediate_size, fmt_for, dtype, device,
+                           cfg.block.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
@@ -48,7 +51,7 @@ class DecoderLayer(torch.nn.Module):
         return x + (self.mlp(h, routing) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
 
 
-class Qwen3Model(torch.nn.Module):
+class DecoderStack(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
         self.embed_tokens = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
@@ -85,15 +88,15 @@ class Qwen3Model(torch.nn.Module):
         return add_rmsnorm(x, delta, self.norm.weight, self.norm.eps, kernels=gpu)[1]
 
 
-class Qwen3ForCausalLM(torch.nn.Module):
-    """Qwen3 / Qwen3-MoE. ``forward`` returns logits; ``hidden`` + ``logits`` split it
+class CausalLM(torch.nn.Module):
+    """A decoder-only LM of any registered family (transformers' ``*ForCausalLM``). ``forward`` returns logits; ``hidden`` + ``logits`` split it
     so that an engine computes the vocabulary projection only where it samples."""
 
     def __init__(self, cfg: ModelConfig, fmt_for: FormatFor = bf16_everywhere, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.config = cfg
         self.kernels: KernelConfig = DEFAULT_KERNELS
-        self.model = Qwen3Model(cfg, fmt_for, dtype, device)
+        self.model = DecoderStack(cfg, fmt_for, dtype, device)
         self.lm_head = QLinear(cfg.hidden_size, cfg.vocab_size, fmt=None, name="lm_head", dtype=dtype, device=device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -123,7 +126,7 @@ class Qwen3ForCausalLM(torch.nn.Module):
     def enable_fused_kernels_(self) -> None:
         """Use the fused Triton kernels for norms, residuals, silu*up (GPU inference)."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP, Qwen3Model)):
+            if isinstance(module, (RMSNorm, MLP, DecoderStack)):
                 module.fused = True
 
     def fuse_projections_(self) -> None:

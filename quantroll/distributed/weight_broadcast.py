@@ -29,7 +29,7 @@ An update is loaded bucket by bucket (each bucket all or nothing) and its versio
 once, at the end; an update that fails midway stops the run, so a half-updated engine is
 never sampled from.
 
-Roles (quantroll/dist/groups.py). Colocated, every rank holds a trainer shard and an
+Roles (quantroll/distributed/groups.py). Colocated, every rank holds a trainer shard and an
 engine: it unshards, and loads what the source sends. With engines on ranks of their
 own, the trainer ranks unshard (FSDP2 over the trainer group), trainer rank 0 quantizes
 and sends over the broadcast group (itself and the engine ranks) without loading (its
@@ -47,11 +47,11 @@ from dataclasses import dataclass
 
 import torch
 
-from quantroll.dist.buckets import DEFAULT_BUCKET_BYTES, Bucket, first_difference, layout, manifest, pack_into, views
-from quantroll.dist.collectives import all_max, all_true, broadcast, broadcast_text
-from quantroll.dist.context import DistContext
-from quantroll.dist.fsdp import ShardUnit
-from quantroll.dist.unit_verdicts import UnitVerdicts
+from quantroll.distributed.buckets import DEFAULT_BUCKET_BYTES, Bucket, first_difference, layout, manifest, pack_into, views
+from quantroll.distributed.collectives import all_max, all_true, broadcast, broadcast_text
+from quantroll.distributed.context import DistContext
+from quantroll.distributed.fsdp import ShardUnit
+from quantroll.distributed.unit_verdicts import UnitVerdicts
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.sync.update_quantizer import UpdateQuantizer

@@ -6,9 +6,9 @@ world of one, is a one-process run and gets no context at all (``from_environ`` 
 None), so the one-process code paths never see a collective.
 
 A context is also the view of one process group (``subgroup``): the trainer ranks, the
-engine ranks, or trainer rank 0 with the engine ranks (quantroll/dist/groups.py). Its
+engine ranks, or trainer rank 0 with the engine ranks (quantroll/distributed/groups.py). Its
 ``rank`` and ``world_size`` are then within that group, so every collective written for
-the world (quantroll/dist/collectives.py) runs unchanged over any group.
+the world (quantroll/distributed/collectives.py) runs unchanged over any group.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 # With engines on ranks of their own a rank also waits a whole phase in a collective (an
 # engine rank for trainer rank 0's next request while the trainer steps or saves, a trainer
 # rank for the engines' results while they roll out): those groups wait this long. A dead
-# peer still fails them at once, and the heartbeats name it (quantroll/dist/liveness.py).
+# peer still fails them at once, and the heartbeats name it (quantroll/distributed/liveness.py).
 PHASE_TIMEOUT = timedelta(hours=24)
 STORE_ENV = "QUANTROLL_STORE"  # host:port of a rendezvous store the launcher hosts (else MASTER_ADDR/PORT)
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from quantroll.dist.collectives import PeerFailed, agree, broadcast, broadcast_text
-from quantroll.dist.context import DistContext
+from quantroll.distributed.collectives import PeerFailed, agree, broadcast, broadcast_text
+from quantroll.distributed.context import DistContext
 from quantroll.errors import NonFiniteError, QuantrollError
 
 OK, NON_FINITE, REFUSED, PEER = 0, 1, 2, 3  # PEER: the text already names the rank that failed

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16,
                           **({"skip": tuple(args.skip)} if args.skip else {})}, args.eval_interval,
                          {p: exceptions.convert_fields() for p in _low_precisions(specs)}
-                         if exceptions not in (None, "auto") else {}, args.save_interval)
+                         if exceptions not in (None, "auto") else {}, args.save_interval, SavedStates())
     _check_runs(setup, specs)
     fresh = not out.exists()
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
@@ -324,7 +324,7 @@ def _run_matrix(setup, specs, label, args) -> int:
     try:
         for i, spec in enumerate(specs, 1):
             print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
-            record = run_one(setup, spec, checkpoints, train_config, log=print, states=SavedStates())
+            record = run_one(setup, spec, checkpoints, train_config, log=print)
             if record["status"] == "failed":
                 print(f"  failed: {record['error']}")
     except KeyboardInterrupt:

@@ -39,6 +39,17 @@ from quantroll.outputs import write_owned_file
 STATE_DIR = "state"  # the run's --save directory, under its run directory
 
 
+class RunStates(Protocol):
+    """What the runner needs of a run's ``--save`` directory; the command layer gives it
+    (rl/savedir.py owns the format, and compare does not import rl)."""
+
+    def saved_step(self, directory: Path) -> int | None:
+        """The last step saved there (None: nothing, or a damaged state, to be replaced)."""
+
+    def wipe(self, directory: Path) -> None:
+        """Delete the state there, for a fresh start."""
+
+
 @dataclass(frozen=True)
 class CompareSetup:
     out_dir: Path
@@ -54,6 +65,7 @@ class CompareSetup:
     eval_interval: int = 0  # held-out evaluation of the main runs (step 0, every N, last); sweep runs never
     exceptions: dict = field(default_factory=dict)  # precision -> ConvertConfig fields of its BF16 exceptions
     save_interval: int = 0  # every run saves its state every N steps (and at its end) to resume from; 0: never
+    states: RunStates | None = None  # reads and wipes those saves (the command layer's; needed with save_interval)
 
 
 def exception_args(setup: CompareSetup, precision: str) -> dict:
@@ -108,17 +120,6 @@ def _same_run(a: list[str] | None, b: list[str]) -> bool:
     return a is not None and masked(list(a)) == masked(b)
 
 
-class RunStates(Protocol):
-    """What the runner needs of a run's ``--save`` directory; the command layer gives it
-    (rl/savedir.py owns the format, and compare does not import rl)."""
-
-    def saved_step(self, directory: Path) -> int | None:
-        """The last step saved there (None: nothing, or a damaged state, to be replaced)."""
-
-    def wipe(self, directory: Path) -> None:
-        """Delete the state there, for a fresh start."""
-
-
 def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, states: RunStates
                   ) -> int | None:
     """The saved step a run continues after, when it is the same run (same command up to
@@ -145,14 +146,12 @@ def _error_line(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print,
-            states: RunStates | None = None) -> dict:
+def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print) -> dict:
     """Run (or skip, when already done with the same command) one spec; returns run.json.
 
     ``config_of(argv)``: the TrainConfig that `quantroll train` makes of a command line (the
     command layer owns that parser). The child gets that config as ``run_dir/config.json``
-    (``train --config``); run.json keeps the same run as flags, for people. ``states``:
-    the run's saved states (needed when ``setup.save_interval`` is set: resume, or wipe)."""
+    (``train --config``); run.json keeps the same run as flags, for people."""
     run_dir = setup.out_dir / "runs" / spec.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command_for(setup, spec, checkpoints, run_dir)
@@ -166,8 +165,9 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
             and previous.get("engine_checkpoint_made_from") == made_from and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
+    states = setup.states
     if setup.save_interval and states is None:
-        raise ValueError("run_one: setup.save_interval needs states (the command layer's RunStates)")
+        raise ValueError("run_one: setup.save_interval needs setup.states (the command layer's RunStates)")
     resume = _resume_point(previous, shown, made_from, run_dir, states) if setup.save_interval else None
     if resume is not None and resume + 1 == steps and previous.get("command") == shown \
             and len(read_metrics(metrics)[0]) >= steps:

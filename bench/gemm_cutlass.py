@@ -46,9 +46,9 @@ def variants(cfg: cutlass_gemm.CutlassGemmConfig, m: int) -> list[int]:
 
 
 def timed(cfg: cutlass_gemm.CutlassGemmConfig, m: int) -> bool:
-    """Whether a config is worth timing at M (all are checked): a token tile of 16 or 32
-    below 4 or 8 tiles' worth of rows, 64 and up from 32 rows."""
-    return {16: m <= 64, 32: m <= 128, 64: 16 <= m <= 512}.get(cfg.token_tile, m >= 32)
+    """Whether a config is worth timing at M (all are checked): token tiles of 16 / 32 to
+    64 / 128 rows, 64 from 16 to 512 rows, 128 from 64 rows."""
+    return {16: m <= 64, 32: m <= 128, 64: 16 <= m <= 512}.get(cfg.token_tile, m >= 64)
 
 
 def check(case, cfg, splits, limit) -> tuple[float, str | None]:
@@ -128,7 +128,7 @@ def layer_sums(rows, peaks) -> list[dict]:
             continue
         total = {key: sum(r[key] for r in group) for key in ("bf16_us", "current_us", "bytes", "flops")}
         best = sum(r["best"]["us"] for r in group)
-        cublas = sum(r.get("cublas_us") or r["current_us"] for r in group)
+        cublas = sum(r["cublas_us"] for r in group) if all("cublas_us" in r for r in group) else None
         roof = max(total["bytes"] / peaks.bandwidth, total["flops"] / peaks.fp8_flops) * 1e6
         out.append({"shape": shape, "m": m, "cutlass_best_us": best, "cublas_fp8_us": cublas,
                     "bf16_us": total["bf16_us"], "current_us": total["current_us"], "roofline_us": roof,
@@ -166,9 +166,10 @@ def main() -> int:
                 print_row(row)
     sums = layer_sums(rows, peaks) if not args.no_time else []
     if sums:
-        print("\none layer's four GEMMs (us): cutlass best / cuBLAS FP8 / BF16 / current / roofline")
+        print("\none layer's four GEMMs (us): cutlass best / cuBLAS FP8 (- where it refuses) / BF16 / current / "
+              "roofline")
         for s in sums:
-            print(f"{s['shape']:10s} M={s['m']:4d} {s['cutlass_best_us']:8.1f} {s['cublas_fp8_us']:8.1f} "
+            print(f"{s['shape']:10s} M={s['m']:4d} {s['cutlass_best_us']:8.1f} {fmt(s['cublas_fp8_us'])} "
                   f"{s['bf16_us']:8.1f} {s['current_us']:8.1f} {s['roofline_us']:8.1f}  "
                   f"cutlass/roofline {s['cutlass_vs_roofline']:.2f}  bf16/cutlass {s['bf16_vs_cutlass']:.2f}")
     print(f"\n{failures} config run(s) failed the numerics rule; {time.time() - start:.0f} s")

@@ -2,7 +2,7 @@
 
 Each format declares its stored tensors (``Format.stored``, formats/stored.py); this
 module only puts the module's name in front. The names and dtypes are the contract
-with engines that already read these checkpoints (README, "Checkpoint layouts"):
+with engines that already read these checkpoints (docs/checkpoints.md, "Checkpoint layouts"):
 
   fp8    X.weight F8_E4M3 [N, K]     X.weight_scale_inv F32 [ceil(N/128), ceil(K/128)]
   mxfp8  X.weight F8_E4M3 [N, K]     X.weight_scale_inv U8 (E8M0) [N, ceil(K/32)]

@@ -1,7 +1,7 @@
 """The ``quantization_config`` block of config.json: write it, and read a format back.
 
 Engines decide how to load a checkpoint from this block alone, so its keys follow
-what they read (README, "Checkpoint layouts"): ``quant_method`` "fp8" (DeepSeek-V3 /
+what they read (docs/checkpoints.md, "Checkpoint layouts"): ``quant_method`` "fp8" (DeepSeek-V3 /
 Qwen3-FP8), "mxfp8", and "modelopt" with ``quant_algo`` "NVFP4". quantroll adds a
 ``quantroll`` sub-dict (version, format, scale rule, the plan rules) so that the
 weight sync re-quantizes with the rules the checkpoint was made with and inspect

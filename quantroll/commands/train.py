@@ -139,7 +139,7 @@ def register(subparsers) -> None:
     t = p.add_argument_group("true on-policy")
     t.add_argument("--true-on-policy-mode", action="store_true", help="batch-invariant kernels in the engine and "
                    "the trainer's forward, so that every sampled token's rollout logprob equals the trainer's bit for "
-                   "bit (gap exactly 0.0): BF16 on both sides or mode 2; CPU only in this build; refused for mode 1 "
+                   "bit (gap exactly 0.0): BF16 on both sides or mode 2, on a CPU or a GPU with Triton; refused for mode 1 "
                    "and an FP8 KV cache")
     w = p.add_argument_group("weight update check")
     w.add_argument("--check-weight-update-equal", action="store_true", help="before training, check that the first "
@@ -161,7 +161,7 @@ def register(subparsers) -> None:
     pl = p.add_argument_group("placement across processes (Ray; Miles' flag names)", "Give any of these to start "
                               "the ranks as Ray actors (pip install -e '.[ray]'); without them, torchrun "
                               "--nproc-per-node N -m quantroll train ... starts them, colocated, or with "
-                              "--rollout-num-gpus R engines on the last R ranks (see README, 'Across processes')")
+                              "--rollout-num-gpus R engines on the last R ranks (see docs/scale-out.md)")
     pl.add_argument("--actor-num-nodes", type=int, default=None, help="nodes of trainer ranks (default 1)")
     pl.add_argument("--actor-num-gpus-per-node", type=int, default=None, help="trainer ranks per node, one GPU each "
                     "(on --device cpu: one process each; default 1)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from quantroll.compare.perrun import reward_window
 from quantroll.compare.stats import as_float, stats
-from quantroll.compare.tables import SHORT, Table, cell
+from quantroll.compare.cells import SHORT, Table, cell
 from quantroll.metrics.by_length import BUCKET_METRICS, combine_buckets
 
 SIDES = ("engine", "trainer")

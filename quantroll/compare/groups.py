@@ -12,7 +12,8 @@ bucket over all steps (metrics/by_length.py), which the gap-vs-length plot draws
 from __future__ import annotations
 
 from quantroll.compare.labels import display, group_id, mode_label, sort_key
-from quantroll.compare.perrun import EVAL_KEYS, EXTREMES, GAP_METRICS, MAIN_GAP, MEMORY_KEYS, TIME_KEYS, run_values
+from quantroll.compare.perrun import (EVAL_KEYS, EXTREMES, GAP_METRICS, MAIN_GAP, MEMORY_KEYS, TIME_KEYS, reward_window,
+                                      run_values)
 from quantroll.compare.rundata import RunData
 from quantroll.compare.stats import as_float, stats
 from quantroll.metrics.by_length import BUCKET_METRICS
@@ -87,6 +88,7 @@ def aggregate(key: tuple, runs: list[RunData]) -> dict:
     metric_names = sorted({k for v in vals for k in v["means"]})
     layers = sorted({n for v in vals for n in v["routing_mean"]})
     evals = [v["eval"] for v in vals if v["eval"]]
+    ks = _distinct(reward_window(v["num_steps"]) for v in vals)  # k of "reward over the last k steps"
     group = _identity(key, runs)
     group.update({
         "response_lens": lens,
@@ -102,9 +104,7 @@ def aggregate(key: tuple, runs: list[RunData]) -> dict:
                    "step0": stats(v["step0"].get("reward_mean") for v in vals),
                    "first_steps": stats(v["reward_first"] for v in vals),
                    "last_steps": stats(v["reward_last"] for v in vals),
-                   "final": stats(v["final"].get("reward_mean") for v in vals)},
-        "accuracy": {"mean": stats(v["means"].get("accuracy") for v in vals),
-                     "final": stats(v["final"].get("accuracy") for v in vals)},
+                   "last_k": ks[0] if len(ks) == 1 else None},
         "eval": ({"engine": stats(e["engine"] for e in evals), "trainer": stats(e["trainer"] for e in evals),
                   "steps": sorted(_distinct(e["step"] for e in evals)),
                   "first_engine": stats(e["first_engine"] for e in evals),

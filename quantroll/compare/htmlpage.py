@@ -10,8 +10,10 @@ import base64
 import html
 from pathlib import Path
 
+from quantroll.compare.answer import answer, preamble
 from quantroll.compare.bylength import by_length_tables
-from quantroll.compare.tables import Table, answer, build_tables, plots_after, preamble
+from quantroll.compare.cells import Table
+from quantroll.compare.tables import build_tables, plots_after
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -28,19 +30,27 @@ def _e(text) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _text(text) -> str:
+    """Escaped prose, with Markdown's `code` spans as <code> (a literal backtick would show as one)."""
+    parts = _e(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no span to make, and no backtick to show
+        return "".join(parts)
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
 def table_html(t: Table) -> str:
     parts = [f"<h2>{_e(t.title)}</h2>"]
     if t.rows:
-        head = "".join(f"<th>{_e(h)}</th>" for h in t.headers)
-        body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in t.rows)
+        head = "".join(f"<th>{_text(h)}</th>" for h in t.headers)
+        body = "".join("<tr>" + "".join(f"<td>{_text(c)}</td>" for c in row) + "</tr>" for row in t.rows)
         parts.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
     else:
         parts.append("<p><em>no data</em></p>")
     if t.legend:
-        parts.append('<ul class="legend">' + "".join(f"<li><code>{_e(k)}</code>: {_e(v)}</li>" for k, v in t.legend)
+        parts.append('<ul class="legend">' + "".join(f"<li><code>{_e(k)}</code>: {_text(v)}</li>" for k, v in t.legend)
                      + "</ul>")
     if t.notes:
-        parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in t.notes) + "</ul>")
+        parts.append('<ul class="notes">' + "".join(f"<li>{_text(n)}</li>" for n in t.notes) + "</ul>")
     return "\n".join(parts)
 
 
@@ -51,8 +61,8 @@ def img_html(name: str, path: Path) -> str:
 
 def render_html(summary: dict, plots: dict) -> str:
     body = ["<h1>quantroll compare: low-precision rollout study</h1>",
-            '<ul class="answer">' + "".join(f"<li><strong>{_e(line)}</strong></li>" for line in answer(summary)) + "</ul>",
-            "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in preamble(summary)) + "</ul>"]
+            '<ul class="answer">' + "".join(f"<li><strong>{_text(line)}</strong></li>" for line in answer(summary)) + "</ul>",
+            "<ul>" + "".join(f"<li>{_text(line)}</li>" for line in preamble(summary)) + "</ul>"]
     tables = build_tables(summary) + by_length_tables(summary)  # per group, by length bucket
     after = plots_after(tables)
     for t in tables:

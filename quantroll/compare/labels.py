@@ -1,7 +1,7 @@
 """Names a reader sees: the precision mode of a run, and the "(emulated)" mark.
 
 The runner records what a run did (rollout precision, whether the trainer's forward is
-quantized the same way); the study talks in the README's four modes. The mapping lives
+quantized the same way); the study talks in the four modes of docs/train.md. The mapping lives
 here once so that tables, plots and the recommendation can never disagree on a name.
 """
 

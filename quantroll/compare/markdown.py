@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from quantroll.compare.answer import answer, preamble
 from quantroll.compare.bylength import by_length_tables
-from quantroll.compare.tables import Table, answer, build_tables, plots_after, preamble
+from quantroll.compare.cells import Table
+from quantroll.compare.tables import build_tables, plots_after
 
 
 def md_text(text) -> str:

@@ -15,7 +15,7 @@ from quantroll.compare.stats import as_float, finite, mean
 from quantroll.metrics.by_length import combine_buckets
 from quantroll.metrics.mismatch import METRIC_NAMES
 
-GAP_METRICS = METRIC_NAMES  # the mismatch metrics (README, "Training"): the train/rollout gap of a step
+GAP_METRICS = METRIC_NAMES  # the mismatch metrics (docs/metrics.md): the train/rollout gap of a step
 MAIN_GAP = "train_rollout_logprob_abs_diff"
 NON_METRICS = frozenset({"step", "rollout_precision", "weight_version", "mismatch_tokens", "mismatch_seqs"})
 TIME_KEYS = ("rollout_time", "train_time", "weight_quantize_time", "weight_load_time", "weight_copy_time")
@@ -77,7 +77,6 @@ def run_values(steps: list[dict]) -> dict:
         "reward_last": mean(s.get("reward_mean") for s in steps[-reward_window(len(steps)):]),
         "means": {k: mean(s.get(k) for s in steps) for k in keys},
         "step0": {k: as_float(step0.get(k)) for k in keys},
-        "final": {k: as_float(last.get(k)) for k in keys},
         "gap_step0": {k: as_float(step0.get(k)) for k in GAP_METRICS},
         "gap_mean": {k: mean(s.get(k) for s in steps) for k in GAP_METRICS},
         "times": {k: mean(s.get(k) for s in timed) for k in TIME_KEYS},

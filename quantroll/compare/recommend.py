@@ -1,26 +1,29 @@
-"""Per low-precision mode: is it acceptable against BF16, and which correction to use.
+"""Per low-precision mode: is it acceptable against BF16, and is a correction needed.
 
-A study that ends in "no significant difference" has not answered its user. So the rule
-below always chooses, and says on what evidence (RULE is printed in every report):
+A correction costs compute and changes the gradient, so the study recommends one only
+when the runs show it matters (RULE is printed in every report):
 
-1. The correction. Criteria in order: final reward, held-out accuracy of the trainer's
-   policy, mean gap over steps. Each criterion keeps the corrections that are not
-   farther from BF16 than the closest one beyond their seed spread
-   (sqrt(std_a^2 + std_b^2), ddof=1); a correction without data on a criterion, or
-   with one seed, cannot be shown farther and stays. Of those left, the cheapest, in the
-   order none < tis < mask < r3. So when no difference between corrections is
-   significant the choice is none, and a correction that is significantly closer to
-   BF16 on the first criterion that separates them wins.
-2. Acceptable vs BF16 (judged on the chosen correction): its final reward and its
-   held-out accuracy are each within max(2 x seed spread, 0.02) of BF16's. With one
-   seed the spread is unknown: the point estimate is held against 0.02 alone, and the
-   line says so.
+1. The correction. The reference is the cheapest correction run (none, normally). A
+   costlier correction is chosen over it only when, on its reward over the last k steps
+   (mean over those steps, per run; k stated) or on its last held-out accuracy (the
+   trainer's policy), it is closer to BF16's than the reference by more than both the
+   seed spread sqrt(std_c^2 + std_ref^2) (ddof=1) and MARGIN (25%) of the reference's
+   own difference from BF16 -- and not farther from BF16 than the reference on the
+   other criterion by as much. Of the corrections that pass, the cheapest
+   (none < tis < mask < r3). With one seed there is no spread, so no correction can
+   pass. The train/rollout gap is reported beside, never chosen on: a correction
+   exists to fix the outcome, and one that only narrows the gap changes nothing the
+   user trains for. Otherwise the answer is "no correction needed: none is
+   distinguishable", with the numbers that say so.
+2. Acceptable vs BF16 (judged on the chosen correction): its reward over the last k
+   steps and its held-out accuracy are each within max(2 x seed spread, 0.02) of
+   BF16's. With one seed the spread is unknown: the point estimate is held against
+   0.02 alone, and the line says so.
 
-With no BF16 baseline, "closest to BF16" becomes the highest reward and accuracy and
-the smallest gap, and acceptability is not judged. The evidence line says what the
-corrections did (how much TIS clipped and the range its ratios stayed in; what mask
-mode dropped; how often routing agreed without replay), so "TIS is unnecessary here"
-reads apart from "TIS does not work".
+The line also says how many seeds the answer rests on, and what the corrections did
+(how much TIS clipped and the range its ratios stayed in; what mask mode dropped; how
+often routing agreed without replay), so "TIS is unnecessary here" reads apart from
+"TIS does not work".
 """
 
 from __future__ import annotations
@@ -33,23 +36,37 @@ from quantroll.compare.speed import verdict
 
 FLOOR = 0.02  # absolute tolerance of "acceptable vs BF16" (rewards and accuracies are in [0, 1])
 FACTOR = 2.0  # ... or this many seed spreads, whichever is larger
-RULE = ("Rule: per mode, the correction is chosen first: final reward, then held-out accuracy (trainer's policy), "
-        "then the mean gap over steps each keep the corrections not farther from BF16 than the closest one beyond "
-        "the seed spread sqrt(std_a^2 + std_b^2); of those left, the cheapest (none < tis < mask < r3), so with no "
-        "significant difference between corrections it is none. The mode is acceptable vs BF16 when that "
-        f"correction's final reward and held-out accuracy are each within max({FACTOR:g} x seed spread, {FLOOR:g}) "
-        "of BF16's; with one seed the spread is unknown and the point estimate is held against "
+MARGIN = 0.25  # a correction must close more than this share of the FP8-BF16 difference to be chosen
+REWARD, HELD_OUT, GAP = "reward over the last k steps", "held-out accuracy", "gap over steps"
+CRITERIA = (REWARD, HELD_OUT)  # what a correction is chosen on
+REPORTED = CRITERIA + (GAP,)  # what each candidate shows
+RULE = ("Rule: per mode, the reference is the cheapest correction run (none). A correction is chosen over it only "
+        "when its reward over the last k steps (mean of those steps per run) or its last held-out accuracy "
+        "(trainer's policy) is closer to BF16's than the reference's by more than both the seed spread "
+        f"sqrt(std_a^2 + std_b^2) and {MARGIN:.0%} of the reference's difference from BF16, and it is not farther "
+        "from BF16 by as much on the other; of those that pass, the cheapest (none < tis < mask < r3). The gap is "
+        "reported, never chosen on. With one seed no correction can pass. The mode is acceptable vs BF16 when the "
+        "chosen correction's reward over the last k steps and held-out accuracy are each within "
+        f"max({FACTOR:g} x seed spread, {FLOOR:g}) of BF16's; with one seed the point estimate is held against "
         f"{FLOOR:g} alone.")
-CRITERIA = ("final reward", "held-out accuracy", "gap over steps")
 
 
 def criterion_stats(group: dict, name: str) -> dict | None:
     """The stats a criterion reads from a group (None where the group has no such data)."""
-    if name == "final reward":
-        return group["reward"]["final"]
-    if name == "held-out accuracy":
+    if name == REWARD:
+        return group["reward"]["last_steps"]
+    if name == HELD_OUT:
         return (group.get("eval") or {}).get("trainer")
     return group["gap_mean"][MAIN_GAP]
+
+
+def last_k(group: dict) -> int | None:
+    """k of the group's "reward over the last k steps" (None where its runs used different k)."""
+    return group["reward"].get("last_k")
+
+
+def criterion_name(name: str, k: int | None) -> str:
+    return name.replace("k steps", f"{k} steps") if name == REWARD and k is not None else name
 
 
 def _mean(s: dict | None) -> float | None:
@@ -60,79 +77,86 @@ def _cost(correction: str) -> int:
     return CORRECTION_ORDER.index(correction) if correction in CORRECTION_ORDER else len(CORRECTION_ORDER)
 
 
-def distance(value: dict | None, base: dict | None, name: str) -> float | None:
-    """How far from BF16 (smaller is better); without a baseline, from the ideal instead."""
-    v = _mean(value)
-    if v is None:
-        return None
-    if base is not None and _mean(base) is not None:
-        return abs(v - base["mean"])
-    return v if name == "gap over steps" else -v
-
-
 def _spread(a: dict, b: dict) -> float | None:
     if a.get("std") is None or b.get("std") is None:
         return None
     return math.hypot(a["std"], b["std"])
 
 
+def compare_to_reference(cand: dict, ref: dict, base: dict, name: str) -> dict | None:
+    """How much closer to BF16 ``cand`` is than ``ref`` on one criterion, and whether that counts."""
+    c, r, b = criterion_stats(cand, name), criterion_stats(ref, name), criterion_stats(base, name)
+    if _mean(c) is None or _mean(r) is None or _mean(b) is None:
+        return None
+    ref_diff = abs(r["mean"] - b["mean"])  # the FP8-BF16 difference a correction would close
+    gain = ref_diff - abs(c["mean"] - b["mean"])  # > 0: the candidate is closer to BF16
+    spread = _spread(c, r)
+    need = None if spread is None else max(spread, MARGIN * ref_diff)
+    return {"criterion": name, "value": c["mean"], "reference": r["mean"], "bf16": b["mean"], "gain": gain,
+            "spread": spread, "margin": MARGIN * ref_diff, "need": need,
+            "closer": need is not None and gain > need, "farther": need is not None and -gain > need}
+
+
 def choose(cands: dict[str, dict], base: dict | None) -> dict:
     """The correction for one mode: ``cands`` maps correction -> group (see RULE)."""
-    kept = sorted(cands, key=_cost)
-    steps, unknown = [], False
-    for name in CRITERIA:
-        ref = criterion_stats(base, name) if base else None
-        scored = {c: (distance(criterion_stats(cands[c], name), ref, name), criterion_stats(cands[c], name))
-                  for c in kept}
-        scored = {c: v for c, v in scored.items() if v[0] is not None}
-        if len(scored) < 2:
-            continue
-        best = min(scored, key=lambda c: (scored[c][0], _cost(c)))
-        dropped = []
-        for c, (d, s) in scored.items():
-            if c == best:
-                continue
-            spread = _spread(s, scored[best][1])
-            if spread is None:
-                unknown = True
-            elif d - scored[best][0] > spread:
-                dropped.append({"correction": c, "mean": s["mean"], "best": best, "best_mean": scored[best][1]["mean"],
-                                "spread": spread})
-        steps.append({"criterion": name, "best": best, "baseline": _mean(ref), "dropped": dropped})
-        kept = [c for c in kept if c not in {d["correction"] for d in dropped}]
-    return {"choice": kept[0], "kept": kept, "steps": steps, "one_seed": unknown}
+    order = sorted(cands, key=_cost)
+    reference = order[0]
+    if base is None:
+        return {"choice": reference, "reference": reference, "tests": {}, "passed": [], "no_baseline": True}
+    tests = {c: [t for name in CRITERIA if (t := compare_to_reference(cands[c], cands[reference], base, name))]
+             for c in order[1:]}
+    passed = [c for c in order[1:] if any(t["closer"] for t in tests[c]) and not any(t["farther"] for t in tests[c])]
+    return {"choice": passed[0] if passed else reference, "reference": reference, "tests": tests, "passed": passed,
+            "no_baseline": False}
 
 
-def _why(chosen: dict, corrections: list[str]) -> str:
-    if len(corrections) == 1:
-        return f"only {corrections[0]} was run"
-    dropped = [(s, d) for s in chosen["steps"] for d in s["dropped"]]
-    if not dropped:
-        if chosen["one_seed"]:
-            return ("1 seed: spread unknown, so no difference between corrections can be shown significant; "
-                    "the cheapest")
-        return "no significant difference between corrections in final reward, held-out accuracy or gap, so the cheapest"
-    parts = []
-    for s, d in dropped:
-        base = f", BF16 {s['baseline']:.3g}" if s["baseline"] is not None else ""
-        parts.append(f"{d['best']} is closer to BF16 than {d['correction']} in {s['criterion']} beyond the seed "
-                     f"spread between corrections ({d['best_mean']:.3g} vs {d['mean']:.3g}{base}; spread "
-                     f"{d['spread']:.3g})")
-    rest = chosen["kept"]
-    tail = f"; of {', '.join(rest)} (no significant difference left) the cheapest" if len(rest) > 1 else ""
-    return "; ".join(parts) + tail
+def seeds_line(cands: dict[str, dict], base: dict | None) -> str:
+    """How many seeds the answer rests on (the fewest any group of the mode, BF16 included, finished)."""
+    counts = sorted({g["n_runs"] for g in [*cands.values(), *([base] if base else [])]})
+    text = f"{counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else \
+        f"{counts[0]}-{counts[-1]} seeds"
+    return f"rests on {text} per group" + (" (no seed spread: nothing can be shown distinguishable)"
+                                           if counts[0] < 2 else "")
+
+
+def _test_text(t: dict, ref: str, k: int | None) -> str:
+    need = ("no seed spread (1 seed)" if t["need"] is None else
+            f"needs > {t['need']:.3g} = max(seed spread {t['spread']:.3g}, {MARGIN:.0%} of the difference "
+            f"{t['margin']:.3g})")
+    by = f"closer by {t['gain']:.3g}" if t["gain"] >= 0 else f"farther by {-t['gain']:.3g}"
+    return (f"{criterion_name(t['criterion'], k)} {t['value']:.3g} vs {ref} {t['reference']:.3g}, BF16 "
+            f"{t['bf16']:.3g}: {by}, {need}")
+
+
+def _why(chosen: dict, cands: dict[str, dict], k: int | None) -> str:
+    ref = chosen["reference"]
+    if len(cands) == 1:
+        return f"only {ref} was run"
+    if chosen["no_baseline"]:
+        return f"no BF16 baseline finished, so no correction can be shown closer to it: {ref}"
+    detail = "; ".join(f"{c}: " + ("; ".join(_test_text(t, ref, k) for t in ts) or "no data")
+                       for c, ts in chosen["tests"].items())
+    if not chosen["passed"]:
+        if ref == "none":
+            return f"none, no correction needed: none is distinguishable from running without one ({detail})"
+        return f"{ref}, the cheapest run; no other is distinguishable from it ({detail})"
+    rest = [c for c in chosen["passed"] if c != chosen["choice"]]
+    tail = f"; {', '.join(rest)} also pass{'es' if len(rest) == 1 else ''}, {chosen['choice']} is cheaper" if rest else ""
+    return f"{chosen['choice']} (closer to BF16 than {ref} by more than the seed spread and {MARGIN:.0%} of the " \
+           f"difference; {detail}{tail})"
 
 
 def acceptance(group: dict, base: dict | None) -> dict:
-    """Is ``group`` within tolerance of BF16 in final reward and held-out accuracy?"""
+    """Is ``group`` within tolerance of BF16 in recent reward and held-out accuracy?"""
     if base is None:
         return {"acceptable": None, "checks": [], "one_seed": False,
                 "text": "not judged vs BF16: no BF16 baseline finished"}
     checks, missing, one_seed = [], [], False
-    for name in CRITERIA[:2]:
+    k = last_k(group)
+    for name in CRITERIA:
         a, b = criterion_stats(group, name), criterion_stats(base, name)
         if _mean(a) is None or _mean(b) is None:
-            missing.append(name)
+            missing.append(criterion_name(name, k))
             continue
         spread = _spread(a, b)
         one_seed |= spread is None
@@ -144,8 +168,9 @@ def acceptance(group: dict, base: dict | None) -> dict:
         return {"acceptable": None, "checks": [], "one_seed": False,
                 "text": f"not judged vs BF16: no {' or '.join(missing)} measured"}
     ok = all(c["within"] for c in checks)
-    detail = "; ".join(f"{c['criterion']} {c['value']:.3g} vs BF16 {c['bf16']:.3g}: {c['diff']:+.3g}, "
-                       f"{'within' if c['within'] else 'beyond'} ±{c['tolerance']:.3g}" for c in checks)
+    detail = "; ".join(f"{criterion_name(c['criterion'], k)} {c['value']:.3g} vs BF16 {c['bf16']:.3g}: "
+                       f"{c['diff']:+.3g}, {'within' if c['within'] else 'beyond'} ±{c['tolerance']:.3g}"
+                       for c in checks)
     head = "acceptable vs BF16" if ok else "NOT acceptable vs BF16"
     if one_seed:
         head += f" by the point estimate (1 seed: spread unknown, tolerance {FLOOR:g})"
@@ -160,8 +185,12 @@ def _percent(share: float) -> str:
 
 
 def evidence(cands: dict[str, dict]) -> list[str]:
-    """What each correction did, from its runs' own metrics."""
+    """What each correction did, from its runs' own metrics, and the gap each left (reported, not chosen on)."""
     out = []
+    gaps = [(c, _mean(g["gap_mean"][MAIN_GAP])) for c, g in sorted(cands.items(), key=lambda kv: _cost(kv[0]))]
+    if len(gaps) > 1 and all(v is not None for _, v in gaps):
+        out.append("mean |logp diff| over steps (reported, not chosen on): "
+                   + ", ".join(f"{c} {v:.3g}" for c, v in gaps))
     for corr, g in cands.items():
         means, ext = g.get("metrics_mean", {}), g.get("extremes", {})
         lo, hi = ext.get("tis_ratio_min"), ext.get("tis_ratio_max")
@@ -189,16 +218,20 @@ def _mode_entry(mode: str, groups: list[dict], base: dict | None) -> dict:
     chosen = choose(cands, base)
     accept = acceptance(cands[chosen["choice"]], base)
     label = groups[0]["label"] if all(g["label"] == groups[0]["label"] for g in groups) else mode
-    why = _why(chosen, sorted(cands, key=_cost))
+    k = last_k(groups[0])
+    why = _why(chosen, cands, k)
     proof = evidence(cands)
-    text = f"{label}: {accept['text']}. Correction: {chosen['choice']}: {why}"
+    seeds = seeds_line(cands, base)
+    text = f"{label}: {accept['text']}. Correction: {why}. The answer {seeds}"
     if proof:
         text += ". " + "; ".join(proof)
-    candidates = [{"correction": c, "group": g["id"], **{name: criterion_stats(g, name) for name in CRITERIA},
+    candidates = [{"correction": c, "group": g["id"], **{name: criterion_stats(g, name) for name in REPORTED},
                    "acceptance": acceptance(g, base)} for c, g in sorted(cands.items(), key=lambda kv: _cost(kv[0]))]
+    one_seed = accept["one_seed"] or any(t["need"] is None for ts in chosen["tests"].values() for t in ts)
     return {"mode": mode, "label": label, "emulated": any(g["emulated"] for g in groups), "candidates": candidates,
-            "choice": chosen["choice"], "kept": chosen["kept"], "steps": chosen["steps"],
-            "one_seed": chosen["one_seed"] or accept["one_seed"], "acceptable": accept["acceptable"],
+            "choice": chosen["choice"], "reference": chosen["reference"], "passed": chosen["passed"],
+            "tests": chosen["tests"], "last_k": k, "seeds": min(g["n_runs"] for g in groups),
+            "one_seed": one_seed, "acceptable": accept["acceptable"],
             "acceptance": accept, "why": why, "evidence": proof, "text": text + "."}
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quantroll.compare.tables import Table, answer, build_tables
+from quantroll.compare.answer import answer
+from quantroll.compare.cells import Table
+from quantroll.compare.tables import build_tables
 from quantroll.durable import write_atomic
 
 

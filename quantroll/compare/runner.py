@@ -105,9 +105,10 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
         args += list(setup.sweep_args)
     elif setup.eval_interval:
         args += ["--eval-interval", str(setup.eval_interval)]
-    args += spec.train_args() + ["--metrics-file", str(run_dir / "metrics.jsonl")]
+    # absolute: config.json and run.json name the file wherever the run is continued from
+    args += spec.train_args() + ["--metrics-file", str((run_dir / "metrics.jsonl").absolute())]
     if setup.save_interval:
-        args += ["--save", str(run_dir / STATE_DIR), "--save-interval", str(setup.save_interval)]
+        args += ["--save", str((run_dir / STATE_DIR).absolute()), "--save-interval", str(setup.save_interval)]
     return args
 
 
@@ -185,7 +186,7 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
     else:
         verb = "extending" if previous.get("status") == "done" else "resuming"
         log(f"  {spec.run_id}: {verb} after its saved step {resume} of {steps}")
-        argv = cmd[3:] + ["--load", str(run_dir / STATE_DIR)]
+        argv = cmd[3:] + ["--load", str((run_dir / STATE_DIR).absolute())]
     config = run_dir / "config.json"
     atomic_write_text(config, config_of(argv).to_json())
     resumes = (previous.get("resumed_after_steps") or []) + [resume] if resume is not None else []

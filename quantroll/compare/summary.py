@@ -5,14 +5,17 @@ status "done" and at least one step are aggregated; every run, failed ones with 
 error, appears in ``runs``. Layout of the result:
 
   gap_metrics, main_gap, notes{warmup, break_even, significance}, baseline (group id),
-  groups[]: identity, gap_step0/gap_mean{metric: stats}, metrics_mean, curves, reward,
-            accuracy, eval, routing, time, memory, speed (vs baseline), reward_vs_bf16
+  groups[]: identity, gap_step0/gap_mean{metric: stats}, metrics_mean, curves, reward (step 0,
+            mean, first and last k steps, k), eval, routing, time, memory, speed (vs baseline),
+            reward_vs_bf16
   sweep[]: identity + response_len + gap_step0{metric: stats}
   runs[]: one row per run; failed[]: the failed ones; recommendation{rule, modes, verdicts}
   (each mode: its choice, whether it is acceptable vs BF16, the evidence, one answer line);
   checkpoints[]: what each checkpoint of the study kept in high precision (inventory.py);
-  warnings[]: what the reader should know about the data (dropped lines, missing baseline,
-  a training reward that rose while held-out accuracy did not).
+  warnings[]: what the reader should know about the data (dropped lines, missing baseline);
+  heldout_baseline: did BF16's held-out accuracy hold from step 0 to the last eval (heldout.py);
+  heldout_warnings[]: a baseline that unlearned, a training reward that rose while held-out
+  accuracy did not: they qualify the answer, so the report prints them right under it.
 
 A "stats" is {"mean", "std" (over seeds, ddof=1, None with one seed), "n"}.
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from quantroll.compare.bylength import attach_by_length
 from quantroll.compare.groups import build_groups, build_sweep, is_emulated, spec_key
-from quantroll.compare.heldout import memorisation_warnings
+from quantroll.compare.heldout import baseline_check, baseline_warning, memorisation_warnings
 from quantroll.compare.labels import display
 from quantroll.compare.perrun import GAP_METRICS, MAIN_GAP, run_values
 from quantroll.compare.recommend import recommend
@@ -31,7 +34,7 @@ from quantroll.compare.stats import difference
 
 __all__ = ["RunData", "load_runs", "summarize", "run_row"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: reward "final" and the "accuracy" block gone (last_steps, last_k); heldout_*
 SIGNIFICANCE = ("a difference between two groups counts only if |mean_a - mean_b| > sqrt(std_a^2 + std_b^2), "
                 "std over seeds (ddof=1); with one seed the spread is unknown")
 
@@ -48,13 +51,13 @@ def run_row(run: RunData) -> dict:
         "sweep": bool(s.get("sweep")), "emulated": emulated, "moe": bool(s.get("moe")),
         "device": s.get("device"), "model": s.get("model"), "wall_time_s": s.get("wall_time_s"),
         "num_steps": len(run.steps), "truncated_last_line": run.truncated_last_line, "bad_lines": list(run.bad_lines),
-        "gap_step0": None, "gap_mean": None, "reward_mean": None, "reward_final": None,
+        "gap_step0": None, "gap_mean": None, "reward_mean": None, "reward_last": None,
         "rollout_time": None, "train_time": None, "peak_memory_gib": None,
     }
     if run.steps:
         v = run_values(run.steps)
         row.update(gap_step0=v["gap_step0"][MAIN_GAP], gap_mean=v["gap_mean"][MAIN_GAP],
-                   reward_mean=v["means"].get("reward_mean"), reward_final=v["final"].get("reward_mean"),
+                   reward_mean=v["means"].get("reward_mean"), reward_last=v["reward_last"],
                    rollout_time=v["times"]["rollout_time"], train_time=v["times"]["train_time"],
                    peak_memory_gib=v["memory"]["peak_memory_gib"])
     return row
@@ -80,7 +83,7 @@ def _warnings(runs: list[RunData], groups: list[dict], base: dict | None) -> lis
             out.append(f"{g['id']}: runs differ in response length {g['response_lens']}: no break-even length")
     if groups and base is None:
         out.append("no bf16 baseline group: speedups, break-even and reward differences are not computed")
-    return out + memorisation_warnings(groups)
+    return out
 
 
 def summarize(runs: list[RunData], checkpoints: list[dict] | None = None) -> dict:
@@ -94,6 +97,7 @@ def summarize(runs: list[RunData], checkpoints: list[dict] | None = None) -> dic
         g["speed"] = break_even(g, base) if base and g is not base else None
         g["reward_vs_bf16"] = difference(g["reward"]["mean"], base["reward"]["mean"]) if base and g is not base else None
     rows = [run_row(r) for r in runs]
+    check = baseline_check(base)
     return {
         "schema_version": SCHEMA_VERSION,
         "gap_metrics": list(GAP_METRICS),
@@ -108,4 +112,6 @@ def summarize(runs: list[RunData], checkpoints: list[dict] | None = None) -> dic
         "recommendation": recommend(groups, base),
         "checkpoints": list(checkpoints or []),
         "warnings": _warnings(runs, groups, base),
+        "heldout_baseline": check,
+        "heldout_warnings": [w for w in [baseline_warning(check)] if w] + memorisation_warnings(groups),
     }

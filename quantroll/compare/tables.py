@@ -6,88 +6,11 @@ carries a legend that explains every metric it shows in one line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from quantroll.compare.answer import recommendation_table
+from quantroll.compare.cells import (CHI2_NEGATIVE, COMPACT_GAP, SEE_ABOVE, SHORT, Table, cell, chi2_negative, diff_cell,
+                                     k_header, legend, num)
 from quantroll.compare.perrun import MAIN_GAP
 from quantroll.compare.speed import update_over_copy
-
-LEGEND = {
-    "train_rollout_logprob_abs_diff": "mean over response tokens of |logp_train - logp_rollout| (the main gap)",
-    "train_rollout_kl": "mean of exp(r) - 1 - r, r = logp_train - logp_rollout: k3 estimate of KL(rollout || train)",
-    "log_ppl_diff": "mean over sequences of log ppl_train - log ppl_rollout",
-    "ppl_ratio": "mean over sequences of ppl_train / ppl_rollout",
-    "chi2_token": "mean(exp(2r)) - 1 over tokens: variance of token importance weights",
-    "chi2_seq": "the same over per-sequence ratio products: variance of sequence-level weights",
-    "train_rollout_prob_abs_diff_max": "max |p_train - p_rollout| of the sampled tokens",
-    "train_rollout_prob_abs_diff_mean": "mean |p_train - p_rollout| of the sampled tokens",
-    "train_rollout_prob_pearson": "Pearson correlation of p_train and p_rollout over tokens",
-    "n": "seeds (runs) aggregated; values are mean ± std over seeds (ddof=1)",
-    "reward": "mean reward over all steps of a run",
-    "final reward": "reward at the last step",
-    "reward - bf16": "mean reward over steps minus the bf16 baseline's, with its significance",
-    "accuracy": "share of rollout samples with reward >= 1, mean over steps",
-    "eval engine / trainer": ("held-out greedy accuracy (problems outside the training pool) of the engine's "
-                              "(rollout precision) and the trainer's policy, at step 0 and at the last eval step"),
-    "reward step 0": "reward at step 0 (initial weights)",
-    "rollout / train / quantize / load": "seconds per step of generation, training, weight re-quantization and weight loading",
-    "update / copy": ("weight update (quantize + load) over one device copy of the engine's weight bytes, as held "
-                      "(the memory system's limit for an update; the one-GPU floor is 2x)"),
-    "tokens/s": "tokens generated per second of rollout",
-    "speedup": "bf16 rollout time / this rollout time (tokens/s ratio: this / bf16)",
-    "saved / extra sync / net": "rollout seconds saved vs bf16, extra sync seconds vs bf16 per update, saved - extra",
-    "break-even len": "response-length limit at which saved = extra sync (linear extrapolation, see the assumption)",
-    "routing agreement": "share of tokens whose top-k expert set is the same in trainer and engine (1 = identical), "
-                         "from the trainer's own router: what R3 replays away",
-    "peak memory": "peak memory in GiB, max over steps: GPU memory allocated on CUDA, the process's resident set on CPU",
-    "KV capacity": "tokens the engine's KV cache can hold",
-    "engine weights": ("GiB of every weight the engine holds (codes, scales, BF16 parts), at the dtype its checkpoint "
-                       "stores them in, not the float32 copy a CPU computes with"),
-    "trainer weights": "GiB of the trainer's weights as stored (BF16)",
-    "trainer optimizer": "GiB the optimizer holds: FP32 master weights and AdamW's two moments",
-    "response len": "bucket b-(2b-1) of response lengths in tokens (b a power of two), over all steps of every run",
-    "tokens": "response tokens in the bucket, summed over the group's runs",
-    "held-out acc": "held-out greedy accuracy of the trainer's policy at the last eval step",
-}
-SHORT = {
-    "train_rollout_logprob_abs_diff": "|logp diff|", "train_rollout_kl": "KL (k3)", "log_ppl_diff": "log ppl diff",
-    "ppl_ratio": "ppl ratio", "chi2_token": "chi2 token", "chi2_seq": "chi2 seq",
-    "train_rollout_prob_abs_diff_max": "|p diff| max", "train_rollout_prob_abs_diff_mean": "|p diff| mean",
-    "train_rollout_prob_pearson": "p pearson",
-}
-COMPACT_GAP = (MAIN_GAP, "train_rollout_kl", "chi2_seq")
-SEE_ABOVE = "columns as in the gap-at-step-0 table; values are mean ± std over seeds"
-
-
-@dataclass
-class Table:
-    key: str
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-    legend: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def num(x, spec: str = ".3g") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def cell(s: dict | None) -> str:
-    """'mean ± std' of a stats dict ('mean' alone with one seed)."""
-    if not s or s.get("mean") is None:
-        return "n/a"
-    return f"{s['mean']:.3g}" + (f" ± {s['std']:.3g}" if s.get("std") is not None else "")
-
-
-def _diff(d: dict | None) -> str:
-    if not d or d.get("diff") is None:
-        return "n/a"
-    spread = f", spread {d['spread']:.3g}" if d.get("spread") is not None else ""
-    return f"{d['diff']:+.3g} ({d['note']}{spread})"
-
-
-def _legend(*keys: str) -> list[tuple[str, str]]:
-    return [(k, LEGEND[k]) for k in keys]
 
 
 def _gap_table(summary: dict, key: str, title: str, field_name: str, compact: bool, explain: bool) -> Table:
@@ -95,8 +18,9 @@ def _gap_table(summary: dict, key: str, title: str, field_name: str, compact: bo
     metrics = COMPACT_GAP if compact else summary["gap_metrics"]
     rows = [[g["label"], g["correction"], str(g["gap_step0"][MAIN_GAP]["n"])]
             + [cell(g[field_name][m]) for m in metrics] for g in summary["groups"]]
+    notes = ([] if explain else [SEE_ABOVE]) + ([CHI2_NEGATIVE] if chi2_negative(summary, field_name) else [])
     return Table(key, title, ["group", "correction", "n"] + [SHORT.get(m, m) for m in metrics], rows,
-                 _legend("n", *metrics) if explain else [], [] if explain else [SEE_ABOVE])
+                 legend("n", *metrics) if explain else [], notes)
 
 
 def groups_table(summary: dict) -> Table:
@@ -120,12 +44,12 @@ def reward_table(summary: dict) -> Table:
     for g in summary["groups"]:
         ev = g["eval"] or {}
         rows.append([g["label"], g["correction"], str(g["reward"]["mean"]["n"]), cell(g["reward"]["step0"]),
-                     cell(g["reward"]["mean"]), cell(g["reward"]["final"]), _diff(g["reward_vs_bf16"]),
-                     cell(g["accuracy"]["mean"]), _eval_cell(ev, True), _eval_cell(ev, False)])
+                     cell(g["reward"]["mean"]), cell(g["reward"]["last_steps"]), diff_cell(g["reward_vs_bf16"]),
+                     _eval_cell(ev, True), _eval_cell(ev, False)])
     return Table("reward", "Reward and held-out accuracy",
-                 ["group", "correction", "n", "reward step 0", "reward", "final reward", "reward - bf16", "accuracy",
+                 ["group", "correction", "n", "reward step 0", "reward", k_header(summary), "reward - bf16",
                   "eval engine / trainer, first", "eval engine / trainer, last"], rows,
-                 _legend("reward step 0", "reward", "final reward", "reward - bf16", "accuracy", "eval engine / trainer"))
+                 legend("reward step 0", "reward", "reward, last k steps", "reward - bf16", "eval engine / trainer"))
 
 
 def time_table(summary: dict) -> Table:
@@ -145,7 +69,7 @@ def time_table(summary: dict) -> Table:
     return Table("time", "Time per step, speedup and break-even",
                  ["group", "correction", "rollout s", "train s", "quantize s", "load s", "update / copy", "tokens/s",
                   "speedup", "saved / extra sync / net s", "pays", "break-even len"], rows,
-                 _legend("rollout / train / quantize / load", "update / copy", "tokens/s", "speedup",
+                 legend("rollout / train / quantize / load", "update / copy", "tokens/s", "speedup",
                          "saved / extra sync / net", "break-even len"), notes)
 
 
@@ -182,7 +106,7 @@ def true_on_policy_table(summary: dict) -> Table | None:
     return Table("true_on_policy", "True on-policy mode: gap with and without, and its cost",
                  ["precision", "gap step 0 off", "gap step 0 on", "gap mean off", "gap mean on", "tokens/s off",
                   "tokens/s on", "on / off", "train s off", "train s on", "on / off"], rows,
-                 _legend("rollout / train / quantize / load", "tokens/s"), notes)
+                 legend("rollout / train / quantize / load", "tokens/s"), notes)
 
 
 def routing_table(summary: dict) -> Table | None:
@@ -191,7 +115,7 @@ def routing_table(summary: dict) -> Table | None:
     if not rows:
         return None
     return Table("routing", "Routing agreement (MoE)", ["group", "correction", "layer", "step 0", "mean over steps"],
-                 rows, _legend("routing agreement"))
+                 rows, legend("routing agreement"))
 
 
 MEMORY_COLUMNS = (("engine_weight_gib", "engine weights GiB"), ("trainer_weight_gib", "trainer weights GiB"),
@@ -205,7 +129,7 @@ def memory_table(summary: dict) -> Table | None:
         return None
     rows = [[g["label"], g["correction"]] + [cell(g["memory"].get(k)) for k, _ in cols] for g in summary["groups"]]
     return Table("memory", "Memory (GiB, weights as stored)", ["group", "correction"] + [h for _, h in cols], rows,
-                 _legend("engine weights", "trainer weights", "trainer optimizer", "peak memory", "KV capacity"))
+                 legend("engine weights", "trainer weights", "trainer optimizer", "peak memory", "KV capacity"))
 
 
 def checkpoints_table(summary: dict) -> Table | None:
@@ -236,7 +160,7 @@ def length_table(summary: dict) -> Table | None:
         return None
     return Table("by_len", "Gap by response length (all steps)",
                  ["group", "correction", "response len", "tokens"] + [SHORT[m] for m in metrics], rows,
-                 _legend("response len", "tokens"),
+                 legend("response len", "tokens"),
                  ["per run, token-level metrics are token-weighted and sequence-level ones sequence-weighted over "
                   "steps; then mean ± std over seeds", SEE_ABOVE])
 
@@ -250,27 +174,6 @@ def sweep_table(summary: dict, compact: bool) -> Table | None:
     return Table("sweep", "Gap at step 0 vs response length (sweep)",
                  ["group", "correction", "response len", "n"] + [SHORT.get(m, m) for m in metrics], rows,
                  notes=[SEE_ABOVE])
-
-
-def _acceptable(a: dict) -> str:
-    return {True: "yes", False: "no", None: "not judged"}[a["acceptable"]] + (" (1 seed)" if a["one_seed"] else "")
-
-
-def recommendation_table(summary: dict) -> Table:
-    rec = summary["recommendation"]
-    base = next((g for g in summary["groups"] if g["id"] == summary["baseline"]), None)
-    rows = []
-    if base is not None:
-        rows.append(["bf16 (baseline)", "none", cell(base["reward"]["final"]), cell((base["eval"] or {}).get("trainer")),
-                     cell(base["gap_mean"][MAIN_GAP]), "baseline", ""])
-    rows += [[m["label"], c["correction"], cell(c["final reward"]), cell(c["held-out accuracy"]),
-              cell(c["gap over steps"]), _acceptable(c["acceptance"]), "<- use" if m["choice"] == c["correction"] else ""]
-             for m in rec["modes"] for c in m["candidates"]]
-    notes = [m["text"] for m in rec["modes"]] + [v["text"] for v in rec["verdicts"]] + [rec["rule"],
-                                                                                         summary["notes"]["significance"]]
-    return Table("recommendation", "Recommendation",
-                 ["mode", "correction", "final reward", "held-out acc", "gap over steps", "acceptable vs BF16",
-                  "choice"], rows, _legend("final reward", "held-out acc", MAIN_GAP), notes)
 
 
 def runs_table(summary: dict) -> Table:
@@ -318,25 +221,3 @@ def plots_after(tables: list[Table]) -> dict[str, tuple[str, ...]]:
         seen.update(names)
         out[t.key] = names
     return out
-
-
-def answer(summary: dict) -> list[str]:
-    """The report's first lines: per low-precision mode, acceptable vs BF16 or not, and the correction."""
-    modes = summary["recommendation"]["modes"]
-    if not modes:
-        return ["No low-precision mode finished: nothing to recommend."]
-    return [m["text"] for m in modes] + [summary["recommendation"]["rule"]]
-
-
-def preamble(summary: dict) -> list[str]:
-    """What a reader must know before the tables: baseline, loss aggregation, emulation, warnings."""
-    lines = [f"Baseline: {summary['baseline'] or 'none (no bf16 group finished)'}."]
-    aggs = sorted({a for g in summary["groups"] for a in g["loss_agg"]})
-    if aggs:
-        lines.append(f"Loss aggregation: {', '.join(aggs)}.")
-    emulated = sorted({g["label"] for g in summary["groups"] if g["emulated"]})
-    if emulated:
-        lines.append(f"Emulated on this hardware (numerics exact, times not representative): {', '.join(emulated)}.")
-    lines.append(f"Step 0's gap is measured on the initial weights, before any update; {summary['notes']['warmup']}.")
-    lines += [f"Warning: {w}" for w in summary["warnings"]]
-    return lines

@@ -55,7 +55,7 @@ from quantroll.distributed.unit_verdicts import UnitVerdicts
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import QuantizedTensor
 from quantroll.sync.update_quantizer import UpdateQuantizer
-from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes
+from quantroll.sync.copy_reference import copy_seconds, engine_weight_bytes, synchronize
 
 WIRE_DTYPE = torch.bfloat16
 PARTS = ("data", "scale", "global")
@@ -77,11 +77,6 @@ class BroadcastTiming:
                 "weight_broadcast_time": self.broadcast_s, "weight_load_time": self.load_s,
                 "weight_update_bytes": float(self.bytes_sent), "weight_update_bf16_bytes": float(self.bf16_bytes),
                 "weight_copy_time": self.copy_s, "weight_version": self.version}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class BroadcastWeightSync:
@@ -215,7 +210,7 @@ class BroadcastWeightSync:
         sent = 0
 
         def lap(key: str, since: float) -> float:
-            _sync(device)
+            synchronize(device)
             now = time.perf_counter()
             times[key] += now - since
             return now

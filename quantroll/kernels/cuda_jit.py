@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from quantroll.kernels.launch import interpreting
+
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cuda"
@@ -251,7 +253,7 @@ def usable(source_name: str, device: torch.device, what: str, fallback: str) -> 
     (not under Triton's interpreter, which runs the GPU branches on CPU tensors), the
     requirements of ``unavailable_reason``, and a successful build and load. Decided once per
     source and device, and logged: "<what>: CUDA kernel ..." or "<what>: <fallback> (...)"."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or interpreting():
         return False
     key = (source_name, str(device))
     if key not in _usable:

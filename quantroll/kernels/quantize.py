@@ -29,7 +29,6 @@ not exact).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -37,6 +36,7 @@ import torch
 from quantroll.errors import NonFiniteError, QuantrollError
 from quantroll.formats import Format, QuantizedTensor, get_format
 from quantroll.formats.base import check_input
+from quantroll.kernels.launch import interpreting
 from quantroll.kernels.quantize_launch import gpu_quantizer
 
 GPU_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -49,10 +49,6 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _resolve(fmt: Format | str) -> Format:
@@ -95,7 +91,7 @@ def _check_weight(w: torch.Tensor, name: str) -> None:
         raise QuantrollError(f"tensor '{name}' has shape {tuple(w.shape)}; a weight to quantize must be 2-D [out, in]")
     if w.numel() == 0:
         raise QuantrollError(f"tensor '{name}' has shape {tuple(w.shape)} with no elements; nothing to quantize")
-    if w.device.type != "cuda" and not _interpreting():
+    if w.device.type != "cuda" and not interpreting():
         raise QuantrollError(f"tensor '{name}' is on {w.device}; the GPU quantize path needs a CUDA tensor "
                              "(use fmt.quantize_weight on the CPU)")
 

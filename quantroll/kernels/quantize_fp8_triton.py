@@ -6,8 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from quantroll.kernels.launch import interpreting
 from quantroll.kernels.quantize_triton_common import (
-    CONFIGS, EXACT, _abs_bits, _cdiv, _clamp448, _div_rn_pos, _div_setup, _interpret, _row_tiles)
+    CONFIGS, EXACT, _abs_bits, _cdiv, _clamp448, _div_rn_pos, _div_setup, _row_tiles)
 
 
 @triton.jit(do_not_specialize=["flag_idx", "N"])
@@ -74,7 +75,7 @@ def launch_fp8(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, flags: 
     n, k = x.shape
     n_kb = _cdiv(k, 128)
     grid = (n_kb, _row_tiles(n, 128))
-    _fp8_block_kernel[grid](x, data, scale, flags, idx, n, k, n_kb, BLOCK=128, INTERPRET=_interpret(),
+    _fp8_block_kernel[grid](x, data, scale, flags, idx, n, k, n_kb, BLOCK=128, INTERPRET=interpreting(),
                             num_warps=cfg["num_warps"], **EXACT)
 
 

@@ -8,9 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
+from quantroll.kernels.launch import interpreting
 from quantroll.kernels.quantize_triton_common import (
     CONFIGS, EXACT, _abs_bits, _cdiv, _clamp448, _div_rn_pos, _div_rn_recip, _div_setup, _div_setup_normal,
-    _interpret, _recip_scaled, _row_tiles, _sm_count)
+    _recip_scaled, _row_tiles, _sm_count)
 
 
 @triton.jit
@@ -352,10 +353,10 @@ def launch_nvfp4(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, globa
         extra = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
         _nvfp4_bf16_kernel[grid](x.view(torch.int32), data.view(torch.int32), scale.view(torch.uint8), global_scale,
                                  amax_bits, idx, n, n_groups, BM=bm, G=g, ITERS=iters, PREFETCH=bool(cfg["PREFETCH"]),
-                                 INTERPRET=_interpret(), num_warps=cfg["num_warps"], **extra, **EXACT)
+                                 INTERPRET=interpreting(), num_warps=cfg["num_warps"], **extra, **EXACT)
         return
     cfg = {**CONFIGS["nvfp4"], **cfg}
     bm, g = cfg["BM"], cfg["G"]
     grid = (_cdiv(n_groups, g), _row_tiles(n, bm))
     _nvfp4_kernel[grid](x, data, scale, global_scale, amax_bits, idx, n, k, n_groups, _cdiv(k, 2),
-                        BM=bm, G=g, INTERPRET=_interpret(), num_warps=cfg["num_warps"], **EXACT)
+                        BM=bm, G=g, INTERPRET=interpreting(), num_warps=cfg["num_warps"], **EXACT)

@@ -4,7 +4,6 @@ launch uses, and small launch helpers shared by the per-format kernel modules.""
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -141,10 +140,6 @@ def _div_setup_normal(d, INTERPRET: tl.constexpr):
     y0 = _rcp_approx(dn, INTERPRET)
     y = tl.fma(y0, tl.fma(-dn, y0, 1.0), y0)
     return s, dn, y
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _cdiv(a: int, b: int) -> int:

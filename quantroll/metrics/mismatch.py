@@ -45,7 +45,7 @@ def _exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def mismatch_metrics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """The mismatch metrics (README, "Training") of one batch of ``[B, T]`` response tokens.
+    """The mismatch metrics (docs/metrics.md) of one batch of ``[B, T]`` response tokens.
 
     - ``train_rollout_logprob_abs_diff`` = mean |r|.
     - ``train_rollout_kl`` = mean(exp(r) - 1 - r): the k3 estimate of KL(rollout ||

@@ -24,7 +24,9 @@ def engine_weight_bytes(engine) -> int:
     return sum(t.numel() * t.element_size() for t in engine.state().values())
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): every timer of a weight update
+    brackets its interval with this."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -39,13 +41,13 @@ def copy_seconds(nbytes: int, device: torch.device, repeats: int = 3, warmup: in
     full, rest = divmod(nbytes, chunk)
 
     def once() -> float:
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(full):
             dst.copy_(src)
         if rest:
             dst[:rest].copy_(src[:rest])
-        _sync(device)
+        synchronize(device)
         return time.perf_counter() - t0
 
     for _ in range(warmup):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from quantroll.formats import QuantizedTensor
+from quantroll.sync.copy_reference import synchronize
 from quantroll.sync.update_quantizer import UpdateQuantizer
 
 
@@ -29,11 +30,6 @@ class SyncTiming:
         """The metrics line's entries for this update."""
         return {"weight_quantize_time": self.quantize_s, "weight_load_time": self.load_s,
                 "weight_copy_time": self.copy_s, "weight_version": self.version}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class WeightSync:
@@ -86,16 +82,16 @@ class WeightSync:
         copy_s = self.copy_seconds()
         direct = self._direct_update(named)
         if direct is not None:  # quantize into the engine's buffers: "load" is the BF16 copy and the checks
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             quantize_s, version = direct.run()
             total = time.perf_counter() - t0
             return SyncTiming(quantize_s, max(total - quantize_s, 0.0), version, copy_s)
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         update = self.quantize(named)
-        _sync(device)
+        synchronize(device)
         t1 = time.perf_counter()
         version = self.engine.load_weights(update.items())
-        _sync(device)
+        synchronize(device)
         return SyncTiming(t1 - t0, time.perf_counter() - t1, version, copy_s)

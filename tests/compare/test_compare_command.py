@@ -7,11 +7,11 @@ import json
 import pytest
 
 from quantroll.cli import main
-from quantroll.commands.compare import train_config
+from quantroll.commands.compare import RECIPE, recipe, train_config
 from quantroll.compare import runner
 from quantroll.rl.config import TrainConfig
 
-SMALL = ["--num-rollout", "2", "--seeds", "1", "--train-args",
+SMALL = ["--num-rollout", "2", "--seeds", "1", "--modes", "1", "--train-args",
          "--rollout-batch-size 4 --n-samples-per-prompt 2 --eval-size 8"]
 
 
@@ -39,6 +39,10 @@ def test_compare_writes_runs_summary_and_report(study):
         # the child ran on config.json: the configuration train makes of the command run.json shows
         config = TrainConfig.from_json((study / "runs" / run / "config.json").read_text(), "config.json")
         assert config == train_config(spec["command"][1:])
+        # the saved config names its metrics file absolutely: a rerun from another directory finds it
+        assert config.output.metrics_file == str((study / "runs" / run / "metrics.jsonl").absolute())
+        assert config.optimizer.lr == float(RECIPE["--lr"])  # compare's recipe, --train-args left lr alone
+        assert config.rollout.train_problems == int(RECIPE["--train-problems"])
         assert config.rollout.rollout_batch_size == 4 and config.correction.enabled == run.endswith("tis-seed1")
         lines = _lines(study / "runs" / run / "metrics.jsonl")
         assert [r["step"] for r in lines] == [0, 1]
@@ -107,8 +111,8 @@ def test_a_quantized_source_is_refused(tmp_path, capsys, tiny_checkpoint):
 @pytest.mark.slow
 def test_response_length_sweep_runs_sample_to_full_length_and_are_reported(tmp_path):
     out = tmp_path / "study"
-    argv = ["compare", "--output-dir", str(out), "--num-rollout", "1", "--seeds", "1", "--corrections", "none",
-            "--sweep-response-len", "12,20", "--train-args", "--rollout-batch-size 2 --n-samples-per-prompt 2 --eval-size 4"]
+    argv = ["compare", "--output-dir", str(out), "--num-rollout", "1", "--seeds", "1", "--modes", "1",
+            "--corrections", "none", "--sweep-response-len", "12,20", "--train-args", "--rollout-batch-size 2 --n-samples-per-prompt 2 --eval-size 4"]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {(r["precision"], r["response_len"]): r for r in summary["sweep"]}
@@ -135,7 +139,8 @@ def test_ctrl_c_keeps_finished_runs_and_exits_130(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(runner, "run_one", interrupt_the_second)
     out = tmp_path / "study"
     assert main(["compare", "--output-dir", str(out), *SMALL]) == 130
-    assert "run the same command again" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("quantroll compare: interrupted: ") and "run the same command again" in err
     assert json.loads((out / "runs" / calls[0] / "run.json").read_text())["status"] == "done"
     assert not (out / "summary.json").exists()
 
@@ -150,3 +155,30 @@ def test_changing_the_conversion_redoes_the_low_precision_runs_only(tmp_path, ca
     assert "converting" in printed and printed.count("done earlier, kept") == 1  # the bf16 run only
     kept = json.loads((out / "checkpoints" / "fp8" / "config.json").read_text())["quantization_config"]
     assert any(m.startswith("model.layers.0.") for m in kept["modules_to_not_convert"])
+
+
+def test_the_default_study_covers_modes_1_and_2():
+    from quantroll.cli import build_parser
+    from quantroll.compare.matrix import build_matrix
+
+    args = build_parser().parse_args(["compare"])
+    specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
+                         False)
+    assert {(s.precision, s.unified) for s in specs} == {("bf16", False), ("fp8", False), ("fp8", True)}
+    assert {s.correction for s in specs if s.precision == "fp8"} == {"none", "tis"} and len(specs) == 10
+
+
+def test_the_recipe_fills_in_what_train_args_leave_out():
+    assert recipe(()) == ("--lr", "5e-5", "--train-problems", "2048")
+    assert recipe(("--lr", "1e-4")) == ("--train-problems", "2048")  # the user's flag replaces the recipe's
+    assert recipe(("--lr=1e-4", "--train-problems", "64")) == ()
+    for task in ("--task", "--prompt-data", "--digits", "--count-span"):  # the pool was sized for the built-in task
+        assert recipe((task, "x")) == ("--lr", "5e-5")
+
+
+def test_train_args_help_points_at_train_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "every flag and its default: quantroll train --help" in text
+    assert "--modes MODES 1 = low-precision rollout" in text and "(default: 1,2)" in text

@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 import pytest
 
 from quantroll.compare import load_runs, summarize, terminal_tables, write_report
+from quantroll.compare.cells import CHI2_NEGATIVE, SHORT
 from tests.compare.synth import build_matrix, spec, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -85,8 +86,9 @@ def test_markdown_names_every_group_the_failure_and_the_plots(report):
         assert r["run_id"] in md
     refs = re.findall(r"!\[[^\]]*\]\((plots/[^)]+)\)", md)
     assert sorted(refs) == sorted(f"plots/{p}" for p in PLOTS)
-    for metric in summary["gap_metrics"]:
-        assert f"- `{metric}`:" in md  # the legend explains every gap metric
+    for metric in summary["gap_metrics"]:  # the legend explains every gap metric, by the name its column shows
+        assert f"- `{SHORT[metric]}`: " in md and f"(metrics.jsonl key {metric})" in md
+        assert f"- `{metric}`" not in md
     for line in (summary["notes"]["warmup"], summary["notes"]["break_even"], summary["notes"]["significance"]):
         assert line in md
     for m in summary["recommendation"]["modes"] + summary["recommendation"]["verdicts"]:
@@ -123,3 +125,38 @@ def test_only_failed_runs_still_report(tmp_path):
     assert set(written) == {"summary.json", "report.md", "report.html"}
     assert "boom: OOM" in (tmp_path / "report.md").read_text()
     assert "boom: OOM" in terminal_tables(summary)
+
+
+def test_html_shows_no_literal_backtick_and_code_spans_become_code(report):
+    out, _, _ = report
+    text = (out / "report.html").read_text()
+    assert "`" not in text
+    from quantroll.compare.htmlpage import _text
+
+    assert _text("from `quantroll inspect` on <each>") == "from <code>quantroll inspect</code> on &lt;each&gt;"
+    assert _text("an odd ` one") == "an odd  one"
+
+
+def test_the_reward_table_has_no_accuracy_column_and_states_k(report):
+    from quantroll.compare.tables import reward_table
+
+    _, summary, _ = report
+    t = reward_table(summary)
+    assert "accuracy" not in t.headers and "final reward" not in t.headers
+    k = {g["reward"]["last_k"] for g in summary["groups"]}
+    assert k == {1} and "reward, last 1 steps" in t.headers  # 6 steps per run: k = max(1, min(5, 6 // 4))
+
+
+def test_negative_chi2_is_explained_only_where_it_appears(tmp_path):
+    for seed, chi2 in enumerate((-2e-7, 1e-7)):
+        steps = [{"step": i, "reward_mean": 0.5, "chi2_token": chi2, "chi2_seq": abs(chi2),
+                  "train_rollout_logprob_abs_diff": 1e-7} for i in range(2)]
+        write_run(tmp_path / "neg", spec(f"bf16-{seed}", "bf16", False, "none", seed, moe=False), steps)
+        steps = [{**s, "chi2_token": abs(chi2)} for s in steps]
+        write_run(tmp_path / "pos", spec(f"bf16-{seed}", "bf16", False, "none", seed, moe=False), steps)
+    for name, negative in (("neg", True), ("pos", False)):
+        summary = summarize(load_runs(tmp_path / name))
+        write_report(tmp_path / name, summary)
+        md = (tmp_path / name / "report.md").read_text()
+        assert (md.count(CHI2_NEGATIVE.replace("|", "\\|")) == 2) is negative  # step 0 and mean tables
+        assert (summary["groups"][0]["gap_mean"]["chi2_token"]["mean"] < 0) is negative

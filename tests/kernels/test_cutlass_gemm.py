@@ -135,8 +135,8 @@ def test_unavailable_reason_on_a_cpu_machine_is_one_line():
 def test_configs_match_the_source():
     """CONFIGS' tiles, swap and scheduler are those of the Config<id> specialisations."""
     text = cutlass_build.SOURCE.read_text()
-    found = re.findall(r"struct Config<(\d+)>\s*:\s*Blockwise<Shape<_(\d+), _(\d+), _128>, (?:One|Shape<[^>]*>), (\w+), \w+, "
-                       r"(\w+), (true|false), Out>", text)
+    found = re.findall(r"struct Config<(\d+)>\s*:\s*Blockwise<Shape<_(\d+), _(\d+), _128>, (?:One|Shape<[^>]*>), "
+                       r"(\w+), \w+, (\w+), (true|false), Out>", text)
     assert len(found) == len(cutlass_gemm.CONFIGS) == cutlass_build.num_configs()
     for cid, tile_m, tile_n, schedule, scheduler, swap in found:
         cfg = cutlass_gemm.CONFIGS[int(cid)]
@@ -198,7 +198,8 @@ def test_built_library_accepts_the_engine_shapes_and_refuses_misaligned_ones(cfg
     """CUTLASS's can_implement, no GPU needed: the 8B and 1.7B layer shapes at decode and
     prefill M run on every config (scales of an odd M counted padded, as the wrapper pads
     them); a K that is not 16-byte aligned, unpadded odd-M scales on a TMA-scale config and
-    an unknown config are refused with a named status."""
+    an unknown config are refused with a named status. (Loading the library on a CPU found
+    a SIGFPE here once: the workspace query divided by a placeholder SM count.)"""
     lib = _built_library()
     assert lib.lib.qr_cutlass_num_configs() == len(cutlass_gemm.CONFIGS)
 
@@ -212,7 +213,7 @@ def test_built_library_accepts_the_engine_shapes_and_refuses_misaligned_ones(cfg
         for m in (1, 5, 16, 33, 64, 100, 256, 1024):
             assert verdict(m, n, k) == 0, (m, n, k)
             assert verdict(m, n, k, out=1) == 0, (m, n, k)
-    assert lib.status_string(verdict(16, 4096, 2040)) == "Error Misaligned Operand"
+    assert lib.status_string(verdict(16, 4096, 2040)).startswith("refused by CUTLASS's can_implement")
     if cfg.tma_scales:
         assert lib.status_string(verdict(5, 4096, 4096, rows=5)) == "Error Misaligned Operand"
     assert lib.status_string(verdict(16, 4096, 4096, config_id=len(cutlass_gemm.CONFIGS))) == "unknown config id"
@@ -290,5 +291,5 @@ def test_a_refused_shape_raises_with_cutlass_status():
     w = case.quantized[0]
     codes = torch.zeros(16, 2056, dtype=torch.float8_e4m3fn, device="cuda")[:, :2040]  # K not 16-byte aligned
     scales = torch.ones(16, 16, device="cuda").t().contiguous().t()
-    with pytest.raises(cutlass_gemm.CutlassGemmError, match=r"swap-128x16-sk on M=16 N=256 K=2040.*Misaligned"):
+    with pytest.raises(cutlass_gemm.CutlassGemmError, match=r"swap-128x16-sk on M=16 N=256 K=2040.*refused by CUTLASS"):
         cutlass_gemm.cutlass_fp8_gemm(codes, scales, w.data[:, :2040], w.scale, torch.bfloat16, 0)

@@ -30,7 +30,8 @@ def test_a_changed_matrix_reports_only_its_own_runs(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(runner, "prepare_checkpoints", lambda setup, specs, log=print: {
         p: setup.source for p in ("bf16", "fp8", "mxfp8", "nvfp4")})
     out = tmp_path / "c"
-    assert main(["compare", "--output-dir", str(out), "--precisions", "bf16,fp8", "--seeds", "1,2"]) == 0
+    assert main(["compare", "--output-dir", str(out), "--precisions", "bf16,fp8", "--modes", "1", "--seeds",
+                 "1,2"]) == 0
     first = json.loads((out / "summary.json").read_text())
     old_ids = {r["run_id"] for r in first["runs"]}
     assert len(old_ids) == 6 and first["stale_runs"] == []

@@ -8,8 +8,11 @@ which correction to use, by a rule it states. Then the train/rollout gap at step
 the steps and by response length, rewards and held-out accuracy of both policies (step 0
 and every --eval-interval steps), what each checkpoint kept in BF16, time per step, the
 rollout speedup against BF16 and whether it pays for the re-quantization of every update
-(break-even). Rerunning the same command continues an interrupted compare; failed runs
-are listed.
+(break-even), and each group by length bucket (reward, held-out accuracy, every gap
+metric). Rerunning the same command continues an interrupted compare: finished runs are
+kept, and each unfinished one resumes from its last saved step (--save-interval); failed
+runs are listed. --groups names the groups one by one instead of the matrix of
+--precisions x --corrections x --modes x --kv-cache-dtypes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from quantroll.trainer.policy import refuse_quantized
 
 DEFAULT_NUM_ROLLOUT = 30
 DEFAULT_EVAL_INTERVAL = 10
+DEFAULT_SAVE_INTERVAL = 5
 # what a compare writes in --output-dir, listed in its marker (quantroll/outputs.py)
 OWNED_FILES = ("summary.json", "report.md", "report.html", "checkpoints.json")
 OWNED_DIRS = ("runs", "checkpoints", "plots", "attribution")
@@ -76,6 +80,13 @@ def register(subparsers) -> None:
     p.add_argument("--kv-cache-dtypes", default="bf16", help="the engine's KV cache dtypes, of bf16,fp8: each "
                    "repeats the matrix with that cache, so that the report shows what FP8 weights, an FP8 KV cache "
                    "and both add to the gap apart")
+    p.add_argument("--groups", default=None, metavar="GROUP,...", help="run these groups instead of the matrix of "
+                   "--precisions/--corrections/--modes/--kv-cache-dtypes (leave those out). GROUP = BASE[+MOD...][@N]: "
+                   "BASE bf16 | fp8, mxfp8, nvfp4 (mode 1) | fp8-m2, mxfp8-m3, nvfp4-m4 (unified); MOD kvfp8 (FP8 KV "
+                   "cache), top (true on-policy), or one correction: tis, tis-seq, tis-geo (TIS at token / sequence / "
+                   "geometric level), mask, mask-seq, mask-geo, r3 (MoE); @N: the first N of --seeds. A correction's "
+                   "flags reach only the groups that name it. E.g. the long-response study: --seeds 1,2 --groups "
+                   "bf16,fp8,fp8+tis@1,fp8+tis-seq@1,fp8+mask@1,fp8-m2@1,fp8+kvfp8@1")
     p.add_argument("--true-on-policy", action="store_true", help="add the true-on-policy group: the bf16 baseline "
                    "and mode 2 (with --modes 2) again with `train --true-on-policy-mode` (CPU), reported beside the "
                    "same runs without it, gap and cost side by side")
@@ -85,6 +96,11 @@ def register(subparsers) -> None:
     p.add_argument("--eval-interval", type=int, default=DEFAULT_EVAL_INTERVAL, help="held-out greedy accuracy of "
                    "the engine's and the trainer's policy (problems outside the training pool) at step 0, every N "
                    "steps and at the last step of each main run (0: never)")
+    p.add_argument("--save-interval", type=int, default=DEFAULT_SAVE_INTERVAL, help="each run saves its trainer "
+                   "state every N steps and at its end (OUT/runs/RUN/state, `train --save`); rerunning the same "
+                   "command resumes each unfinished run from its last save and skips finished ones, and with a larger "
+                   "--num-rollout continues finished runs from their last step (0: no saves, an interrupted run starts "
+                   "again at step 0)")
     p.add_argument("--sweep-response-len", default=None, help="also measure the gap at these response lengths "
                    "(comma-separated, e.g. 1024,4096,8192,16384): responses sampled to full length, ignoring EOS")
     p.add_argument("--sweep-num-rollout", type=int, default=1, help="RL steps per sweep run (1: the gap at step 0)")
@@ -129,7 +145,7 @@ def _train_args(text: str) -> tuple[str, ...]:
     owned = {"--hf-checkpoint", "--ref-load", "--seed", "--metrics-file", "--num-rollout", "--device",
              "--rollout-max-response-len", "--use-tis", "--tis-mode", "--fp8-recipe", "--fp4-recipe",
              "--use-rollout-routing-replay", "--rollout-precision", "--load", "--save", "--eval-interval",
-             "--compute-dtype", "--skip"}
+             "--compute-dtype", "--skip", "--save-interval", "--force", "--config"}
     clash = sorted(owned & {a.split("=")[0] for a in extra})
     if clash:
         raise QuantrollError(f"--train-args may not set {', '.join(clash)}: compare sets them per run "
@@ -156,6 +172,26 @@ def train_config(argv: list[str]):
     return config_from_args(parsed)
 
 
+class SavedStates:
+    """The runs' --save directories as train writes them (rl/savedir.py): compare.runner's RunStates."""
+
+    @staticmethod
+    def saved_step(directory: Path) -> int | None:
+        from quantroll.rl import savedir
+
+        try:
+            saved = savedir.latest(directory)
+        except QuantrollError:  # a damaged pointer: the fresh start that follows replaces it
+            return None
+        return saved.step if saved else None
+
+    @staticmethod
+    def wipe(directory: Path) -> None:
+        from quantroll.rl import savedir
+
+        savedir.wipe(directory)
+
+
 def _check_runs(setup, specs) -> None:
     """Every run's configuration made now, as `quantroll train` will make it, so that a bad
     value fails here, before any run or output."""
@@ -179,11 +215,16 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError("--num-rollout and --sweep-num-rollout must be >= 1")
     if args.eval_interval < 0:
         raise QuantrollError(f"--eval-interval must be >= 0, got {args.eval_interval}")
+    if args.save_interval < 0:
+        raise QuantrollError(f"--save-interval must be >= 0, got {args.save_interval}")
     source, label, moe = _source(args)
     exceptions = _exceptions(args.bf16_exceptions)
-    specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
-                         moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy,
-                         bf16_exceptions=exceptions is not None)
+    if args.groups is not None:
+        specs = _grouped(args, moe, exceptions is not None)
+    else:
+        specs = build_matrix(args.precisions, args.corrections, args.modes, args.seeds, args.rollout_max_response_len,
+                             moe, args.sweep_response_len, args.kv_cache_dtypes, args.true_on_policy,
+                             bf16_exceptions=exceptions is not None)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
     refuse_foreign(f"--output-dir {out}", out)
@@ -196,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16,
                           **({"skip": tuple(args.skip)} if args.skip else {})}, args.eval_interval,
                          {p: exceptions.convert_fields() for p in _low_precisions(specs)}
-                         if exceptions not in (None, "auto") else {})
+                         if exceptions not in (None, "auto") else {}, args.save_interval, SavedStates())
     _check_runs(setup, specs)
     fresh = not out.exists()
     with OutputLock(out, f"--output-dir {out}", log=print):  # one compare at a time per directory
@@ -211,6 +252,26 @@ def run(args: argparse.Namespace) -> int:
                 if not list_files(out):
                     (out / MARKER).unlink(missing_ok=True)
             raise
+
+
+MATRIX_FLAGS = ("precisions", "corrections", "modes", "kv_cache_dtypes", "true_on_policy")
+
+
+def _grouped(args, moe: bool, bf16_exceptions: bool) -> list:
+    """--groups: the runs of the named groups; the matrix flags beside it, or a correction
+    level in --train-args (it would reach every group), are refused."""
+    from quantroll.compare.groupspec import build_groups_matrix
+
+    defaults = _parser().parse_args(["compare"])  # compare's own defaults: the matrix the flags would give
+    given = [k for k in MATRIX_FLAGS if getattr(args, k) != getattr(defaults, k)]
+    if given:
+        raise QuantrollError(f"--groups names every group; drop {', '.join('--' + k.replace('_', '-') for k in given)} "
+                             "(write kvfp8, a correction or top into the groups, e.g. fp8+kvfp8, fp8-m2+top)")
+    if {"--tis-level", "--tis-mode", "--use-tis"} & {a.split("=")[0] for a in _train_args(args.train_args)}:
+        raise QuantrollError("--train-args may not set the correction's level or mode with --groups: name it in the "
+                             "group (fp8+tis-seq, fp8+tis-geo, fp8+mask-seq, ...)")
+    return build_groups_matrix(args.groups, args.seeds, args.rollout_max_response_len, moe, args.sweep_response_len,
+                               bf16_exceptions)
 
 
 def _exceptions(value: str | None):

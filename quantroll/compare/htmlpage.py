@@ -11,6 +11,7 @@ import html
 from pathlib import Path
 
 from quantroll.compare.answer import answer, preamble
+from quantroll.compare.bylength import by_length_tables
 from quantroll.compare.cells import Table
 from quantroll.compare.tables import build_tables, plots_after
 
@@ -62,7 +63,7 @@ def render_html(summary: dict, plots: dict) -> str:
     body = ["<h1>quantroll compare: low-precision rollout study</h1>",
             '<ul class="answer">' + "".join(f"<li><strong>{_text(line)}</strong></li>" for line in answer(summary)) + "</ul>",
             "<ul>" + "".join(f"<li>{_text(line)}</li>" for line in preamble(summary)) + "</ul>"]
-    tables = build_tables(summary)
+    tables = build_tables(summary) + by_length_tables(summary)  # per group, by length bucket
     after = plots_after(tables)
     for t in tables:
         body.append(table_html(t))

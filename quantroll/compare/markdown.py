@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from quantroll.compare.answer import answer, preamble
+from quantroll.compare.bylength import by_length_tables
 from quantroll.compare.cells import Table
 from quantroll.compare.tables import build_tables, plots_after
 
@@ -32,7 +33,7 @@ def render_markdown(summary: dict, plots: dict) -> str:
     out = ["# quantroll compare: low-precision rollout study", ""]
     out += [f"- {md_text(line)}" for line in answer(summary)] + [""]
     out += [f"- {md_text(line)}" for line in preamble(summary)] + [""]
-    tables = build_tables(summary)
+    tables = build_tables(summary) + by_length_tables(summary)  # per group, by length bucket
     after = plots_after(tables)
     for t in tables:
         out += table_md(t)

@@ -21,6 +21,10 @@ CORRECTION_ARGS = {
     "mask": ("--use-tis", "--tis-mode", "mask"),
     "r3": ("--use-rollout-routing-replay",),
 }
+# corrections at sequence / geometric-mean level: named by --groups (groupspec.py), not by --corrections
+LEVELED = {"tis-seq": ("--use-tis", "--tis-level", "sequence"), "tis-geo": ("--use-tis", "--tis-level", "geometric"),
+           "mask-seq": ("--use-tis", "--tis-mode", "mask", "--tis-level", "sequence"),
+           "mask-geo": ("--use-tis", "--tis-mode", "mask", "--tis-level", "geometric")}
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class RunSpec:
     def train_args(self) -> list[str]:
         """The flags that make this run what it is (the runner adds checkpoints and output)."""
         args = ["--seed", str(self.seed), "--rollout-max-response-len", str(self.response_len)]
-        args += list(CORRECTION_ARGS[self.correction])
+        args += list({**CORRECTION_ARGS, **LEVELED}[self.correction])
         if self.unified:
             args += list(recipe_args(self.precision))  # the format's own train flag
         if self.sweep:

@@ -7,7 +7,13 @@ configuration as ``config.json`` (``quantroll train --config``); the directory's
 ``run.json`` holds the spec, the same run as a command line, the status and its owner
 (pid and host of the compare running it: quantroll/compare/runstatus.py); a finished
 run whose command is unchanged is not redone, so an interrupted compare continues where
-it stopped.
+it stopped. Each run saves its trainer state every ``save_interval`` steps into
+``run_dir/state`` (``train --save``, rl/savedir.py); a run that was interrupted (killed,
+a time limit, Ctrl-C) or failed, with the same command, resumes from its last saved
+step (``train --load``: same weights, optimizer, RNG and metrics file up to that step),
+so a 16K-token run cut after step 17 does not start again at step 0; a finished run
+asked for more steps (a larger --num-rollout, nothing else changed) continues from its
+last save the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
@@ -28,6 +35,19 @@ from quantroll.compare.rundata import read_metrics
 from quantroll.compare.runstatus import mark_interrupted, terminate_as_interrupt
 from quantroll.formats import get_format
 from quantroll.outputs import write_owned_file
+
+STATE_DIR = "state"  # the run's --save directory, under its run directory
+
+
+class RunStates(Protocol):
+    """What the runner needs of a run's ``--save`` directory; the command layer gives it
+    (rl/savedir.py owns the format, and compare does not import rl)."""
+
+    def saved_step(self, directory: Path) -> int | None:
+        """The last step saved there (None: nothing, or a damaged state, to be replaced)."""
+
+    def wipe(self, directory: Path) -> None:
+        """Delete the state there, for a fresh start."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,8 @@ class CompareSetup:
     convert_args: dict  # ConvertConfig fields (layers kept in BF16)
     eval_interval: int = 0  # held-out evaluation of the main runs (step 0, every N, last); sweep runs never
     exceptions: dict = field(default_factory=dict)  # precision -> ConvertConfig fields of its BF16 exceptions
+    save_interval: int = 0  # every run saves its state every N steps (and at its end) to resume from; 0: never
+    states: RunStates | None = None  # reads and wipes those saves (the command layer's; needed with save_interval)
 
 
 def exception_args(setup: CompareSetup, precision: str) -> dict:
@@ -84,7 +106,30 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
     elif setup.eval_interval:
         args += ["--eval-interval", str(setup.eval_interval)]
     # absolute: config.json and run.json name the file wherever the run is continued from
-    return args + spec.train_args() + ["--metrics-file", str((run_dir / "metrics.jsonl").absolute())]
+    args += spec.train_args() + ["--metrics-file", str((run_dir / "metrics.jsonl").absolute())]
+    if setup.save_interval:
+        args += ["--save", str((run_dir / STATE_DIR).absolute()), "--save-interval", str(setup.save_interval)]
+    return args
+
+
+def _same_run(a: list[str] | None, b: list[str]) -> bool:
+    """The same command but for the value of --num-rollout (nothing in a step depends on
+    it but the evaluation of the last step, which a longer run adds and does not use)."""
+    def masked(cmd: list[str]) -> list[str]:
+        return [("*" if i and cmd[i - 1] == "--num-rollout" else x) for i, x in enumerate(cmd)]
+
+    return a is not None and masked(list(a)) == masked(b)
+
+
+def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, states: RunStates
+                  ) -> int | None:
+    """The saved step a run continues after, when it is the same run (same command up to
+    --num-rollout, same engine checkpoint) and its state holds one (None: start it afresh).
+    A finished run asked for more steps continues too: its last save is its last step."""
+    if not previous or not _same_run(previous.get("command"), shown) \
+            or previous.get("engine_checkpoint_made_from") != made_from:
+        return None
+    return states.saved_step(run_dir / STATE_DIR)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -121,21 +166,43 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
             and previous.get("engine_checkpoint_made_from") == made_from and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
         return previous
-    metrics.unlink(missing_ok=True)
+    states = setup.states
+    if setup.save_interval and states is None:
+        raise ValueError("run_one: setup.save_interval needs setup.states (the command layer's RunStates)")
+    resume = _resume_point(previous, shown, made_from, run_dir, states) if setup.save_interval else None
+    if resume is not None and resume + 1 == steps and previous.get("command") == shown \
+            and len(read_metrics(metrics)[0]) >= steps:
+        log(f"  {spec.run_id}: finished earlier (killed before it was marked done), kept")  # the last save is the end
+        record = {**previous, "status": "done", "error": None}
+        atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
+        return record
+    if resume is not None and resume + 1 >= steps:
+        resume = None  # its state is the end (or past it: fewer steps asked) and nothing is left to do: start over
+    if resume is None:  # a fresh start: whatever an older or different run left goes
+        metrics.unlink(missing_ok=True)
+        if states is not None:
+            states.wipe(run_dir / STATE_DIR)
+        argv = cmd[3:]
+    else:
+        verb = "extending" if previous.get("status") == "done" else "resuming"
+        log(f"  {spec.run_id}: {verb} after its saved step {resume} of {steps}")
+        argv = cmd[3:] + ["--load", str((run_dir / STATE_DIR).absolute())]
     config = run_dir / "config.json"
-    atomic_write_text(config, config_of(cmd[3:]).to_json())
+    atomic_write_text(config, config_of(argv).to_json())
+    resumes = (previous.get("resumed_after_steps") or []) + [resume] if resume is not None else []
     record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
-              "engine_checkpoint_made_from": made_from,
+              "engine_checkpoint_made_from": made_from, "resumed_after_steps": resumes,
               "emulated": None, "pid": os.getpid(), "host": socket.gethostname()}  # the owner (runstatus.py)
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as out, terminate_as_interrupt():
+    # a resume's log follows the last attempt's
+    with open(run_dir / "train.log", "a" if resume is not None else "w") as out, terminate_as_interrupt():
         proc = subprocess.Popen([*cmd[:4], "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             code = proc.wait()
-        except BaseException as err:  # Ctrl-C, SIGTERM: stop the child too; the run is redone next time
+        except BaseException as err:  # Ctrl-C, SIGTERM: stop the child too; the run resumes from its save next time
             proc.kill()
             proc.wait()
             record.update(mark_interrupted(record, err))

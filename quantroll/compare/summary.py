@@ -22,6 +22,7 @@ A "stats" is {"mean", "std" (over seeds, ddof=1, None with one seed), "n"}.
 
 from __future__ import annotations
 
+from quantroll.compare.bylength import attach_by_length
 from quantroll.compare.groups import build_groups, build_sweep, is_emulated, spec_key
 from quantroll.compare.heldout import baseline_check, baseline_warning, memorisation_warnings
 from quantroll.compare.labels import display
@@ -91,6 +92,7 @@ def summarize(runs: list[RunData], checkpoints: list[dict] | None = None) -> dic
     done = [r for r in runs if r.spec.get("status") == "done" and r.steps]
     groups = build_groups([r for r in done if not r.spec.get("sweep")])
     base = _baseline(groups)
+    attach_by_length(groups, done)  # each group's reward, held-out accuracy and gap per length bucket (bylength.py)
     for g in groups:
         g["speed"] = break_even(g, base) if base and g is not base else None
         g["reward_vs_bf16"] = difference(g["reward"]["mean"], base["reward"]["mean"]) if base and g is not base else None

@@ -24,7 +24,7 @@ INTERRUPTED = "interrupted"
 def mark_interrupted(record: dict, err: BaseException) -> dict:
     """The fields a run record gets when its compare is stopped while it runs."""
     why = "Ctrl-C or SIGTERM" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
-    return {"status": INTERRUPTED, "error": f"interrupted ({why}); rerun the compare to redo it"}
+    return {"status": INTERRUPTED, "error": f"interrupted ({why}); rerun the compare to resume it from its last save"}
 
 
 def status(record: dict) -> str:

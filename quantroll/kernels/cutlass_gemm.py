@@ -128,20 +128,22 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     return None
 
 
-_logged: set[str] = set()
+_answers: dict[str, bool] = {}
 
 
 def available(device: torch.device | str | None = None) -> bool:
-    """Whether unavailable_reason(device) is None; the first answer per device is logged."""
-    reason = unavailable_reason(device)
+    """Whether unavailable_reason(device) is None: decided once per device and logged then
+    (the GEMM table asks at every product it routes; the answer cannot change in a process,
+    the library being loaded or refused once)."""
     key = str(device)
-    if key not in _logged:
-        _logged.add(key)
+    if key not in _answers:
+        reason = unavailable_reason(device)
+        _answers[key] = reason is None
         if reason is None:
             log.info("CUTLASS blockwise FP8 GEMMs: %s on %s", library().path.name, device)
         else:
             log.warning("CUTLASS blockwise FP8 GEMMs unavailable on %s: %s", device, reason)
-    return reason is None
+    return _answers[key]
 
 
 def _check_operands(aq, a_s, wq, w_s) -> tuple[int, int, int]:

@@ -90,16 +90,15 @@ def main() -> None:
                 us, _ = case(cfg, kv, b, c, splits=n, check=check)
                 print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep and kv in args.sweep_kv.split(","):
-                for hf, bs, w, st in itertools.product((False, True), (64, 128), (4, 8), (2, 3, 4)):
+                for bs, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4)):
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
-                                                decode_stages=st, decode_heads_fastest=hf)
+                                                decode_stages=st)
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles, check=check)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
-                        print(f"      {hf=} {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
+                        print(f"      {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    print(f"      {'heads-first ' if hf else 'seqs-first  '}bs{bs:<3d} w{w} st{st} {us:8.1f} "
-                          f"{us / floor:7.2f}", flush=True)
+                    print(f"      bs{bs:<3d} w{w} st{st} {us:8.1f} {us / floor:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,6 @@ class PagedTiles:
     decode_block_s: int = 64
     decode_warps: int = 4
     decode_stages: int = 3
-    # launch order: the KV heads of one sequence side by side (program axis 0), so that the
-    # heads' interleaved rows of one block are read at about the same time
-    decode_heads_fastest: bool = False
     prefill_block_m: int = 64
     prefill_block_n: int = 64
     prefill_warps: int = 4
@@ -87,13 +84,12 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     else:
         part_o = part_ml = out  # placeholders (never stored to)
     tables = batch.block_tables
-    grid = (hkv, b, splits) if tiles.decode_heads_fastest else (b, hkv, splits)
-    paged_decode_kernel[grid](
+    paged_decode_kernel[(b, hkv, splits)](
         q, k, v, ks, vs, tables, batch.context_lens, out, part_o, part_ml, d**-0.5,
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
         HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_SIZE=cache.block_size,
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
-        HEADS_FASTEST=tiles.decode_heads_fastest, num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
+        num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
     if splits > 1:
         merge_splits_kernel[(b, h)](part_o, part_ml, out, out.stride(0), out.stride(1), H=h, D=d,
                                     D_PAD=next_pow2(d, 16), SPLITS=splits, S_PAD=next_pow2(splits, 2))

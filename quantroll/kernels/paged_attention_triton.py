@@ -153,13 +153,9 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
                         s_qb, s_qh, s_tb, s_ob, s_oh,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
                         G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
-                        FP8: tl.constexpr, IEEE: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    if HEADS_FASTEST:  # grid (KV heads, sequences, splits)
-        b = tl.program_id(1).to(tl.int64)
-        kvh = tl.program_id(0)
-    else:  # grid (sequences, KV heads, splits)
-        b = tl.program_id(0).to(tl.int64)
-        kvh = tl.program_id(1)
+                        FP8: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     length = tl.load(len_ptr + b).to(tl.int32)
     per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_S) * BLOCK_S

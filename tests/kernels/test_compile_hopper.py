@@ -52,7 +52,7 @@ CASES = [
        {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",
         "len_ptr": "i32", "o_ptr": "bf16", "po_ptr": "fp32", "pml_ptr": "fp32"},
        dict(HKV=8, D=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_S=64 if kv == "bf16" else 128,
-            SPLITS=splits, FP8=kv == "fp8e4nv", IEEE=False, HEADS_FASTEST=False), dict(num_warps=4, num_stages=3))  # the engine's tiles
+            SPLITS=splits, FP8=kv == "fp8e4nv", IEEE=False), dict(num_warps=4, num_stages=3))  # the engine's tiles
       for kv in ("bf16", "fp8e4nv") for splits in (1, 8)],
     *[("paged_attention_triton", "paged_prefill_kernel",
        {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from quantroll.bench.shapes import random_model, shape_config  # noqa: E402
+from tests.engine.logprob_errors import mean_errors  # noqa: E402
 from quantroll.engine import Engine, SamplingParams  # noqa: E402
 from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache  # noqa: E402
 from quantroll.formats import get_format  # noqa: E402
@@ -107,15 +108,6 @@ def test_engine_logprobs_are_as_close_to_float32_as_a_bf16_full_forward(model_ty
     engine = Engine.from_model(model, None, DEV)
     res = engine.generate([list(range(7 * i, 7 * i + 5 + i)) for i in range(12)],
                           SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=3))
-    engine_err, forward_err = [], []
-    for r in res:
-        ids = torch.tensor([r.prompt_tokens + r.tokens[:-1]], device=DEV)
-        tok = torch.tensor(r.tokens, device=DEV)[:, None]
-        with torch.no_grad():
-            lp = {name: torch.log_softmax(m(ids)[0, len(r.prompt_tokens) - 1:].double(), -1).gather(-1, tok)[:, 0].cpu()
-                  for name, m in (("bf16", bf16), ("f32", f32))}
-        engine_err.append((torch.tensor(r.logprobs, dtype=torch.float64) - lp["f32"]).abs())
-        forward_err.append((lp["bf16"] - lp["f32"]).abs())
-    engine_mean, forward_mean = torch.cat(engine_err).mean().item(), torch.cat(forward_err).mean().item()
+    engine_mean, forward_mean = mean_errors(res, bf16, f32, DEV)
     print(f"{model_type}: mean |logprob - float32| engine {engine_mean:.2e}, BF16 full forward {forward_mean:.2e}")
     assert engine_mean <= 1.5 * forward_mean

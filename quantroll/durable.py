@@ -181,9 +181,13 @@ def write_atomic(path: str | Path, data: bytes | str, *, sync: bool = True) -> N
 
     The file keeps the permissions of the one it replaces (a new one gets the umask's).
     On any failure (a full disk, Ctrl-C) the temporary file is removed and ``path`` is
-    left as it was; the OSError propagates (callers name the file in their message)."""
+    left as it was; the OSError propagates (callers name the file in their message).
+    A kill -9 cannot clean up after itself, so the temporary files of ``path`` that a
+    dead writer left are removed first."""
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
+    for stale in stale_temps(path.parent, path.name):  # what a writer of this file left when it was killed
+        remove(stale)
     tmp = temp_name(path, "tmp")
     try:
         mode = os.stat(path).st_mode & 0o7777

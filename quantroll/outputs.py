@@ -193,3 +193,36 @@ def write_owned_file(directory: str | Path, name: str, text: str) -> None:
     """Write ``directory/name`` atomically and record it as quantroll's."""
     durable.write_atomic(Path(directory) / name, text)
     record_owned(directory, files=(name,))
+
+
+# -- single JSON report files (--json of inspect and bench) ------------------------------
+# A report file carries WRITTEN_BY at its top level, so that a later run can tell its own
+# report (replaced, as a re-run expects) from a file of the user's (refused, always).
+
+WRITTEN_BY = {"written_by": "quantroll"}
+REPORT_RULE = "an existing FILE is replaced only if it is a JSON report quantroll wrote; any other file is refused"
+
+
+def _is_our_report(path: Path) -> bool:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("written_by") == WRITTEN_BY["written_by"]
+
+
+def check_report_file(flag: str, value: str) -> None:
+    """``value`` can take a JSON report: writable, and absent, empty or one quantroll wrote."""
+    check_output_path(flag, value, is_file=True)
+    path = Path(value)
+    if path.is_file() and path.stat().st_size and not _is_our_report(path):
+        raise QuantrollError(f"{flag} {value} exists and is not a report quantroll wrote; quantroll never replaces it: "
+                             "choose another file")
+
+
+def write_report(flag: str, value: str, record: dict) -> None:
+    """Write ``record`` (marked as quantroll's) to ``value`` atomically; checked again
+    here, since the work before it may have taken hours and the file may have appeared."""
+    check_report_file(flag, value)
+    with durable.writing(f"{flag} {value}"):
+        durable.write_atomic(value, json.dumps({**WRITTEN_BY, **record}, indent=2) + "\n")

@@ -123,3 +123,24 @@ def test_inspect_errors(capsys, tmp_path, quantized, tiny_qwen3_dir):
     assert main(["inspect", str(dst), "--against", str(tiny_qwen3_dir)]) == 2  # the dense model lacks MoE tensors
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "has no tensor" in err
+
+
+def test_inspect_json_replaces_only_its_own_report(capsys, tmp_path, quantized):
+    """--json: a re-run replaces the report quantroll wrote; a user's file (JSON or not) is
+    refused before any work, left byte for byte as it was."""
+    src, dst = quantized["fp8"]
+    report = tmp_path / "r.json"
+    assert main(["inspect", str(dst), "--against", str(src), "--json", str(report)]) == 0
+    first = json.loads(report.read_text())
+    assert first["written_by"] == "quantroll"
+    assert len(first["worst"]) > 1
+    assert main(["inspect", str(dst), "--against", str(src), "--top", "1", "--json", str(report)]) == 0  # replaced
+    assert len(json.loads(report.read_text())["worst"]) == 1
+    for user in ('{"mine": 1}\n', "notes\n"):
+        theirs = tmp_path / "theirs.json"
+        theirs.write_text(user)
+        capsys.readouterr()
+        assert main(["inspect", str(dst), "--json", str(theirs)]) == 2
+        err = capsys.readouterr().err
+        assert "--json" in err and "not a report quantroll wrote" in err and len(err.strip().splitlines()) == 1
+        assert theirs.read_text() == user

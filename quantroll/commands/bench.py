@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.errors import QuantrollError
+from quantroll.outputs import REPORT_RULE, write_report
 
 
 def register(subparsers) -> None:
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     r.add_argument("--kv-cache-memory-gb", type=float, default=None, help="rl: the KV pool (default: 85%% of the "
                    "free GPU memory)")
     r.add_argument("--repeats", type=int, default=3, help="timed repeats per point, median reported (default: 3)")
-    r.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON to FILE")
+    r.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON to FILE; " + REPORT_RULE)
     r.set_defaults(func=run_rollout)
 
 
@@ -54,7 +54,7 @@ def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[s
     from quantroll.bench.rollout import DEFAULT_BATCHES, DEFAULT_SHAPES
     from quantroll.bench.shapes import SHAPES
     from quantroll.formats import FORMAT_NAMES
-    from quantroll.outputs import check_output_path
+    from quantroll.outputs import check_report_file
 
     rl = args.workload == "rl"
     shapes = args.shape.split(",") if args.shape else (["qwen3-8b"] if rl else list(DEFAULT_SHAPES))
@@ -101,7 +101,7 @@ def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[s
         if unknown or not args.policies:
             raise QuantrollError(f"--policies {','.join(args.policies)}: each must be continuous or static")
     if args.json:
-        check_output_path("--json", args.json, is_file=True)
+        check_report_file("--json", args.json)
     return batches, precisions
 
 
@@ -119,9 +119,8 @@ def run_rollout(args: argparse.Namespace) -> int:
                                       args.kv_cache_memory_gb)
         print(format_workload_table(peaks, w, results))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"peaks": asdict(peaks), "workload": asdict(w), "results": [asdict(r) for r in results]},
-                          f, indent=2)
+            write_report("--json", args.json, {"peaks": asdict(peaks), "workload": asdict(w),
+                                               "results": [asdict(r) for r in results]})
         return 0
     from quantroll.bench.rollout import format_table, run_rollout_bench
 
@@ -129,6 +128,5 @@ def run_rollout(args: argparse.Namespace) -> int:
                                        args.new_tokens, args.repeats)
     print(format_table(peaks, results))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"peaks": asdict(peaks), "results": [asdict(r) for r in results]}, f, indent=2)
+        write_report("--json", args.json, {"peaks": asdict(peaks), "results": [asdict(r) for r in results]})
     return 0

@@ -8,17 +8,15 @@ BF16 checkpoint it was made from (the worst --top first). --json writes it all.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 
 from quantroll.checkpoint.integrity import stored_problems
 from quantroll.checkpoint.plan import REASONS
-from quantroll.durable import write_atomic, writing
 from quantroll.checkpoint.stats import InspectReport, inspect_checkpoint, kept_by_reason
 from quantroll.commands.helpformat import HelpFormatter
-from quantroll.outputs import check_output_path
+from quantroll.outputs import REPORT_RULE, check_report_file, write_report
 
 _SHOW = 6  # names listed per kept reason before "... and N more"
 
@@ -39,7 +37,7 @@ def register(subparsers) -> None:
         help="BF16 source checkpoint: report SQNR (dB, float64 sums) per quantized weight. Default: no comparison",
     )
     p.add_argument("--top", type=int, default=10, metavar="N", help="how many of the worst-SQNR weights to list (default: 10)")
-    p.add_argument("--json", metavar="FILE", default=None, help="also write the full report as JSON to FILE (default: none)")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the full report as JSON to FILE; " + REPORT_RULE + " (default: none)")
     p.set_defaults(func=run)
 
 
@@ -98,7 +96,7 @@ def _check_args(args: argparse.Namespace) -> None:
         with CheckpointReader(against):  # a directory that is not a checkpoint: its own one line
             pass
     if args.json:
-        check_output_path("--json", args.json, is_file=True)
+        check_report_file("--json", args.json)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.against is not None and report.against is None:
         print(f"--against: {args.dir} holds no quantized weights, so there is nothing to compare with {args.against}")
     if args.json:
-        with writing(f"--json {args.json}"):
-            write_atomic(args.json, json.dumps(report.to_json(args.top), indent=2) + "\n")
+        write_report("--json", args.json, report.to_json(args.top))
     if problems:  # the checkpoint is damaged: the summary above is printed, the exit status says so
         more = f" (and {len(problems) - 1} more: see above)" if len(problems) > 1 else ""
         print(f"quantroll inspect: error: {args.dir}: {problems[0]}{more}; the checkpoint is damaged: convert it again "

@@ -41,10 +41,10 @@ def build_task(cfg: RolloutConfig) -> tuple[object, list | None]:
     """(training task, held-out evaluation problems or None) for a run's rollout settings.
 
     A built-in task trains on a pool of ``cfg.train_problems`` problems (0: a fresh
-    problem every time) and, when evaluation is on without --eval-data, is evaluated on
+    problem every time, never a held-out one) and, when evaluation is on without --eval-data, is evaluated on
     ``cfg.eval_size`` held-out problems: the same held-out stream ``quantroll sft`` keeps
     out of training, never in the pool."""
-    from quantroll.tasks.base import PoolTask
+    from quantroll.tasks.base import FreshTask, PoolTask
     from quantroll.tasks.data import read_problems
     from quantroll.sft import DEFAULT_EVAL_SIZE, held_out_problems
 
@@ -62,10 +62,11 @@ def build_task(cfg: RolloutConfig) -> tuple[object, list | None]:
     held_out = held_out_problems(task, max(cfg.eval_size, DEFAULT_EVAL_SIZE), seed=0)
     if evaluation is None and cfg.eval_interval:
         evaluation = held_out[: cfg.eval_size]
+    exclude = frozenset(p.prompt for p in held_out)
     if not cfg.train_problems:
-        return task, evaluation
+        return FreshTask(task, exclude), evaluation
     try:
-        pool = PoolTask.draw(task, cfg.train_problems, cfg.seed, frozenset(p.prompt for p in held_out))
+        pool = PoolTask.draw(task, cfg.train_problems, cfg.seed, exclude)
     except ValueError as err:
         raise QuantrollError(f"--train-problems {cfg.train_problems}: {err}; lower it") from None
     return pool, evaluation

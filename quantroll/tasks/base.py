@@ -70,6 +70,32 @@ class PoolTask:
         return self.base.reward(response, label)
 
 
+@dataclass(frozen=True)
+class FreshTask:
+    """A built-in task drawing a new problem every time (``--train-problems 0``), but never
+    one of ``exclude`` (the held-out evaluation set): training on an evaluation problem
+    would make held-out accuracy measure memory instead of skill."""
+
+    base: Task
+    exclude: frozenset[str]
+    tries: int = 1000
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    def sample(self, rng: random.Random) -> Problem:
+        for _ in range(self.tries):
+            p = self.base.sample(rng)
+            if p.prompt not in self.exclude:
+                return p
+        raise QuantrollError(f"the {self.base.name} task's held-out set covers (nearly) every problem: {self.tries} "
+                             "draws in a row were held-out problems; lower --eval-size")
+
+    def reward(self, response: str, label: str) -> float:
+        return self.base.reward(response, label)
+
+
 def held_out_problems(task: Task, n: int, seed: int) -> list[Problem]:
     """``n`` distinct evaluation problems, from a stream separate from training's."""
     return distinct_problems(task, random.Random(f"quantroll-sft-eval-{seed}"), n, tries_per_problem=100)

@@ -128,3 +128,23 @@ def test_train_refuses_a_checkpoint_whose_tokenizer_cannot_write_the_trace(capsy
     assert main(["train", "--task", "count", "--count-span", "1000", "--rollout-max-response-len", "4000",
                  "--train-problems", "0", "--num-rollout", "1", "--device", "cpu"]) == 2
     assert "context is 2048" in capsys.readouterr().err
+
+
+def test_fresh_problems_never_include_a_held_out_one():
+    """--train-problems 0 draws a new problem each time, but never a held-out one (the
+    control: the plain task draws held-out problems within the same number of draws)."""
+    import random
+
+    from quantroll.rl.config import RolloutConfig
+    from quantroll.rl.rollout import build_task
+
+    fresh, held_out = build_task(RolloutConfig(task="arithmetic", digits=2, train_problems=0, eval_size=16,
+                                               eval_interval=1))
+    assert len(held_out) == 16
+    excluded = fresh.exclude
+    assert {p.prompt for p in held_out} <= excluded
+    draws = [fresh.sample(random.Random(seed)).prompt for seed in range(2000)]
+    assert not set(draws) & excluded
+    plain = [fresh.base.sample(random.Random(seed)).prompt for seed in range(2000)]
+    assert set(plain) & excluded  # without the exclusion these draws would have hit the held-out set
+    assert fresh.reward(held_out[0].label, held_out[0].label) == fresh.base.reward(held_out[0].label, held_out[0].label)

@@ -225,12 +225,12 @@ def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkey
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
-    model = random_model(cfg, "cuda", fmt=fp8)
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 172))]
     calls = count_act_quant_launches(monkeypatch.setattr)
     results, launches = {}, {}
-    for fuse in (False, True):
+    for fuse in (False, True):  # a model per engine (seeded: the same weights), each prepared from its plan
+        model = random_model(cfg, "cuda", fmt=fp8)
         engine = Engine.from_model(model, fp8, "cuda", fp8_kernels=True, cuda_graphs=graphs,
                                    kernels=KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
         calls[0] = 0

@@ -353,12 +353,13 @@ def test_fp8_engine_prefills_prompts_of_any_length():
     from quantroll.kernels.gemm_plan import FP8_GEMMS, GemmPlan
     from quantroll.model.kernel_config import KernelConfig
 
-    model = random_model(_small(), DEV, fmt=FP8)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=(), seed=9)
     prompts = [[5], list(range(10, 22)), list(range(40, 63))]
-    cublas = Engine.from_model(model, FP8, DEV).generate(prompts, params)
+    cublas = Engine.from_model(random_model(_small(), DEV, fmt=FP8), FP8, DEV).generate(prompts, params)
     no_cublas = GemmPlan(tuple(r for r in FP8_GEMMS.rows if r.kernel != "cublas"))
-    triton_prefill = Engine.from_model(model, FP8, DEV, kernels=KernelConfig(gpu=EngineKernels(fp8_gemms=no_cublas))
+    # a second model of the same (seeded) weights: each engine prepares its own from its plan
+    triton_prefill = Engine.from_model(random_model(_small(), DEV, fmt=FP8), FP8, DEV,
+                                       kernels=KernelConfig(gpu=EngineKernels(fp8_gemms=no_cublas))
                                        ).generate(prompts, params)
     for a, b in zip(cublas, triton_prefill):
         assert len(a.tokens) == 8

@@ -1,7 +1,8 @@
-"""Which implementation each op of a forward pass takes, as one frozen value.
+"""Which implementation each op of a forward pass takes, as one frozen value, and the
+frozen forward plan that contains it.
 
-The engine and the trainer each hold a ``KernelConfig`` given to the model once
-(``CausalLM.use_kernels_``): the default keeps every op as it is (the fastest
+The engine and the trainer each hold a ``KernelConfig``, given to the model once inside
+its ``ForwardPlan`` (``CausalLM.prepare_``): the default keeps every op as it is (the fastest
 kernel for each shape), ``INVARIANT_KERNELS`` makes every op batch-invariant
 (model/invariant.py) so that a token's logprob is the same bits whatever else shares its
 batch, whatever the schedule, and whether it is computed by the engine's decode step, its
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from quantroll.errors import QuantrollError
+from quantroll.formats import Format
 from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS, EngineKernels
 from quantroll.kernels.invariant_gemm import InvariantGemmTiles
 from quantroll.kernels.paged_attention import PagedTiles
@@ -59,13 +61,14 @@ class TrainFormat:
     sides) compute their forward in ``format`` (model/quantized_forward.py); ``real_fp8``:
     on the GPU's FP8 GEMMs rather than the exact emulation."""
 
-    format: object  # a quantroll.formats.Format
+    format: Format
     layers: frozenset
     real_fp8: bool = False
 
     def __post_init__(self):
         if not isinstance(self.layers, frozenset):
-            raise QuantrollError(f"TrainFormat.layers must be a frozenset of layer names, got {type(self.layers).__name__}")
+            raise QuantrollError(f"TrainFormat.layers must be a frozenset of layer names, got "
+                                 f"{type(self.layers).__name__}")
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,8 @@ def _mode2(engine_ckpt, policy_ckpt):
     engine = Engine(engine_ckpt, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=2))
     names = frozenset(engine.quantized_layers())
     assert names
-    policy = load_policy(policy_ckpt, device=DEV, kernels=INVARIANT_KERNELS, train=TrainFormat(get_format("fp8"), names))
+    policy = load_policy(policy_ckpt, device=DEV, kernels=INVARIANT_KERNELS,
+                         train=TrainFormat(get_format("fp8"), names))
     return engine, policy
 
 

@@ -114,7 +114,9 @@ class Engine:
                    cuda_graphs: bool = True, stop_ids: tuple[int, ...] = (), fused_kernels: bool = True,
                    cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                    kernels: KernelConfig | None = None) -> "Engine":
-        """An engine around a model already in memory (benchmarks of real shapes, tests)."""
+        """An engine around a model already in memory (benchmarks of real shapes, tests). The
+        engine prepares the model from its forward plan: a model serves engines of one plan
+        (another plan is refused: build a model per plan)."""
         engine = cls.__new__(cls)
         engine.checkpoint_dir = None
         engine._setup(model, fmt, device=device, dtype=dtype, fp8_kernels=fp8_kernels, cuda_graphs=cuda_graphs,

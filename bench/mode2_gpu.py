@@ -21,18 +21,13 @@ from quantroll.builtin import builtin_checkpoint
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.engine import CacheConfig, Engine, SamplingParams
 from quantroll.formats import get_format
+from quantroll.model.kernel_config import TrainFormat
 from quantroll.tasks.arithmetic import ArithmeticTask
 from quantroll.tasks.base import held_out_problems
 from quantroll.tasks.tokenizer import encode
 from quantroll.trainer.policy import load_policy, response_logprobs
 
 DEV = "cuda"
-
-
-def set_train_format(policy, names, fmt, real: bool) -> None:
-    for module in policy.modules():
-        if getattr(module, "name", None) in names:
-            module.train_format, module.train_real_fp8 = fmt, real
 
 
 def step0_gaps(n_prompts: int = 256) -> dict[str, float]:
@@ -48,9 +43,8 @@ def step0_gaps(n_prompts: int = 256) -> dict[str, float]:
         results = engine.generate(prompts, params)
         names = set(engine.quantized_layers())
         for mode in (1, 2):
-            policy = load_policy(bf16_dir, device=DEV)
-            if mode == 2:
-                set_train_format(policy, names, fmt, real)
+            train = TrainFormat(fmt, frozenset(names), real) if mode == 2 else None
+            policy = load_policy(bf16_dir, device=DEV, train=train)
             with torch.no_grad():
                 logp, mask = response_logprobs(policy, [r.prompt_tokens for r in results],
                                                [r.tokens for r in results], params.temperature)

@@ -33,6 +33,7 @@ import torch
 
 from quantroll.engine.block_manager import BlockManager, blocks_for
 from quantroll.engine.model_runner import ModelRunner
+from quantroll.engine.plan import engine_plan, runs_gpu_kernels
 from quantroll.engine.paged_cache import CacheConfig, PagedKVCache, kv_bytes_per_token
 from quantroll.engine.request import check_request
 from quantroll.engine.sampling import SamplingParams
@@ -104,36 +105,29 @@ class Engine:
         per op, none of the fused kernel table, and need a BF16 KV cache."""
         self.checkpoint_dir = Path(checkpoint_dir)
         model, fmt = load_model(self.checkpoint_dir, device, dtype)
-        self._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, _stop_ids(self.checkpoint_dir, model.config.eos_token_ids),
-                    fused_kernels, cache, scheduler, kernels)
-
-    def _invariant_fusion(self) -> bool:
-        """Whether batch-invariant kernels may fuse q/k/v and gate/up (the trainer keeps them
-        apart): only where the fused GEMM gives each column its part's bits, i.e. the one
-        Triton tile on a GPU with BF16 weights and every part a whole number of the tile's
-        columns, so that a column sits at the same place in its tile either way (probed at
-        startup: model/invariance_probe). On the CPU, MKL's blocking follows the GEMM's shape."""
-        if not (self.device.type == "cuda" and triton_available() and self.format is None):
-            return False
-        cfg, block = self.config, self.kernels.invariant_gemm.block_n
-        widths = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim,
-                  cfg.intermediate_size)
-        return all(w % block == 0 for w in widths)
+        self._setup(model, fmt, device=device, dtype=dtype, fp8_kernels=fp8_kernels, cuda_graphs=cuda_graphs,
+                    stop_ids=_stop_ids(self.checkpoint_dir, model.config.eos_token_ids), fused_kernels=fused_kernels,
+                    cache=cache, scheduler=scheduler, kernels=kernels)
 
     @classmethod
     def from_model(cls, model, fmt, device, dtype=torch.bfloat16, fp8_kernels: bool | None = None,
                    cuda_graphs: bool = True, stop_ids: tuple[int, ...] = (), fused_kernels: bool = True,
                    cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                    kernels: KernelConfig | None = None) -> "Engine":
-        """An engine around a model already in memory (benchmarks of real shapes, tests)."""
+        """An engine around a model already in memory (benchmarks of real shapes, tests). The
+        engine prepares the model from its forward plan: a model serves engines of one plan
+        (another plan is refused: build a model per plan)."""
         engine = cls.__new__(cls)
         engine.checkpoint_dir = None
-        engine._setup(model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler,
-                      kernels)
+        engine._setup(model, fmt, device=device, dtype=dtype, fp8_kernels=fp8_kernels, cuda_graphs=cuda_graphs,
+                      stop_ids=stop_ids, fused_kernels=fused_kernels, cache=cache, scheduler=scheduler, kernels=kernels)
         return engine
 
-    def _setup(self, model, fmt, device, dtype, fp8_kernels, cuda_graphs, stop_ids, fused_kernels, cache, scheduler,
-               kernels=None) -> None:
+    def _setup(self, model, fmt, *, device, dtype, fp8_kernels: bool | None, cuda_graphs: bool,
+               stop_ids: tuple[int, ...], fused_kernels: bool, cache: CacheConfig | None,
+               scheduler: SchedulerConfig | None, kernels: KernelConfig | None) -> None:
+        """Check the options, decide the forward plan (engine/plan.py) and prepare the model
+        from it, once. Keyword-only: the options are those of ``__init__``."""
         self.model, self.format = model, fmt
         self.device = torch.device(device)
         self.dtype = dtype
@@ -143,7 +137,7 @@ class Engine:
         invariant = self.kernels.batch_invariant
         # batch-invariant kernels (model/invariant.py) replace the GPU kernel table and the fused
         # kernels; decode graphs stay (padding a batch to its bucket adds rows no real row depends on)
-        self.gpu_kernels = self.device.type == "cuda" and triton_available() and not invariant
+        self.gpu_kernels = runs_gpu_kernels(self.device, self.kernels)
         # (without Triton the invariant attention's torch form reads host-side lengths: eager)
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda" and (not invariant or triton_available())
         self.cache_config = cache or CacheConfig()
@@ -163,35 +157,16 @@ class Engine:
             sched = replace(sched, decode_steps=8 if self.device.type == "cuda" else 1)
         self.scheduler_config = sched
         self.route_dtype = torch.int16 if self.config.num_experts <= torch.iinfo(torch.int16).max else torch.int32
-        self.fused_projections = not invariant or self._invariant_fusion()
-        if self.fused_projections:
-            self.model.fuse_projections_()
-        self.model.use_kernels_(self.kernels)  # after fusing: the fused linears take it too
-        if self.gpu_kernels and fused_kernels:
-            self.model.enable_fused_kernels_()
-        if self.format is not None and self.gpu_kernels:
-            import quantroll.kernels.fp8_linear  # noqa: F401  registers block FP8's real GEMMs
-            from quantroll.kernels.backends import hardware_backend
-
-            hardware = hardware_backend(self.format)  # None: the format runs its exact emulation
-            if hardware is not None:
-                if fp8_kernels is None:
-                    fp8_kernels = hardware.available(self.device)
-                if fp8_kernels:
-                    for layer in self.model.quantized_linears().values():
-                        layer.backend = hardware.backend
-                    self._log_gemm_choices()
-        if any(layer.backend == "emulated" for layer in self.model.quantized_linears().values()):
+        self.plan = engine_plan(self.kernels, self.config, fmt, self.device, fp8_kernels=fp8_kernels,
+                                fused_kernels=fused_kernels)
+        self.model.prepare_(self.plan)
+        if self.plan.linear_backend != "emulated":
+            self._log_gemm_choices()
+        if self.plan.linear_backend == "emulated" and self.model.quantized_linears():
             # exact emulation quantizes activations through the format's own checks, which read
             # their verdict on the host: not capturable, and a reference path, not a speed one
             self.use_cuda_graphs = False
         self.default_stop_ids = stop_ids
-        if self.gpu_kernels:
-            from quantroll.model.moe import SparseMoE
-
-            for module in self.model.modules():
-                if isinstance(module, SparseMoE):
-                    module.stack_experts_()
         self.grouped_moe = all(m.stacks is not None for m in self.model.modules() if hasattr(m, "stacks"))
         self.weight_version = 0
         self._params = dict(self.model.named_parameters())
@@ -240,8 +215,13 @@ class Engine:
         """What the engine computes in, as reports should print it ("fp8 (emulated)" ...)."""
         if self.format is None:
             return "bfloat16" if self.dtype == torch.bfloat16 else f"bfloat16 ({str(self.dtype).replace('torch.', '')} compute)"
-        backends = {layer.backend for layer in self._linears.values()}
-        return f"{self.format.name} (emulated)" if "emulated" in backends else self.format.name
+        emulated = self._linears and self.plan.linear_backend == "emulated"
+        return f"{self.format.name} (emulated)" if emulated else self.format.name
+
+    @property
+    def fused_projections(self) -> bool:
+        """Whether q/k/v and gate/up run as one GEMM each (the plan's choice)."""
+        return self.plan.fuse_projections
 
     @property
     def kv_cache_dtype(self) -> str:

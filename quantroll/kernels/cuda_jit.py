@@ -13,6 +13,7 @@ there, ``unavailable_reason()`` says why not, and callers log which path they to
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -104,8 +105,7 @@ class _LaunchConfig(ctypes.Structure):
 
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-REFUSED_INVALID_VALUE, REFUSED_NOT_SUPPORTED = 1, 801  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED
-early_launch_refused = False  # set once a driver refused the attribute; launches are plain from then on
+EARLY_LAUNCH_DRIVER = 12030  # cuDriverGetVersion of CUDA 12.3: programmatic dependent launch in CUDA graphs too
 
 
 class _Driver:
@@ -122,8 +122,9 @@ class _Driver:
         lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
         lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuFuncSetAttribute.argtypes = [p, i, i]
+        lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(i)]
         for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent",
-                     "cuFuncSetAttribute"):
+                     "cuFuncSetAttribute", "cuDriverGetVersion"):
             getattr(lib, name).restype = i
 
     def check(self, result: int, what: str) -> None:
@@ -143,6 +144,26 @@ def driver() -> _Driver:
         if _driver is None:
             _driver = _Driver()
         return _driver
+
+
+@functools.cache
+def early_launch_accepted(device_index: int) -> bool:
+    """Whether launches on this device may be programmatic dependent launches: a Hopper or
+    newer GPU (compute capability >= 9.0) and a driver that takes them in CUDA graphs too
+    (CUDA >= 12.3; older drivers refuse the launch attribute). A fact about the device and
+    the driver, so decided once per device (and logged when refused), never switched while
+    kernels run."""
+    drv = driver()
+    version = ctypes.c_int()
+    drv.check(drv.lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    capability = torch.cuda.get_device_capability(device_index)
+    if capability < (9, 0):
+        return False
+    if version.value < EARLY_LAUNCH_DRIVER:
+        log.warning("CUDA driver %d.%d takes no programmatic dependent launch in CUDA graphs (12.3 does): "
+                    "launching plainly on cuda:%d", version.value // 1000, version.value % 1000 // 10, device_index)
+        return False
+    return True
 
 
 class CudaModule:
@@ -184,7 +205,6 @@ class CudaModule:
         """``early``: programmatic dependent launch (the kernel may start before the previous
         one on the stream has finished and must wait for it itself: griddepcontrol.wait).
         ``shared_bytes``: dynamic shared memory of each block."""
-        global early_launch_refused
         holders = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
                    for a in args]
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
@@ -195,21 +215,14 @@ class CudaModule:
         drv = driver()
         if shared_bytes > 48 * 1024:
             self.allow_shared(name, shared_bytes)
-        if not early or early_launch_refused:
+        if not early or not early_launch_accepted(self.device.index):
             drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
                       f"launching {name}")
             return
         attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
         config = _LaunchConfig(*grid, *block, shared_bytes, stream, ctypes.pointer(attr), 1)
-        result = drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None)
-        if result in (REFUSED_NOT_SUPPORTED, REFUSED_INVALID_VALUE):  # a driver without PDL (CUDA < 12.3)
-            if not early_launch_refused:
-                log.warning("CUDA driver refused a programmatic dependent launch (error %d): launching plainly", result)
-            early_launch_refused = True
-            drv.check(drv.lib.cuLaunchKernel(self.function(name), *grid, *block, shared_bytes, stream, params, None),
-                      f"launching {name}")
-            return
-        drv.check(result, f"launching {name} (programmatic dependent launch)")
+        drv.check(drv.lib.cuLaunchKernelEx(ctypes.byref(config), self.function(name), params, None),
+                  f"launching {name} (programmatic dependent launch)")
 
 
 _modules: dict[tuple[str, int], CudaModule] = {}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from quantroll.model.config import ModelConfig
-from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
+from quantroll.errors import QuantrollError
+from quantroll.model.kernel_config import DEFAULT_PLAN, ForwardPlan, KernelConfig
 from quantroll.model.layers import (MLP, Attend, Attention, FormatFor, RMSNorm, causal_attend, invariant_causal_attend,
                                     takes_fp8_activation)
 from quantroll.model.linear import QLinear
@@ -52,20 +53,19 @@ class DecoderLayer(torch.nn.Module):
 
 
 class DecoderStack(torch.nn.Module):
+    plan: ForwardPlan = DEFAULT_PLAN  # the model's, handed over by CausalLM.prepare_
+
     def __init__(self, cfg: ModelConfig, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
         self.embed_tokens = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = torch.nn.ModuleList(DecoderLayer(cfg, i, fmt_for, dtype, device) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.rotary = Rotary(cfg, device)
-        self.kernels: KernelConfig = DEFAULT_KERNELS
-
-        self.fused = False  # residual adds fused into the next RMSNorm (GPU; set by the engine)
 
     def forward(self, input_ids, positions, attend: Attend = causal_attend, routing: Routing | None = None):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
-        if self.fused and x.is_cuda:
+        if self.plan.fused_ops and x.is_cuda:  # residual adds fused into the next RMSNorm
             return self._forward_fused(x, cos, sin, attend, routing)
         for layer in self.layers:
             x = layer(x, cos, sin, attend, routing)
@@ -76,7 +76,7 @@ class DecoderStack(torch.nn.Module):
         a norm feeding a real-FP8 linear also quantizes its output (one launch fewer)."""
         from quantroll.kernels.fused import add_rmsnorm
 
-        delta, gpu = None, self.kernels.gpu
+        delta, gpu = None, self.plan.kernels.gpu
         for layer in self.layers:
             x, h = add_rmsnorm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps,
                                quantize=takes_fp8_activation(layer.self_attn.qkv_proj), kernels=gpu)
@@ -92,20 +92,44 @@ class CausalLM(torch.nn.Module):
     """A decoder-only LM of any registered family (transformers' ``*ForCausalLM``). ``forward`` returns logits; ``hidden`` + ``logits`` split it
     so that an engine computes the vocabulary projection only where it samples."""
 
+    plan: ForwardPlan = DEFAULT_PLAN  # handed over once by prepare_
+
     def __init__(self, cfg: ModelConfig, fmt_for: FormatFor = bf16_everywhere, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.config = cfg
-        self.kernels: KernelConfig = DEFAULT_KERNELS
         self.model = DecoderStack(cfg, fmt_for, dtype, device)
         self.lm_head = QLinear(cfg.hidden_size, cfg.vocab_size, fmt=None, name="lm_head", dtype=dtype, device=device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def use_kernels_(self, kernels: KernelConfig) -> None:
-        """Give every op of the model this kernel choice (model/kernel_config.py)."""
+    @property
+    def kernels(self) -> KernelConfig:
+        return self.plan.kernels
+
+    @torch.no_grad()
+    def prepare_(self, plan: ForwardPlan) -> None:
+        """Lay the model out as ``plan`` says and hand it to every module, once: fuse q/k/v
+        and gate/up (the parts become views), then give every module the plan (the fused
+        linears too), then stack the MoE experts. The one place a model's forward is chosen;
+        nothing changes a module's computation after it. Preparing again with the same plan
+        does nothing; with another, it is refused (fusing and stacking cannot be undone:
+        build a fresh model)."""
+        if not isinstance(plan, ForwardPlan):
+            raise QuantrollError(f"CausalLM.prepare_ takes a ForwardPlan, got {type(plan).__name__}")
+        if self.__dict__.get("plan") is not None:
+            if self.plan == plan:
+                return
+            raise QuantrollError("this model was already prepared with another forward plan; load a fresh model for "
+                                 "each plan (an engine and a trainer each hold their own)")
+        if plan.fuse_projections:
+            self._fuse_projections()
         for module in self.modules():
-            if hasattr(module, "kernels"):
-                module.kernels = kernels
+            if hasattr(module, "plan"):
+                module.plan = plan
+        if plan.stack_experts:
+            for module in self.modules():
+                if isinstance(module, SparseMoE):
+                    module.stack_experts_()
 
     def default_attend(self) -> Attend:
         """Attention over the given tokens alone (no cache): the trainer's causal forward."""
@@ -123,13 +147,7 @@ class CausalLM(torch.nn.Module):
     def forward(self, input_ids, positions=None, attend: Attend | None = None, routing: Routing | None = None):
         return self.logits(self.hidden(input_ids, positions, attend, routing))
 
-    def enable_fused_kernels_(self) -> None:
-        """Use the fused Triton kernels for norms, residuals, silu*up (GPU inference)."""
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, MLP, DecoderStack)):
-                module.fused = True
-
-    def fuse_projections_(self) -> None:
+    def _fuse_projections(self) -> None:
         """Run q/k/v and gate/up as one GEMM each (inference: the parts become views)."""
         for module in self.modules():
             if isinstance(module, MLP) and ".experts." in module.gate_proj.name:

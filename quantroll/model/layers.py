@@ -19,7 +19,7 @@ from quantroll.kernels.backends import hardware_backend
 from quantroll.kernels.quantize import triton_available
 from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
-from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
+from quantroll.model.kernel_config import DEFAULT_PLAN, ForwardPlan, KernelConfig
 from quantroll.model.linear import QLinear, can_fuse, fuse_linears
 from quantroll.model.rope import apply_rotary
 
@@ -53,20 +53,21 @@ def invariant_causal_attend(kernels: KernelConfig) -> Attend:
 
 
 class RMSNorm(torch.nn.Module):
+    plan: ForwardPlan = DEFAULT_PLAN  # the model's, handed over by CausalLM.prepare_
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype, device=device))
         self.eps = eps
-        self.fused = False  # one Triton kernel on GPU (set by the engine)
-        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels.batch_invariant:
+        plan = self.plan
+        if plan.kernels.batch_invariant:
             return invariant.rms_norm(x, self.weight, self.eps)
-        if self.fused and x.is_cuda:
+        if plan.fused_ops and x.is_cuda:  # one Triton kernel
             from quantroll.kernels.fused import add_rmsnorm
 
-            return add_rmsnorm(x, None, self.weight, self.eps, kernels=self.kernels.gpu)[1]
+            return add_rmsnorm(x, None, self.weight, self.eps, kernels=plan.kernels.gpu)[1]
         return invariant.rms_norm_reference(x, self.weight, self.eps)
 
 
@@ -77,8 +78,8 @@ def linear(prefix: str, fmt_for: FormatFor, n_in: int, n_out: int, bias: bool, d
 def takes_fp8_activation(layer: QLinear | None) -> bool:
     """Whether the fused kernel producing ``layer``'s input should hand it over already
     quantized (an Fp8Activation): only a block-FP8 linear on the real FP8 GEMMs reads
-    codes + scales, and the kernels quantize whole 1x128 groups only. Decided per call:
-    the engine picks backends after fusing."""
+    codes + scales, and the kernels quantize whole 1x128 groups only. Read from the
+    layer's plan (its backend) at each call."""
     if layer is None or layer.format is None or layer.backend != "fp8":
         return False
     # "fp8" is block FP8's real GEMM (registered with it when kernels/fp8_linear.py was
@@ -88,7 +89,7 @@ def takes_fp8_activation(layer: QLinear | None) -> bool:
         return False
     from quantroll.kernels import fused
 
-    return layer.in_features % fused.FP8_GROUP == 0 and layer.kernels.gpu.fuse_activation_quant
+    return layer.in_features % fused.FP8_GROUP == 0 and layer.plan.kernels.gpu.fuse_activation_quant
 
 
 def _on_gpu(x) -> bool:
@@ -106,6 +107,8 @@ def _as_rows(out, b: int, t: int):
 
 
 class Attention(torch.nn.Module):
+    plan: ForwardPlan = DEFAULT_PLAN  # the model's, handed over by CausalLM.prepare_
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
         p = f"model.layers.{layer_idx}.self_attn."
@@ -121,7 +124,6 @@ class Attention(torch.nn.Module):
 
         self.qkv_proj: QLinear | None = None  # set by fuse_(): one GEMM for q, k and v
         self.heads, self.kv_heads, self.eps = nh, nkv, cfg.rms_norm_eps
-        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def fuse_(self) -> None:
         parts = [self.q_proj, self.k_proj, self.v_proj]
@@ -148,7 +150,7 @@ class Attention(torch.nn.Module):
         q, k, v = (p.reshape(b, t, -1, self.head_dim) for p in (q, k, v))
         if self.q_norm is None:  # rotary alone: elementwise, so batch-invariant as it stands
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        elif self.kernels.batch_invariant:
+        elif self.plan.kernels.batch_invariant:
             q = invariant.norm_rope(q, self.q_norm.weight, self.eps, cos, sin)
             k = invariant.norm_rope(k, self.k_norm.weight, self.eps, cos, sin)
         else:
@@ -157,6 +159,8 @@ class Attention(torch.nn.Module):
 
 
 class MLP(torch.nn.Module):
+    plan: ForwardPlan = DEFAULT_PLAN  # the model's, handed over by CausalLM.prepare_
+
     def __init__(self, prefix: str, hidden: int, inter: int, fmt_for: FormatFor, dtype, device=None,
                  bias: bool = False):
         super().__init__()
@@ -164,8 +168,6 @@ class MLP(torch.nn.Module):
         self.up_proj = linear(prefix + "up_proj", fmt_for, hidden, inter, bias, dtype, device)
         self.down_proj = linear(prefix + "down_proj", fmt_for, inter, hidden, bias, dtype, device)
         self.gate_up_proj: QLinear | None = None  # set by fuse_(): one GEMM for gate and up
-        self.fused = False  # silu * up in one Triton kernel on GPU (set by the engine)
-        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def fuse_(self) -> None:
         parts = [self.gate_proj, self.up_proj]
@@ -174,15 +176,16 @@ class MLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: BF16, or an Fp8Activation when gate_up_proj takes one (fused GPU path)."""
-        if self.gate_up_proj is not None and self.fused and _on_gpu(x):
+        plan = self.plan
+        if self.gate_up_proj is not None and plan.fused_ops and _on_gpu(x):  # silu * up in one Triton kernel
             from quantroll.kernels.fused import silu_mul
 
             return self.down_proj(silu_mul(self.gate_up_proj(x), quantize=takes_fp8_activation(self.down_proj),
-                                           kernels=self.kernels.gpu))
+                                           kernels=plan.kernels.gpu))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        if self.kernels.batch_invariant:
+        if plan.kernels.batch_invariant:
             return self.down_proj(invariant.silu_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)

@@ -23,7 +23,7 @@ from quantroll.formats import Format, QuantizedTensor
 from quantroll.formats.stored import DATA, GLOBAL_SCALE, SCALE
 from quantroll.kernels.backends import BACKENDS
 from quantroll.model import invariant
-from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
+from quantroll.model.kernel_config import DEFAULT_PLAN, ForwardPlan, KernelConfig
 
 Backend = Callable[["QLinear", torch.Tensor], torch.Tensor]
 
@@ -31,8 +31,9 @@ Backend = Callable[["QLinear", torch.Tensor], torch.Tensor]
 def emulated_forward(layer: "QLinear", x: torch.Tensor) -> torch.Tensor:
     fmt = layer.format
     xq = fmt.dequantize(fmt.quantize_activation(x, name=f"input of {layer.name}"))
-    if layer.kernels.batch_invariant:  # the trainer's mode-2 forward computes exactly this (quantized_forward)
-        y = invariant.matmul(xq, layer.dequantized_weight(), layer.kernels).to(x.dtype)
+    kernels = layer.plan.kernels
+    if kernels.batch_invariant:  # the trainer's mode-2 forward computes exactly this (quantized_forward)
+        y = invariant.matmul(xq, layer.dequantized_weight(), kernels).to(x.dtype)
         return y if layer.bias is None else y + layer.bias
     y = xq @ layer.dequantized_weight().t()
     if layer.bias is not None:
@@ -44,17 +45,17 @@ BACKENDS["emulated"] = emulated_forward
 
 
 class QLinear(torch.nn.Module):
+    """How it computes (backend, kernels, the trainer's format) is read from ``plan``, the
+    model's ForwardPlan (model/kernel_config.py), handed over once by CausalLM.prepare_."""
+
+    plan: ForwardPlan = DEFAULT_PLAN
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False, fmt: Format | None = None,
                  name: str = "", dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None):
         super().__init__()
         self.in_features, self.out_features, self.format, self.name = in_features, out_features, fmt, name
-        self.backend = "emulated"
-        self.kernels: KernelConfig = DEFAULT_KERNELS  # set for the whole model by CausalLM.use_kernels_
         self._dequant_cache: torch.Tensor | None = None
         self._fused_into: list[QLinear] = []
-        # trainer modes 2-4: a BF16 layer whose forward uses this format (see quantized_forward)
-        self.train_format: Format | None = None
-        self.train_real_fp8 = False
         if fmt is None:
             self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         else:
@@ -66,6 +67,15 @@ class QLinear(torch.nn.Module):
                     self.register_buffer(buffer, torch.empty(held[role].shape, dtype=held[role].dtype, device=device))
             self._block = fmt.weight_block
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+
+    @property
+    def backend(self) -> str:
+        """The BACKENDS entry a quantized layer computes through (the plan's choice)."""
+        return self.plan.linear_backend
+
+    @property
+    def kernels(self) -> KernelConfig:
+        return self.plan.kernels
 
     @property
     def quantized(self) -> bool:
@@ -107,16 +117,17 @@ class QLinear(torch.nn.Module):
             fused.invalidate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.format is None and self.train_format is not None:
+        plan = self.plan
+        if self.format is not None:
+            return BACKENDS[plan.linear_backend](self, x)
+        train_format = plan.train_format_of(self.name)
+        if train_format is not None:  # trainer modes 2-4: the engine's quantization in the forward
             from quantroll.model.quantized_forward import quantized_forward_linear
 
-            return quantized_forward_linear(x, self.weight, self.bias, self.train_format, self.train_real_fp8,
-                                            self.kernels)
-        if self.format is None and self.kernels.batch_invariant:
-            return invariant.linear(x, self.weight, self.bias, self.kernels)
-        if self.format is None:
-            return F.linear(x, self.weight, self.bias)
-        return BACKENDS[self.backend](self, x)
+            return quantized_forward_linear(x, self.weight, self.bias, train_format, plan.train.real_fp8, plan.kernels)
+        if plan.kernels.batch_invariant:
+            return invariant.linear(x, self.weight, self.bias, plan.kernels)
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         fmt = self.format.name if self.format else str(self.weight.dtype).replace("torch.", "")
@@ -146,7 +157,6 @@ def fuse_linears(parts: list[QLinear], name: str) -> QLinear:
     biased = first.bias is not None
     fused = QLinear(first.in_features, sum(p.out_features for p in parts), bias=biased, fmt=first.format, name=name,
                     dtype=first.weight.dtype if first.format is None else torch.bfloat16, device=first.weight.device)
-    fused.backend = first.backend
     fields = ["weight"] if first.format is None else ["weight", "weight_scale"]
     fields += ["bias"] if biased else []
     for field in fields:

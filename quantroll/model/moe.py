@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
-from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
+from quantroll.model.kernel_config import DEFAULT_PLAN, ForwardPlan
 from quantroll.model.layers import MLP, FormatFor, linear
 
 
@@ -61,13 +61,14 @@ class ReplayRouting(Routing):
 
 
 class SparseMoE(torch.nn.Module):
+    plan: ForwardPlan = DEFAULT_PLAN  # the model's, handed over by CausalLM.prepare_
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, fmt_for: FormatFor, dtype, device=None):
         super().__init__()
         p = f"model.layers.{layer_idx}.mlp."
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = linear(p + "gate", lambda _: None, cfg.hidden_size, cfg.num_experts, False, dtype, device)
         self.stacks: dict[str, torch.Tensor] | None = None  # set by stack_experts_ (GPU engine)
-        self.kernels: KernelConfig = DEFAULT_KERNELS
         self.experts = torch.nn.ModuleList(
             MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device,
                 cfg.block.mlp_bias)
@@ -80,7 +81,7 @@ class SparseMoE(torch.nn.Module):
         grouped block-FP8 experts then skip their own activation-quantization launch."""
         from quantroll.kernels import fused
 
-        return (self.stacks is not None and "down_scale" in self.stacks and self.kernels.gpu.fuse_activation_quant
+        return (self.stacks is not None and "down_scale" in self.stacks and self.plan.kernels.gpu.fuse_activation_quant
                 and self.gate.in_features % fused.FP8_GROUP == 0)
 
     def route(self, x: torch.Tensor, routing: Routing | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +96,7 @@ class SparseMoE(torch.nn.Module):
 
             idx, weights = fused_route(logits, self.top_k, self.norm_topk_prob)
             return routing.chose(self.layer_idx, idx), weights
-        if self.kernels.batch_invariant:
+        if self.plan.kernels.batch_invariant:
             return self._route_invariant(logits, routing)
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         idx = routing.select(self.layer_idx, probs, self.top_k)
@@ -121,7 +122,9 @@ class SparseMoE(torch.nn.Module):
     def stack_experts_(self, combine_gate_up: bool = True) -> None:
         """Move every expert's weights into stacked [E, out, in] tensors (the experts'
         modules become views into them, so in-place weight loads still reach them) and
-        route forward through the grouped GPU kernel. Inference only: no autograd.
+        route forward through the grouped GPU kernel. Inference only: no autograd. Called
+        by CausalLM.prepare_ where the plan says ``stack_experts`` (and by kernel tests on a
+        block alone).
 
         gate and up share one stack, each expert's gate rows then its up rows ("gate_up",
         [E, 2I, H]), so one grouped GEMM computes both and one kernel applies silu * up;
@@ -167,7 +170,7 @@ class SparseMoE(torch.nn.Module):
         if self.stacks is not None:
             from quantroll.kernels.moe import grouped_experts_forward
 
-            return grouped_experts_forward(flat, idx, weights, self.stacks, quantized, self.kernels.gpu).reshape(shape)
+            return grouped_experts_forward(flat, idx, weights, self.stacks, quantized, self.plan.kernels.gpu).reshape(shape)
         out = torch.zeros_like(flat)
         for e in torch.unique(idx).tolist():
             token, slot = torch.where(idx == e)

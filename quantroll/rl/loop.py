@@ -36,7 +36,7 @@ from quantroll.builtin import builtin_checkpoint
 from quantroll.durable import writing
 from quantroll.engine.sampling import SEED_LIMIT
 from quantroll.kernels.quantize import triton_available
-from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS
+from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS, TrainFormat
 from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
 from quantroll.rl.state import load_state, save_state
@@ -46,25 +46,22 @@ from quantroll.trainer.export import save_hf_checkpoint
 from quantroll.trainer.policy import load_policy
 
 
-def _apply_train_recipe(cfg: TrainConfig, policy, engine: Engine) -> None:
+def _train_format(cfg: TrainConfig, engine: Engine) -> TrainFormat | None:
     """Modes 2-4: the trainer's forward uses the engine's quantization on the layers the
-    engine holds quantized (so first/last BF16 layers match on both sides)."""
+    engine holds quantized (so first/last BF16 layers match on both sides); part of the
+    policy's forward plan (load_policy)."""
     if not cfg.precision.train_recipe:
-        return
+        return None
     if engine.format is None or engine.format.name != cfg.precision.train_recipe:
         raise QuantrollError(f"{recipe_args(cfg.precision.train_recipe)[0]} {cfg.precision.train_recipe} needs an "
                              f"engine checkpoint in that format; --hf-checkpoint holds "
                              f"{engine.format.name if engine.format else 'bf16'}")
     fmt = engine.format
-    names = set(engine.quantized_layers())
     # the trainer's device decides (a trainer rank's engine may be a description on the meta
     # device); the GPU kernels run where an engine on this device would run them
     real = (not fmt.emulated_only and torch.device(cfg.models.device).type == "cuda" and triton_available()
             and not cfg.precision.true_on_policy_mode)
-    for module in policy.modules():
-        if getattr(module, "name", None) in names:
-            module.train_format = fmt
-            module.train_real_fp8 = real
+    return TrainFormat(fmt, frozenset(engine.quantized_layers()), real)
 
 
 def _tokenizer(checkpoint: str | Path):
@@ -172,9 +169,9 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         torch.cuda.reset_peak_memory_stats(cfg.models.device)
     kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
     engine = _engine(cfg, engine_dir, place.engine_device(cfg.models.device))
-    policy = load_policy(trainer_dir, device=cfg.models.device, dtype=dtype, kernels=kernels)
+    policy = load_policy(trainer_dir, device=cfg.models.device, dtype=dtype, kernels=kernels,
+                         train=_train_format(cfg, engine))
     _check_same_architecture(cfg, engine.config, policy.config)
-    _apply_train_recipe(cfg, policy, engine)
     if cfg.precision.true_on_policy_mode:
         from quantroll.rl import true_on_policy
 

@@ -18,7 +18,7 @@ from quantroll.errors import QuantrollError
 from quantroll.inputs import read_json
 from quantroll.model import invariant
 from quantroll.model.causal_lm import CausalLM
-from quantroll.model.kernel_config import DEFAULT_KERNELS, KernelConfig
+from quantroll.model.kernel_config import DEFAULT_KERNELS, ForwardPlan, KernelConfig, TrainFormat
 from quantroll.model.loader import load_model
 from quantroll.model.moe import Routing
 
@@ -37,12 +37,14 @@ def refuse_quantized(checkpoint_dir: str | Path, flag: str = "--ref-load") -> No
 
 
 def load_policy(checkpoint_dir: str | Path, device="cpu", dtype=torch.bfloat16,
-                kernels: KernelConfig = DEFAULT_KERNELS) -> CausalLM:
-    """The trainable policy; ``kernels``: the forward's op forms (batch-invariant ones for
-    true on-policy, where the backward still takes the ordinary kernels)."""
+                kernels: KernelConfig = DEFAULT_KERNELS, train: TrainFormat | None = None) -> CausalLM:
+    """The trainable policy, its forward plan decided here once (model/kernel_config.py):
+    ``kernels``: the forward's op forms (batch-invariant ones for true on-policy, where the
+    backward still takes the ordinary kernels); ``train``: the unified low precision of modes
+    2-4 (None: BF16). The trainer never fuses projections nor stacks experts."""
     refuse_quantized(checkpoint_dir)
     model, _ = load_model(checkpoint_dir, device, dtype)
-    model.use_kernels_(kernels)
+    model.prepare_(ForwardPlan(kernels=kernels, train=train))
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)

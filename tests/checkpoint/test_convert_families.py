@@ -12,6 +12,7 @@ import torch
 from quantroll.bench.shapes import shape_config
 from quantroll.checkpoint import ConvertConfig, convert_checkpoint, load_quantized_checkpoint
 from quantroll.checkpoint.reader import CheckpointReader
+from quantroll.model.kernel_config import ForwardPlan, TrainFormat
 from quantroll.model.loader import load_model
 from quantroll.model.random_checkpoint import write_random_checkpoint
 
@@ -74,7 +75,8 @@ def test_converted_checkpoint_runs_with_the_dequantized_weights(tmp_path, case):
             target.weight.copy_(layer.dequantized_weight())
             if layer.bias is not None:
                 assert torch.equal(layer.bias, target.bias), name
-            target.train_format = fmt  # activations quantized as the engine's emulation does
+    # activations quantized as the engine's emulation does, on the layers it holds quantized
+    ref.prepare_(ForwardPlan(train=TrainFormat(fmt, frozenset(fp8.quantized_linears()))))
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         got, want = fp8(ids), ref(ids)

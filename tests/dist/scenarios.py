@@ -69,13 +69,16 @@ def train_case(place, name: str) -> dict:
     """Three steps of one case; returns the losses and the whole FP32 masters / BF16 weights."""
     _, model, overrides, fmt = next(c for c in TRAIN_CASES if c[0] == name)
     torch.manual_seed(0)
-    policy = load_policy(builtin_checkpoint(model), dtype=DTYPE)
-    if fmt is not None:
+    train = None
+    if fmt is not None:  # every decoder linear computes its forward in fmt (part of the policy's plan)
         from quantroll.formats import get_format
+        from quantroll.model.kernel_config import TrainFormat
+        from quantroll.model.linear import QLinear
 
-        for module in policy.modules():
-            if getattr(module, "name", "").startswith("model.layers.") and hasattr(module, "train_format"):
-                module.train_format = get_format(fmt)
+        names = frozenset(m.name for m in load_policy(builtin_checkpoint(model), dtype=DTYPE).modules()
+                          if isinstance(m, QLinear) and m.name.startswith("model.layers."))
+        train = TrainFormat(get_format(fmt), names)
+    policy = load_policy(builtin_checkpoint(model), dtype=DTYPE, train=train)
     cfg = TrainConfig.of(rollout_batch_size=PROMPTS, n_samples_per_prompt=SAMPLES, lr=LR, **overrides)
     place.shard(policy)
     optimizer = place.optimizer(policy, cfg.optimizer.lr)

@@ -65,10 +65,11 @@ def engine_results_by_kernels(choices: list, max_new_tokens: int = 12, shape: st
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config(shape, 2), vocab_size=4096)
-    model = random_model(cfg, "cuda", fmt=fp8)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 131)), list(range(200, 264))]
-    return [Engine.from_model(model, fp8, "cuda", kernels=KernelConfig(gpu=gpu)).generate(prompts, params)
+    # a model per engine (random_model is seeded: the same weights), each prepared from its own plan
+    return [Engine.from_model(random_model(cfg, "cuda", fmt=fp8), fp8, "cuda", kernels=KernelConfig(gpu=gpu)
+                              ).generate(prompts, params)
             for gpu in choices]
 
 

@@ -105,20 +105,21 @@ def check_kernels(device: str) -> None:
         silu_mul(torch.zeros(2, 640, dtype=torch.bfloat16, device=device), quantize=True)
 
 
-def tiny_fp8_model(device: str, intermediate: int = 384):
-    """Two layers whose q/k/v and gate/up fuse (128-row blocks) and run on the fp8 backend."""
+def tiny_fp8_model(device: str, intermediate: int = 384, fuse_activation_quant: bool = True):
+    """Two layers whose q/k/v and gate/up fuse (128-row blocks) and run on the fp8 backend,
+    prepared from the plan a GPU engine would choose (fused kernels on)."""
     from quantroll.bench.shapes import random_model
     from quantroll.formats import get_format
+    from quantroll.kernels.choices import EngineKernels
     from quantroll.model.config import ModelConfig
+    from quantroll.model.kernel_config import ForwardPlan, KernelConfig
 
     cfg = ModelConfig(model_type="qwen3", vocab_size=320, hidden_size=256, intermediate_size=intermediate,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                       rms_norm_eps=1e-6, max_position_embeddings=64)
     model = random_model(cfg, device, fmt=get_format("fp8"))
-    model.fuse_projections_()
-    model.enable_fused_kernels_()
-    for layer in model.quantized_linears().values():
-        layer.backend = "fp8"
+    kernels = KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse_activation_quant))
+    model.prepare_(ForwardPlan(kernels=kernels, linear_backend="fp8", fused_ops=True, fuse_projections=True))
     return model
 
 
@@ -141,23 +142,20 @@ def check_model_interpreted() -> None:
     """The fused forward of a tiny FP8 model on CPU tensors (they stand in for the GPU:
     the MLP's device test is forced), prefill- and decode-shaped: the same bits with the
     fusion on or off, and only o_proj quantizing its own input when on."""
-    from quantroll.kernels.choices import EngineKernels
     from quantroll.model import layers
-    from quantroll.model.kernel_config import KernelConfig
     from quantroll.model.layers import causal_attend
 
     layers._on_gpu = lambda x: True
     calls = count_act_quant_launches(setattr)
     # own launches per layer without / with the fusion; at 320, gate/up do not fuse (nor quantize ahead)
     for intermediate, launches in ((384, {False: 4, True: 1}), (320, {False: 5, True: 4})):
-        lm = tiny_fp8_model("cpu", intermediate)
-        inner = lm.model
+        models = {fuse: tiny_fp8_model("cpu", intermediate, fuse) for fuse in (False, True)}  # same weights (seeded)
         for shape in ((1, 6), (3, 1)):
             ids = torch.randint(0, 320, shape, generator=torch.Generator().manual_seed(sum(shape)))
             positions = torch.arange(shape[1]).expand(shape)
             outs = {}
             for fuse in (False, True):
-                lm.use_kernels_(KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
+                inner = models[fuse].model
                 calls[0] = 0
                 with torch.no_grad():
                     x = inner.embed_tokens(ids)
@@ -174,24 +172,24 @@ def test_consumer_rule():
     """Only a block-FP8 linear on the fp8 backend with whole 1x128 input groups takes one."""
     from quantroll.formats import get_format
     from quantroll.kernels.choices import EngineKernels
-    from quantroll.model.kernel_config import KernelConfig
+    from quantroll.model.kernel_config import ForwardPlan, KernelConfig
     from quantroll.model.layers import takes_fp8_activation
     from quantroll.model.linear import QLinear
 
-    fp8 = QLinear(256, 128, fmt=get_format("fp8"))
-    assert not takes_fp8_activation(fp8)  # emulated backend
-    fp8.backend = "fp8"
-    assert takes_fp8_activation(fp8)
+    def layer(n_in: int, fmt: str | None, plan: ForwardPlan) -> QLinear:
+        out = QLinear(n_in, 128, fmt=get_format(fmt) if fmt else None)
+        out.plan = plan  # a lone layer's hand-over (CausalLM.prepare_ does it for a model)
+        return out
+
+    on_fp8 = ForwardPlan(linear_backend="fp8")
+    assert not takes_fp8_activation(layer(256, "fp8", ForwardPlan()))  # emulated backend
+    assert takes_fp8_activation(layer(256, "fp8", on_fp8))
     assert not takes_fp8_activation(None)
-    assert not takes_fp8_activation(QLinear(256, 128, fmt=None))
-    odd = QLinear(320, 128, fmt=get_format("fp8"))
-    odd.backend = "fp8"
-    assert not takes_fp8_activation(odd)
-    mx = QLinear(256, 128, fmt=get_format("mxfp8"))
-    mx.backend = "fp8"
-    assert not takes_fp8_activation(mx)
-    fp8.kernels = KernelConfig(gpu=EngineKernels(fuse_activation_quant=False))
-    assert not takes_fp8_activation(fp8)
+    assert not takes_fp8_activation(layer(256, None, on_fp8))
+    assert not takes_fp8_activation(layer(320, "fp8", on_fp8))
+    assert not takes_fp8_activation(layer(256, "mxfp8", on_fp8))
+    no_fusion = KernelConfig(gpu=EngineKernels(fuse_activation_quant=False))
+    assert not takes_fp8_activation(layer(256, "fp8", ForwardPlan(kernels=no_fusion, linear_backend="fp8")))
 
 
 @needs_triton
@@ -227,12 +225,12 @@ def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkey
 
     fp8 = get_format("fp8")
     cfg = dataclasses.replace(shape_config("qwen3-8b", 2), vocab_size=4096)
-    model = random_model(cfg, "cuda", fmt=fp8)
     params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
     prompts = [list(range(1, 73)), list(range(100, 172))]
     calls = count_act_quant_launches(monkeypatch.setattr)
     results, launches = {}, {}
-    for fuse in (False, True):
+    for fuse in (False, True):  # a model per engine (seeded: the same weights), each prepared from its plan
+        model = random_model(cfg, "cuda", fmt=fp8)
         engine = Engine.from_model(model, fp8, "cuda", fp8_kernels=True, cuda_graphs=graphs,
                                    kernels=KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
         calls[0] = 0

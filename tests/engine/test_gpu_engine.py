@@ -299,14 +299,18 @@ def test_fused_engine_matches_unfused_engine():
 
 
 def test_trainer_fp8_forward_on_gpu_matches_emulation_and_keeps_bf16_backward():
+    from quantroll.model.kernel_config import ForwardPlan, TrainFormat
     from quantroll.model.linear import QLinear
 
-    layer = QLinear(4096, 1024, fmt=None, dtype=torch.bfloat16, device=DEV)
-    torch.nn.init.normal_(layer.weight, std=0.02)
-    layer.train_format = FP8
+    layers = {}
+    for real_fp8 in (False, True):  # the same weights, each layer handed its own plan
+        layers[real_fp8] = QLinear(4096, 1024, fmt=None, name="t", dtype=torch.bfloat16, device=DEV)
+        torch.manual_seed(0)
+        torch.nn.init.normal_(layers[real_fp8].weight, std=0.02)
+        layers[real_fp8].plan = ForwardPlan(train=TrainFormat(FP8, frozenset({"t"}), real_fp8))
+    layer = layers[True]
     x = torch.randn(256, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-    emulated = layer(x).float()
-    layer.train_real_fp8 = True
+    emulated = layers[False](x).float()
     real = layer(x)
     rel = ((real.float() - emulated).norm() / emulated.norm()).item()
     assert rel < 1e-2, rel  # FP8 MMA accumulation + bf16 output (see the GEMM tests)
@@ -349,12 +353,13 @@ def test_fp8_engine_prefills_prompts_of_any_length():
     from quantroll.kernels.gemm_plan import FP8_GEMMS, GemmPlan
     from quantroll.model.kernel_config import KernelConfig
 
-    model = random_model(_small(), DEV, fmt=FP8)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=(), seed=9)
     prompts = [[5], list(range(10, 22)), list(range(40, 63))]
-    cublas = Engine.from_model(model, FP8, DEV).generate(prompts, params)
+    cublas = Engine.from_model(random_model(_small(), DEV, fmt=FP8), FP8, DEV).generate(prompts, params)
     no_cublas = GemmPlan(tuple(r for r in FP8_GEMMS.rows if r.kernel != "cublas"))
-    triton_prefill = Engine.from_model(model, FP8, DEV, kernels=KernelConfig(gpu=EngineKernels(fp8_gemms=no_cublas))
+    # a second model of the same (seeded) weights: each engine prepares its own from its plan
+    triton_prefill = Engine.from_model(random_model(_small(), DEV, fmt=FP8), FP8, DEV,
+                                       kernels=KernelConfig(gpu=EngineKernels(fp8_gemms=no_cublas))
                                        ).generate(prompts, params)
     for a, b in zip(cublas, triton_prefill):
         assert len(a.tokens) == 8

@@ -153,22 +153,21 @@ def check_fused_model() -> None:
     from quantroll.kernels import fp8_linear
     from quantroll.kernels.choices import EngineKernels
     from quantroll.model import layers
-    from quantroll.model.kernel_config import KernelConfig
+    from quantroll.model.kernel_config import ForwardPlan, KernelConfig
     from tests.engine.switches import counting, fused_forward, switched
 
-    model = _moe_model(256, fp8=True)
-    model.fuse_projections_()
-    model.enable_fused_kernels_()
-    for layer in model.quantized_linears().values():
-        layer.backend = "fp8"
-    model.model.layers[0].mlp.stack_experts_()
+    models = {}
+    for fuse in (False, True):  # the same weights (seeded), each prepared from a GPU engine's plan
+        models[fuse] = _moe_model(256, fp8=True)
+        models[fuse].prepare_(ForwardPlan(kernels=KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)),
+                                          linear_backend="fp8", fused_ops=True, fuse_projections=True,
+                                          stack_experts=True))
     with switched(layers, "_on_gpu", lambda x: True), counting(fp8_linear, "quantize_activation_fp8") as calls:
         for shape in ((1, 6), (3, 1)):
             outs = {}
             for fuse in (False, True):
                 calls[0] = 0
-                model.use_kernels_(KernelConfig(gpu=EngineKernels(fuse_activation_quant=fuse)))
-                outs[fuse] = fused_forward(model.model, shape, 64)
+                outs[fuse] = fused_forward(models[fuse].model, shape, 64)
                 assert calls[0] == (1 if fuse else 3), (shape, fuse, calls[0])
             assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16)), shape
 

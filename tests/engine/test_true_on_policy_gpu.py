@@ -143,13 +143,13 @@ def _mode2(engine_ckpt, policy_ckpt):
     format on the engine's quantized layers (emulated on both sides: train_real_fp8 False)."""
     from quantroll.formats import get_format
 
+    from quantroll.model.kernel_config import TrainFormat
+
     engine = Engine(engine_ckpt, device=DEV, kernels=INVARIANT_KERNELS, cache=CacheConfig(memory_gb=2))
-    policy = load_policy(policy_ckpt, device=DEV, kernels=INVARIANT_KERNELS)
-    names = set(engine.quantized_layers())
+    names = frozenset(engine.quantized_layers())
     assert names
-    for module in policy.modules():
-        if getattr(module, "name", None) in names:
-            module.train_format = get_format("fp8")
+    policy = load_policy(policy_ckpt, device=DEV, kernels=INVARIANT_KERNELS,
+                         train=TrainFormat(get_format("fp8"), names))
     return engine, policy
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from quantroll.formats import get_format
+from quantroll.model.kernel_config import ForwardPlan, TrainFormat
 from quantroll.model.linear import QLinear
 
 
@@ -14,7 +15,7 @@ def test_forward_is_the_engine_quantization_and_backward_uses_original_operands(
     layer = QLinear(256, 192, fmt=None, name="t", dtype=torch.float32)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(192, 256, generator=g) * 0.05)
-    layer.train_format = fmt
+    layer.plan = ForwardPlan(train=TrainFormat(fmt, frozenset({"t"})))  # a lone layer's hand-over
     x = torch.randn(3, 5, 256, generator=g, requires_grad=True)
     y = layer(x)
     # forward: exactly the engine's emulated computation

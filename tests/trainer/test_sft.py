@@ -87,7 +87,7 @@ def test_short_sft_lowers_the_loss_on_a_fixed_batch(tmp_path):
 
 
 def test_teacher_forced_exact_match_is_greedy_exact_match(tmp_path):
-    import copy
+    from quantroll.model.causal_lm import CausalLM
 
     torch.manual_seed(0)
     policy = load_policy(write_tiny_qwen3(tmp_path / "m", SMALL, seed=4), dtype=torch.float32)
@@ -95,7 +95,9 @@ def test_teacher_forced_exact_match_is_greedy_exact_match(tmp_path):
     problems = held_out_problems(task, 60, seed=1)
     train_sft(policy, task, steps=120, batch_size=32, lr=3e-3, seed=0, warmup=5, progress=False)
     forced = teacher_forced_correct(policy, problems)
-    engine = Engine.from_model(copy.deepcopy(policy), None, "cpu", dtype=torch.float32, stop_ids=(V[EOS],))
+    served = CausalLM(policy.config, dtype=torch.float32)  # the trained weights in a model the engine prepares
+    served.load_state_dict(policy.state_dict())
+    engine = Engine.from_model(served, None, "cpu", dtype=torch.float32, stop_ids=(V[EOS],))
     res = engine.generate([encode(p.prompt) for p in problems], SamplingParams(temperature=0.0, max_new_tokens=5))
     greedy = torch.tensor([task.reward(decode(r.tokens), p.label) == 1.0 for r, p in zip(res, problems)])
     assert 0 < int(greedy.sum()) < len(problems)  # a model that is right sometimes: the check means something

@@ -1,0 +1,62 @@
+"""The engine's forward plan (model/kernel_config.ForwardPlan), decided once when the engine
+is built: from the kernels the caller chose, the device, the checkpoint's format and the
+engine's options (real FP8 GEMMs, fused kernels). ``Engine`` hands it to its model once
+(``CausalLM.prepare_``); nothing changes the model's forward after that.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantroll.kernels import triton_available
+from quantroll.kernels.backends import hardware_backend
+from quantroll.model.config import ModelConfig
+from quantroll.model.kernel_config import ForwardPlan, KernelConfig
+
+
+def runs_gpu_kernels(device: torch.device, kernels: KernelConfig) -> bool:
+    """Whether the GPU kernel table (kernels/choices.py) and the fused kernels serve this
+    engine: a CUDA device with Triton, unless batch-invariant kernels replace them."""
+    return device.type == "cuda" and triton_available() and not kernels.batch_invariant
+
+
+def invariant_fusion(kernels: KernelConfig, config: ModelConfig, fmt, device: torch.device) -> bool:
+    """Whether batch-invariant kernels may fuse q/k/v and gate/up (the trainer keeps them
+    apart): only where the fused GEMM gives each column its part's bits, i.e. the one
+    Triton tile on a GPU with BF16 weights and every part a whole number of the tile's
+    columns, so that a column sits at the same place in its tile either way (probed at
+    startup: model/invariance_probe). On the CPU, MKL's blocking follows the GEMM's shape."""
+    if not (device.type == "cuda" and triton_available() and fmt is None):
+        return False
+    block = kernels.invariant_gemm.block_n
+    widths = (config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim,
+              config.intermediate_size)
+    return all(w % block == 0 for w in widths)
+
+
+def linear_backend(fmt, device: torch.device, gpu_kernels: bool, fp8_kernels: bool | None) -> str:
+    """The quantized linears' backend: the format's real GEMMs where the GPU kernels serve
+    and ``fp8_kernels`` asks for them (None: when the device has them), else the exact
+    emulation (also for formats no hardware GEMM serves)."""
+    if fmt is None or not gpu_kernels:
+        return "emulated"
+    import quantroll.kernels.fp8_linear  # noqa: F401  registers block FP8's real GEMMs
+
+    hardware = hardware_backend(fmt)
+    if hardware is None:
+        return "emulated"
+    if fp8_kernels is None:
+        fp8_kernels = hardware.available(device)
+    return hardware.backend if fp8_kernels else "emulated"
+
+
+def engine_plan(kernels: KernelConfig, config: ModelConfig, fmt, device: torch.device, *,
+                fp8_kernels: bool | None, fused_kernels: bool) -> ForwardPlan:
+    """The plan of an engine on ``device`` serving a checkpoint in ``fmt`` (None: BF16)."""
+    gpu = runs_gpu_kernels(device, kernels)
+    return ForwardPlan(
+        kernels=kernels,
+        linear_backend=linear_backend(fmt, device, gpu, fp8_kernels),
+        fused_ops=gpu and fused_kernels,
+        fuse_projections=not kernels.batch_invariant or invariant_fusion(kernels, config, fmt, device),
+        stack_experts=gpu)

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "quantroll"
 
 RANKS = {
-    "errors": 0,
+    "errors": 0, "version": 0,
     "jsonfields": 1, "compute": 1, "durable": 1, "inputs": 1, "metrics": 1, "formats": 1,
     "outputs": 1.5,  # the file layer: on durable, under everything that writes a directory (checkpoint's too)
     "locks": 2, "cli": 2, "kernels": 2, "tasks": 2, "checkpoint": 2,

@@ -67,6 +67,9 @@ def test_no_import_runs_against_the_flow():
     for module, path in modules.items():
         src = _package(module)
         for target in _imports(path):
+            parent, _, last = target.rpartition(".")
+            if parent == "quantroll" and target not in modules and not (ROOT / last).is_dir():
+                target = "quantroll"  # `from quantroll import __version__`: a name of the facade itself
             dst = _package(target)
             if dst != src and target in modules and RANKS[dst] >= RANKS[src]:
                 back.append(f"{path.relative_to(ROOT.parent)} imports {target} ({src} {RANKS[src]} -> {dst} {RANKS[dst]})")

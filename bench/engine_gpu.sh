@@ -14,7 +14,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 ALL_TESTS="tests/formats/test_gpu_reference.py tests/kernels/test_quantize_gpu.py
   tests/engine/test_gpu_engine.py tests/engine/test_fused_quant.py tests/engine/test_sampling_fused.py
   tests/engine/test_paged_attention_gpu.py tests/kernels/test_fp8_gemv.py tests/kernels/test_fp8_gemm_rule_gpu.py
-  tests/sync/test_direct_gpu.py tests/sync/test_shared_weights.py tests/engine/test_true_on_policy_gpu.py
+  tests/sync/test_direct_gpu.py tests/engine/test_true_on_policy_gpu.py
   tests/kernels/test_quantize_api.py tests/rl/test_gpu_train.py"
 # one pytest per file, each with its own limit, so that a call cut short still reports every file it ran
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -18,6 +18,7 @@ import torch
 from quantroll.bench.roofline import median_ms
 from quantroll.bench.shapes import random_model, shape_config
 from quantroll.builtin import builtin_checkpoint
+from quantroll.checkpoint.bf16_rule import kept_by_name
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.engine import CacheConfig, Engine, SamplingParams
 from quantroll.formats import get_format
@@ -59,8 +60,7 @@ def step0_gaps(n_prompts: int = 256) -> dict[str, float]:
 def trainer_steps(shape: str, rows: int, prompt_len: int, response_len: int) -> dict[str, float]:
     cfg = shape_config(shape)
     policy = random_model(cfg, DEV).train()
-    names = {m.name for m in policy.modules() if getattr(m, "name", "").startswith("model.layers.")
-             and hasattr(m, "train_format") and not m.name.endswith("mlp.gate")}
+    names = {m.name for m in policy.modules() if hasattr(m, "train_format") and not kept_by_name(m.name)}
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size, (rows, prompt_len), generator=g).tolist()
     responses = torch.randint(0, cfg.vocab_size, (rows, response_len), generator=g).tolist()

@@ -1,8 +1,8 @@
 """quantroll: RL post-training with low-precision rollout and BF16 training."""
 
 from quantroll.errors import QuantrollError
+from quantroll.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["Engine", "SamplingParams", "QuantrollError", "__version__"]
 
 

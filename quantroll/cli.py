@@ -16,7 +16,7 @@ import importlib
 import signal
 import sys
 
-from quantroll import __version__
+from quantroll.version import __version__
 from quantroll.errors import QuantrollError
 
 SEED_LIMIT = 2**64

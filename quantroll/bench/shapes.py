@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from quantroll.checkpoint.bf16_rule import unless_kept
 from quantroll.formats import Format
 from quantroll.model.causal_lm import CausalLM
 from quantroll.model.config import ModelConfig, RopeConfig, config_from_dict
@@ -67,10 +68,7 @@ def random_model(cfg: ModelConfig, device, fmt: Format | None = None, seed: int 
 
     torch.manual_seed(seed)
 
-    def fmt_for(name: str):
-        return fmt if fmt is not None and name != "lm_head" and not name.endswith("mlp.gate") else None
-
-    model = CausalLM(cfg, fmt_for, dtype=torch.bfloat16, device=device)
+    model = CausalLM(cfg, unless_kept(lambda _: fmt), dtype=torch.bfloat16, device=device)
     src = dict(source.named_parameters()) if source is not None else {}
     for name, p in model.named_parameters():
         if name in src:

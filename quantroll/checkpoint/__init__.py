@@ -5,6 +5,7 @@
     writer.py          StreamingSafetensorsWriter: header first, then tensor bytes
     atomic.py          atomic_directory: output appears complete or not at all
     plan.py            plan(): kept-vs-quantized per tensor (shared with the weight sync)
+    bf16_rule.py       kept_by_name(): the modules that stay BF16 by name (the model builder asks it too)
     quantize.py        quantize_for_checkpoint(): NVFP4 siblings share a global scale
     layout.py          stored tensor names/dtypes/shapes per format
     quant_config.py    quantization_config in config.json, written and read back

@@ -5,9 +5,8 @@ weight update re-quantizes exactly the tensors the checkpoint quantized. It read
 weights: names and shapes decide everything.
 
 Kept in their source precision (normally BF16), with the reason recorded:
-  embedding, lm_head, norm   numerically sensitive, and not linear layers
-  router                     MoE gates (``mlp.gate``, ``shared_expert_gate``): tiny, and a
-                             flipped top-k choice costs more than any speedup
+  embedding, lm_head, norm,  by name alone: bf16_rule.py, the one statement of that rule
+  router                     (the model builder asks it too)
   not-2d                     anything that is not a 2-D [out, in] weight
   skip-pattern               the user's --skip patterns
   first-layers, last-layers  --num-layers-at-start/end-in-bf16
@@ -42,12 +41,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from quantroll.checkpoint.bf16_rule import EMBEDDING, LM_HEAD, NORM, ROUTER, kept_by_name
 from quantroll.errors import QuantrollError
 from quantroll.formats import Format
 
 QUANTIZE, KEEP, COPY = "quantize", "keep", "copy"
 
-EMBEDDING, LM_HEAD, NORM, ROUTER = "embedding", "lm_head", "norm", "router"
 NOT_2D, SKIP_PATTERN, FIRST_LAYERS, LAST_LAYERS = "not-2d", "skip-pattern", "first-layers", "last-layers"
 PARTIAL_BLOCKS, ODD_IN_FEATURES, FUSED_SIBLING, NAME_COLLISION = (
     "partial-blocks",
@@ -169,18 +168,7 @@ def scale_group(module: str) -> str | None:
 
 
 def _named_reason(module: str, ndim: int) -> str:
-    last = module.rpartition(".")[2]
-    if last == "lm_head":
-        return LM_HEAD
-    if "embed" in last or last in ("wte", "wpe"):
-        return EMBEDDING
-    if "norm" in last or last.startswith("ln_") or last == "ln":
-        return NORM
-    if last in ("gate", "router") or last.endswith("expert_gate"):
-        return ROUTER
-    if ndim != 2:
-        return NOT_2D
-    return ""
+    return kept_by_name(module) or (NOT_2D if ndim != 2 else "")
 
 
 def matches_skip(name: str, module: str, patterns: Sequence[str]) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quantroll import __version__
+from quantroll.version import __version__
 from quantroll.checkpoint.plan import Plan, PlanRules
 from quantroll.errors import QuantrollError
 from quantroll.formats import Format, format_from_quantization_config

@@ -79,14 +79,21 @@ def unpack(ints: torch.Tensor, logprobs: torch.Tensor, routes: torch.Tensor, pro
 class DataParallelEngines:
     """This rank's engine seen as the whole set: ``generate`` takes the full batch on every
     rank and returns every result on every rank. Every rank must call it with the same
-    prompts and parameters. Other attributes are the local engine's."""
+    prompts and parameters. What the RL loop asks of its engines and nothing more
+    (``generate``, ``last_stats``, ``precision``, ``kv_cache_label``, as ``Engine`` and
+    engine_ranks.RemoteEngines answer them); anything else is asked of ``engine`` itself."""
 
     def __init__(self, engine, ctx: DistContext):
         self.engine, self.ctx = engine, ctx
         self.last_stats: dict = {}
 
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
+    @property
+    def precision(self) -> str:
+        return self.engine.precision  # every engine rank builds the same engine
+
+    @property
+    def kv_cache_label(self) -> str:
+        return self.engine.kv_cache_label
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(),
                  max_new_tokens: Sequence[int] | None = None) -> list:

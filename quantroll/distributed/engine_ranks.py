@@ -95,10 +95,11 @@ def describe_engines(engine, groups: RankGroups, requests: EngineRequests) -> "R
 
 
 class RemoteEngines:
-    """The engine ranks, seen from a trainer rank (the loop's ``engines``). ``engine``: this
+    """The engine ranks, seen from a trainer rank (the loop's ``engines``: ``generate``,
+    ``last_stats``, ``precision``, ``kv_cache_label``, nothing forwarded). ``engine``: this
     trainer rank's engine object, a description on the meta device (no weights, no KV
-    pool), never sampled from: it answers the loop's questions about the engine (stop tokens,
-    config) and describes the format to the weight broadcast's source; the precision and
+    pool), never sampled from: the loop asks it directly about the engine (stop tokens,
+    config) and it describes the format to the weight broadcast's source; the precision and
     the KV cache's label are the engine ranks' own (``describe_engines``)."""
 
     def __init__(self, engine, groups: RankGroups, requests: EngineRequests, precision: str, kv_cache_label: str):
@@ -107,9 +108,6 @@ class RemoteEngines:
         # the meta device no real FP8 backend and no GPU KV kernel can be chosen
         self.precision, self.kv_cache_label = precision, kv_cache_label
         self.last_stats: dict = {}
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(),
                  max_new_tokens: Sequence[int] | None = None) -> list:

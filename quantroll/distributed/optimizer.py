@@ -1,6 +1,6 @@
 """AdamW on FP32 master weights for a policy sharded by FSDP2.
 
-The same arithmetic as quantroll/trainer/optimizer.py, on this rank's shards: the FP32
+The step of quantroll/trainer/optimizer.py (inherited, not restated), on this rank's shards: the FP32
 masters and both moments are copies of the local shards only (so optimizer memory is
 divided by the world size), each micro-batch's reduce-scattered gradient is summed in
 FP32, the gradient norm is the square root of the sum over ranks of the local sums of
@@ -12,8 +12,6 @@ ranks resumes on any number (``load_state_dict`` takes whole tensors and keeps i
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from quantroll.distributed.collectives import all_sum
@@ -23,6 +21,8 @@ from quantroll.trainer.optimizer import MasterWeightAdamW
 
 
 class ShardedMasterAdamW(MasterWeightAdamW):
+    """MasterWeightAdamW's step on this rank's shards; what sharding changes, and only that."""
+
     # load_state: the masters carry the trained values; the parameters are written from them
     writes_params_on_load = True
 
@@ -31,43 +31,22 @@ class ShardedMasterAdamW(MasterWeightAdamW):
         """``model``: the sharded policy (its parameters, and forward hooks that see which
         parameters a training forward used)."""
         self.ctx = ctx
-        self.params = [p for p in model.parameters() if p.requires_grad]  # DTensors: global shapes, for loading
-        self._marks = [False] * len(self.params)
-        index = {id(p): i for i, p in enumerate(self.params)}
+        params = [p for p in model.parameters() if p.requires_grad]  # DTensors: global shapes, for loading
+        self._marks = [False] * len(params)
+        index = {id(p): i for i, p in enumerate(params)}
         for module in model.modules():
             mine = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
             if mine:
                 module.register_forward_pre_hook(self._marker(mine))
-        self.weight_dtype = weight_dtype
-        self._local = [p.to_local().detach() for p in self.params]  # views of this rank's shards
-        self.master = [t.to(torch.float32).clone() for t in self._local]
-        self.inner = torch.optim.AdamW(self.master, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self._sums: list[torch.Tensor | None] = [None] * len(self.params)
+        self._local = [p.to_local().detach() for p in params]  # views of this rank's shards
+        self._build(params, self._local, lr, betas, eps, weight_decay, weight_dtype)
 
-    @torch.no_grad()
-    def accumulate(self) -> None:
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                g = p.grad.to_local().to(torch.float32)
-                self._sums[i] = g.clone() if self._sums[i] is None else self._sums[i].add_(g)
-                p.grad = None
+    def _local_grad(self, p: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of the reduce-scattered gradient, copied (FSDP2 owns the original)."""
+        return p.grad.to_local().to(torch.float32, copy=True)
 
-    def grad_norm(self) -> float:
-        local = sum(float(g.pow(2).sum()) for g in self._gradients() if g is not None)
-        return math.sqrt(all_sum(self.ctx, [local])[0])
-
-    @torch.no_grad()
-    def step(self, max_grad_norm: float | None = None) -> float:
-        norm = self.grad_norm()
-        scale = 1.0 if not max_grad_norm or norm <= max_grad_norm else max_grad_norm / (norm + 1e-6)
-        grads = self._gradients()
-        for g, m, used in zip(grads, self.master, self._used(grads)):
-            m.grad = g * scale if used else None
-        self._sums = [None] * len(self.params)
-        self.inner.step()
-        for local, m in zip(self._local, self.master):
-            local.copy_(self._rounded(m, local))
-        return norm
+    def _global_sum(self, local: float) -> float:
+        return all_sum(self.ctx, [local])[0]
 
     def _marker(self, indices: list[int]):
         def mark(module, args) -> None:
@@ -122,9 +101,6 @@ class ShardedMasterAdamW(MasterWeightAdamW):
             p = self.params[int(index)]
             local_state[int(index)] = {k: (local_shard(v, p).clone() if isinstance(v, torch.Tensor) and v.dim() else v)
                                        for k, v in entry.items()}
-        with torch.no_grad():
-            for m, saved, p, local in zip(self.master, state["master"], self.params, self._local):
-                part = local_shard(saved, p)
-                m.copy_(part)
-                local.copy_(self._rounded(part, local))
-        self.inner.load_state_dict({"state": local_state, "param_groups": inner["param_groups"]})
+        masters = [local_shard(saved, p) for saved, p in zip(state["master"], self.params)]
+        self._load_into(self._local, {"master": masters,
+                                      "inner": {"state": local_state, "param_groups": inner["param_groups"]}})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from quantroll.errors import QuantrollError
-from quantroll import __version__
+from quantroll.version import __version__
 from quantroll.formats.base import Format, QuantizedTensor, block_amax, check_input, expand_blocks
 from quantroll.formats.stored import StoredLayout
 from quantroll.formats.elements import (

@@ -95,9 +95,10 @@ def train_case(place, name: str) -> dict:
 
 def generate_case(place, engine_dir: Path) -> dict:
     """Greedy and sampled generations of 10 prompts (uneven shares over 4 engines)."""
-    engine = place.engines(Engine(engine_dir, dtype=DTYPE))
+    local = Engine(engine_dir, dtype=DTYPE)
+    engine = place.engines(local)
     rng = random.Random(3)
-    vocab = engine.config.vocab_size
+    vocab = local.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(2, 9))] for _ in range(10)]
     out = {}
     for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):

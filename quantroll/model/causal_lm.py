@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from quantroll.checkpoint.bf16_rule import unless_kept
 from quantroll.model.config import ModelConfig
 from quantroll.errors import QuantrollError
 from quantroll.model.kernel_config import DEFAULT_PLAN, ForwardPlan, KernelConfig
@@ -97,8 +98,10 @@ class CausalLM(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, fmt_for: FormatFor = bf16_everywhere, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.config = cfg
+        fmt_for = unless_kept(fmt_for)  # what stays BF16 by name: the one rule (checkpoint/bf16_rule.py)
         self.model = DecoderStack(cfg, fmt_for, dtype, device)
-        self.lm_head = QLinear(cfg.hidden_size, cfg.vocab_size, fmt=None, name="lm_head", dtype=dtype, device=device)
+        self.lm_head = QLinear(cfg.hidden_size, cfg.vocab_size, fmt=fmt_for("lm_head"), name="lm_head", dtype=dtype,
+                               device=device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

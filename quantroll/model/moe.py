@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quantroll.checkpoint.bf16_rule import unless_kept
 from quantroll.model import invariant
 from quantroll.model.config import ModelConfig
 from quantroll.model.kernel_config import DEFAULT_PLAN, ForwardPlan
@@ -68,7 +67,7 @@ class SparseMoE(torch.nn.Module):
         super().__init__()
         p = f"model.layers.{layer_idx}.mlp."
         self.layer_idx, self.top_k, self.norm_topk_prob = layer_idx, cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.gate = linear(p + "gate", unless_kept(fmt_for), cfg.hidden_size, cfg.num_experts, False, dtype, device)
+        self.gate = linear(p + "gate", fmt_for, cfg.hidden_size, cfg.num_experts, False, dtype, device)
         self.stacks: dict[str, torch.Tensor] | None = None  # set by stack_experts_ (GPU engine)
         self.experts = torch.nn.ModuleList(
             MLP(f"{p}experts.{e}.", cfg.hidden_size, cfg.moe_intermediate_size, fmt_for, dtype, device,

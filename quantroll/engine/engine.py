@@ -33,7 +33,7 @@ import torch
 
 from quantroll.engine.block_manager import BlockManager, blocks_for
 from quantroll.engine.model_runner import ModelRunner
-from quantroll.engine.plan import engine_plan, runs_gpu_kernels
+from quantroll.engine.plan import describe_attention, describe_linears, engine_plan, runs_gpu_kernels
 from quantroll.engine.paged_cache import CacheConfig, PagedKVCache, kv_bytes_per_token
 from quantroll.engine.request import check_request
 from quantroll.engine.sampling import SamplingParams
@@ -160,6 +160,8 @@ class Engine:
         self.plan = engine_plan(self.kernels, self.config, fmt, self.device, fp8_kernels=fp8_kernels,
                                 fused_kernels=fused_kernels)
         self.model.prepare_(self.plan)
+        log.info("attention: %s", describe_attention(self.plan, self.device, self.cache_config.kv_cache_dtype))
+        log.info("linears: %s", describe_linears(self.plan, fmt, self.device, fp8_kernels))
         if self.plan.linear_backend != "emulated":
             self._log_gemm_choices()
         if self.plan.linear_backend == "emulated" and self.model.quantized_linears():

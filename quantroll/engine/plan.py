@@ -60,3 +60,48 @@ def engine_plan(kernels: KernelConfig, config: ModelConfig, fmt, device: torch.d
         fused_ops=gpu and fused_kernels,
         fuse_projections=not kernels.batch_invariant or invariant_fusion(kernels, config, fmt, device),
         stack_experts=gpu)
+
+
+def _no_gpu_kernels_reason(device: torch.device) -> str:
+    return "no CUDA device" if device.type != "cuda" else "Triton is not installed"
+
+
+def describe_attention(plan: ForwardPlan, device: torch.device, kv_cache_dtype: str) -> str:
+    """Which attention an engine runs over its KV cache, and why (logged once at build)."""
+    kernels, device = plan.kernels, torch.device(device)
+    if kernels.batch_invariant:
+        if device.type == "cuda" and triton_available():
+            t = kernels.invariant_attention
+            return (f"batch-invariant Triton attention, one tile of {t.prefill_block_m} queries x {t.prefill_block_n} "
+                    "keys for every step and the trainer (true on-policy)")
+        return (f"batch-invariant torch attention in fixed chunks (true on-policy; "
+                f"{_no_gpu_kernels_reason(device)})")
+    if runs_gpu_kernels(device, kernels):
+        from quantroll.kernels.paged_attention import PROGRAMS_PER_SM
+
+        t = kernels.gpu.attention_tiles(kv_cache_dtype != "bf16")
+        return (f"Triton paged attention over the {kv_cache_dtype} cache: decode tiles of {t.decode_block_s} keys, "
+                f"{t.decode_stages} stages, {t.decode_warps} warps, sequences split until ~{PROGRAMS_PER_SM} programs "
+                f"per SM; prefill tiles {t.prefill_block_m} x {t.prefill_block_n} (the measured table: "
+                "kernels/choices.py)")
+    return f"torch reference attention over the {kv_cache_dtype} cache ({_no_gpu_kernels_reason(device)})"
+
+
+def describe_linears(plan: ForwardPlan, fmt, device: torch.device, fp8_kernels: bool | None) -> str:
+    """Which path an engine's quantized linears take, and why (the GEMM table's per-shape
+    choices are logged beside it when real FP8 GEMMs run)."""
+    device = torch.device(device)
+    if fmt is None:
+        return "BF16 checkpoint: torch GEMMs"
+    if plan.linear_backend != "emulated":
+        return f"{fmt.name}: real GEMMs ({plan.linear_backend}), by the measured table below"
+    if not runs_gpu_kernels(device, plan.kernels):
+        why = ("batch-invariant kernels (true on-policy)" if plan.kernels.batch_invariant
+               else _no_gpu_kernels_reason(device))
+    elif hardware_backend(fmt) is None:
+        why = f"no hardware GEMM serves {fmt.name} here"
+    elif fp8_kernels is False:
+        why = "real FP8 GEMMs switched off by the caller"
+    else:
+        why = "this GPU has no FP8 GEMM"
+    return f"{fmt.name}: exact emulation ({why}); numbers labelled emulated"

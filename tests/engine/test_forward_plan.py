@@ -140,3 +140,45 @@ def test_engines_and_a_trainer_on_different_plans_in_one_process_keep_their_own_
     layers = {m.name: m for m in together["mode2"].modules() if isinstance(m, QLinear)}
     assert names < set(layers) and all(layers[n].plan.train_format_of(n) is train.format for n in names)
     assert layers["lm_head"].plan.train_format_of("lm_head") is None  # BF16 on the engine: BF16 here
+
+
+def test_the_engine_logs_which_attention_and_linears_run_and_why(fp8_dir, tiny_qwen3_dir, caplog):
+    """Issue 40's dependency rule: the engine says once, at build, which attention and which
+    linear path it runs, and why (here: the CPU's reference paths, and an emulated FP8)."""
+    import logging
+
+    from quantroll.engine.plan import describe_attention, describe_linears
+
+    with caplog.at_level(logging.INFO, logger="quantroll.engine.engine"):
+        Engine(fp8_dir, device="cpu")
+    lines = [r.getMessage() for r in caplog.records]
+    assert "attention: torch reference attention over the bf16 cache (no CUDA device)" in lines
+    assert "linears: fp8: exact emulation (no CUDA device); numbers labelled emulated" in lines
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="quantroll.engine.engine"):
+        Engine(tiny_qwen3_dir, device="cpu", kernels=INVARIANT_KERNELS)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("attention: batch-invariant torch attention") for line in lines), lines
+    assert "linears: BF16 checkpoint: torch GEMMs" in lines
+    fp8 = get_format("fp8")
+    plan = ForwardPlan(linear_backend="emulated")
+    assert describe_linears(plan, fp8, CPU, False).endswith("(no CUDA device); numbers labelled emulated")
+    assert "fp8_e4m3 cache" in describe_attention(plan, CPU, "fp8_e4m3")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_gpu_engine_logs_its_kernels(fp8_dir, caplog):
+    import logging
+
+    from quantroll.kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("needs Triton")
+    with caplog.at_level(logging.INFO, logger="quantroll.engine.engine"):
+        Engine(fp8_dir, device="cuda", cache=None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("attention: Triton paged attention over the bf16 cache") for line in lines), lines
+    major, _ = torch.cuda.get_device_capability()
+    if major >= 9:
+        assert any(line.startswith("linears: fp8: real GEMMs") for line in lines), lines

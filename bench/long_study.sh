@@ -39,7 +39,7 @@ DEVICE=cuda
 if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 steps, on the CPU
   SFT_LENGTHS=48,64 SFT_SHAPE=tiny,num_hidden_layers=1 SFT_CONTEXT=256 SFT_TOKENS=512 SFT_MICRO=256 SFT_STEPS=2
   SFT_SAVE_EVERY=1 SFT_CHECK_EVERY=1 SFT_VAL=2 SFT_EVAL=2 SFT_EXPORT_MARGIN=0
-  CAL_LENGTHS=48,64 CAL_PROBLEMS=2 GAP_LENGTHS="48 64" GAP_PROMPTS=2 GAP_SAMPLES=2 GAP_MICRO=2 GAP_ENTROPY_PROBLEMS=2
+  CAL_LENGTHS=48,64 CAL_PROBLEMS=2 GAP_LENGTHS=64 GAP_PROMPTS=2 GAP_SAMPLES=2 GAP_MICRO=2 GAP_ENTROPY_PROBLEMS=2
   LEARN_4K_LEN=48 LEARN_16K_LEN=64 LEARN_4K_STEPS=2 LEARN_16K_STEPS=2 LEARN_EVAL_INTERVAL=1 LEARN_SAVE_INTERVAL=1
   LEARN_4K_PROMPTS=2 LEARN_16K_PROMPTS=2 LEARN_4K_SAMPLES=2 LEARN_16K_SAMPLES=2 LEARN_4K_MICRO=2 LEARN_16K_MICRO=2
   LEARN_4K_EVAL=2 LEARN_16K_EVAL=2 DEVICE=cpu
@@ -74,9 +74,11 @@ exec > >(tee -a "$LOG") 2>&1
 echo "== long_study $JOB: $(date -u +'%F %T UTC'), $(remaining) s for this call, smoke ${LONG_STUDY_SMOKE:-0}"
 
 run() {  # the command is recorded, then run under the call's deadline (SIGTERM: compare saves and stops)
+  local left; left=$(remaining)
+  [ "$left" -gt 0 ] || { echo "not run, the call's time is up: $*"; return 124; }  # (timeout 0 would not limit)
   echo "$*" >>"$CMDS"
   echo "+ $*"
-  timeout -s TERM -k 30 "$(remaining)" "$@"
+  timeout -s TERM -k 30 "$left" "$@"
 }
 
 model() {  # the study model, copied where its path is the same on every machine (compare's runs key on it)
@@ -100,7 +102,7 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   local marker=$dir/units/$key.done
   [ -f "$marker" ] && { echo "$key: done earlier"; return 0; }
   local need; need=$(cat "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)
-  if [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
+  if [ "$(remaining)" -le 0 ] || [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
     echo "$key: not started, $(remaining) s left (the longest part so far took ${need:-?} s)"; NOT_DONE=1; return 1
   fi
   mkdir -p "$dir/units"
@@ -108,7 +110,7 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   run python3 -m quantroll compare --output-dir "$dir/compare" --groups "$groups" --seeds "$seeds" "$@" \
     > "$dir/units/$key.log" 2>&1
   local rc=$?
-  tail -n 25 "$dir/units/$key.log"
+  grep -E "done earlier|resuming|extending|^report:|error" "$dir/units/$key.log" | tail -n 8
   if [ $rc = 0 ]; then echo $(($(date +%s) - t0)) >"$marker"; return 0; fi
   if [ $rc = 124 ] || [ $rc = 137 ]; then echo "$key: stopped at the call's deadline (resumes next call)"; NOT_DONE=1
   else echo "$key: compare failed (exit $rc): $dir/units/$key.log"; FAILED=1; fi
@@ -141,6 +143,7 @@ case "$JOB" in
     else
       resume=(); [ -f "$D/state/state/record.json" ] && resume=(--resume)
       limit=$(( $(remaining) - SFT_EXPORT_MARGIN )); [ $limit -lt 0 ] && limit=0
+      limit=${LONG_STUDY_SFT_TIME_LIMIT:-$limit}  # the smoke test's 0: one step per call
       run python3 -m quantroll sft --save "$D/model" --task fib --trace-len "$SFT_LENGTHS" --trace-terms $TERMS \
         --shape "$SFT_SHAPE" --context $SFT_CONTEXT --tokens-per-batch $SFT_TOKENS --micro-batch-tokens $SFT_MICRO \
         --state-dir "$D/state" --steps $SFT_STEPS --lr $SFT_LR --seed $SFT_SEED --save-every $SFT_SAVE_EVERY \
@@ -191,7 +194,9 @@ case "$JOB" in
       --train-args "$(train_args $L $P $N $M $E)" ;;
   report)
     for j in sft calibrate gap learn-4k learn-16k; do seed_from_carried $j; done
-    run python3 bench/long_study_report.py --root "$ROOT" --out "$REPORT_DIR"
+    m=${LONG_STUDY_MODEL:-quantroll/data/$MODEL_NAME} margs=()
+    if [ -f "$m/config.json" ]; then margs=(--model "$m"); else echo "report: no study model in $m: its recipe is left out"; fi
+    run python3 bench/long_study_report.py --root "$ROOT" --out "$REPORT_DIR" "${margs[@]}"
     rc=$?; [ $rc != 0 ] && FAILED=1 ;;
 esac
 

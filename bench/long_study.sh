@@ -32,7 +32,7 @@ RL_LR=5e-5                           # compare's recipe
 SEEDS=1,2
 LEARN_4K_LEN=4096 LEARN_4K_STEPS=20 LEARN_4K_PROMPTS=64 LEARN_4K_SAMPLES=4 LEARN_4K_MICRO=32 LEARN_4K_EVAL=64
 LEARN_4K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8+mask@1 fp8-m2@1"
-LEARN_16K_LEN=16384 LEARN_16K_STEPS=20 LEARN_16K_PROMPTS=32 LEARN_16K_SAMPLES=4 LEARN_16K_MICRO=8 LEARN_16K_EVAL=32
+LEARN_16K_LEN=16384 LEARN_16K_STEPS=20 LEARN_16K_PROMPTS=16 LEARN_16K_SAMPLES=4 LEARN_16K_MICRO=8 LEARN_16K_EVAL=32
 LEARN_16K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8-m2@1"
 LEARN_EVAL_INTERVAL=10 LEARN_SAVE_INTERVAL=2
 DEVICE=cuda
@@ -51,7 +51,8 @@ CARRIED=${LONG_STUDY_CARRIED:-.long_study_in}
 REPORT_DIR=${LONG_STUDY_REPORT_DIR:-docs/reports/long-responses}
 MIN_START=${LONG_STUDY_MIN_START:-45}    # no compare is started with fewer seconds left
 START=$(date +%s)
-DEADLINE=$((START + ${LONG_STUDY_CALL_SECONDS:-540}))
+CALL_SECONDS=${LONG_STUDY_CALL_SECONDS:-540}
+DEADLINE=$((START + CALL_SECONDS))
 case "$JOB" in
   sft|calibrate|gap|learn-4k|learn-16k|report) ;;
   *) echo "usage: bash bench/long_study.sh sft|calibrate|gap|learn-4k|learn-16k|report" >&2; exit 2 ;;
@@ -67,7 +68,12 @@ seed_from_carried() {  # a bare machine: continue a job from the results a forme
   fi
 }
 seed_from_carried "$JOB"
-mkdir -p "$D"
+mkdir -p "$D" && ROOT=$(cd "$ROOT" && pwd) && D=$ROOT/$JOB
+# compare's runs key on their command lines, which hold the output folder's absolute path and the
+# model's: both are reached through $FIXED, the same path on every machine, so a bare machine keeps
+# the runs a former one finished
+FIXED=${LONG_STUDY_FIXED:-/tmp/quantroll-long-study}
+mkdir -p "$FIXED" && ln -sfn "$ROOT" "$FIXED/work"
 LOG=$D/log.txt CMDS=$D/commands.this-call
 : >"$CMDS"
 exec > >(tee -a "$LOG") 2>&1
@@ -89,7 +95,7 @@ model() {  # the study model, copied where its path is the same on every machine
     return 1
   fi
   local sha; sha=$(sha256sum "$src/model.safetensors" | cut -c1-12)
-  MODEL=${LONG_STUDY_MODEL_COPY:-/tmp/quantroll-long-study}/model-$sha
+  MODEL=$FIXED/model-$sha
   if [ ! -f "$MODEL/.copied" ]; then rm -rf "$MODEL" && mkdir -p "$MODEL" && cp -r "$src/." "$MODEL/" && touch "$MODEL/.copied"; fi
   echo "study model: $src (model.safetensors sha256 $sha...), as $MODEL" | tee -a "$CMDS"
 }
@@ -101,13 +107,14 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   local dir=$1 key=$2 groups=$3 seeds=$4; shift 4
   local marker=$dir/units/$key.done
   [ -f "$marker" ] && { echo "$key: done earlier"; return 0; }
-  local need; need=$(cat "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)
+  local need; need=$(cat "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)  # the longest part so far
+  [ -n "$need" ] && [ "$need" -gt $((CALL_SECONDS / 2)) ] && need=$((CALL_SECONDS / 2))  # parts span calls
   if [ "$(remaining)" -le 0 ] || [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
-    echo "$key: not started, $(remaining) s left (the longest part so far took ${need:-?} s)"; NOT_DONE=1; return 1
+    echo "$key: not started, $(remaining) s left (a part needs ${need:-?} s: the longest so far, at most half a call)"; NOT_DONE=1; return 1
   fi
   mkdir -p "$dir/units"
   local t0; t0=$(date +%s)
-  run python3 -m quantroll compare --output-dir "$dir/compare" --groups "$groups" --seeds "$seeds" "$@" \
+  run python3 -m quantroll compare --output-dir "$FIXED/work/${dir#"$ROOT"/}/compare" --groups "$groups" --seeds "$seeds" "$@" \
     > "$dir/units/$key.log" 2>&1
   local rc=$?
   grep -E "done earlier|resuming|extending|^report:|error" "$dir/units/$key.log" | tail -n 8
@@ -137,7 +144,8 @@ train_args() {  # len prompts samples micro eval-size
 }
 
 rc=0
-case "$JOB" in
+case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
+[ $FAILED = 0 ] && case "$JOB" in
   sft)
     if [ -f "$D/model/model.safetensors" ]; then echo "sft: the model was exported earlier: $D/model"
     else
@@ -155,18 +163,16 @@ case "$JOB" in
     fi
     if [ -f "$D/model/model.safetensors" ]; then
       { echo "command: $(grep -h '^python3 -m quantroll sft' "$D"/commands.* 2>/dev/null | tail -1 \
-          | sed -e 's/ --time-limit [0-9]*//' -e 's/ --resume//') (one call without --time-limit does the same)"
+          | sed -e 's/ --time-limit [0-9]*//' -e 's/ --resume//') (one call, uninterrupted, makes the same)"
         echo "seed: $SFT_SEED"; (cd "$D/model" && sha256sum -- * | sed 's/^/sha256: /'); } >"$D/model.txt"
       cat "$D/model.txt"
     fi ;;
   calibrate)
-    model || exit 1
     run python3 bench/long_study_sample.py sample --model "$MODEL" --lengths $CAL_LENGTHS --terms $TERMS \
       --problems $CAL_PROBLEMS --device $DEVICE --json "$D/calibrate.json"
     rc=$?
     if [ $rc = 124 ] || [ $rc = 137 ]; then NOT_DONE=1; elif [ $rc != 0 ]; then FAILED=1; fi ;;
   gap)
-    model || exit 1
     if [ ! -f "$D/entropy.json" ]; then
       run python3 bench/long_study_sample.py sample --model "$MODEL" --lengths "$(echo $GAP_LENGTHS | tr ' ' ,)" \
         --terms $TERMS --problems $GAP_ENTROPY_PROBLEMS --device $DEVICE --json "$D/entropy.json.tmp"
@@ -181,7 +187,6 @@ case "$JOB" in
         --train-args "$(train_args $L $GAP_PROMPTS $GAP_SAMPLES $GAP_MICRO 1)"
     done ;;
   learn-4k|learn-16k)
-    model || exit 1
     if [ "$JOB" = learn-4k ]; then
       L=$LEARN_4K_LEN S=$LEARN_4K_STEPS P=$LEARN_4K_PROMPTS N=$LEARN_4K_SAMPLES M=$LEARN_4K_MICRO E=$LEARN_4K_EVAL
       G=$LEARN_4K_GROUPS

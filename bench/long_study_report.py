@@ -23,10 +23,11 @@ from pathlib import Path
 from quantroll.compare.htmlpage import CSS, img_html
 
 GAP_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "ppl_ratio", "chi2_token", "chi2_seq")
-PUBLISHED = ("Published ranges (docs: /work/shared/DESIGN.md, Published findings): one FP8 GEMM's error ~7e-4 "
+PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
              "(LMSYS); NeMo-RL's token_mult_prob_error (a ppl-ratio-like metric) stays below 1.03-1.05 when healthy; "
              "chi2_seq grows with length at a fixed per-token gap; Jet-RL: FP8 rollout with BF16 training matched "
-             "BF16 below ~4K, drifted at 8K and failed to converge at 16K on some models (not monotone in length).")
+             "BF16 below ~4K, drifted at 8K and failed to converge at 16K on some models (not monotone in length; "
+             "arXiv 2601.14243).")
 JOBS = ("sft", "calibrate", "gap", "learn-4k", "learn-16k")
 
 

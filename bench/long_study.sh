@@ -76,7 +76,8 @@ FIXED=${LONG_STUDY_FIXED:-/tmp/quantroll-long-study}
 mkdir -p "$FIXED" && ln -sfn "$ROOT" "$FIXED/work"
 LOG=$D/log.txt CMDS=$D/commands.this-call
 : >"$CMDS"
-exec > >(tee -a "$LOG") 2>&1
+exec 3>&1 4>&2 > >(tee -a "$LOG") 2>&1
+TEE=$!
 echo "== long_study $JOB: $(date -u +'%F %T UTC'), $(remaining) s for this call, smoke ${LONG_STUDY_SMOKE:-0}"
 
 run() {  # the command is recorded, then run under the call's deadline (SIGTERM: compare saves and stops)
@@ -210,6 +211,13 @@ if [ $FAILED = 1 ]; then status=failed; code=1; elif [ $NOT_DONE = 1 ]; then sta
 python3 bench/long_study_sample.py record --job "$JOB" --file "$D/calls.jsonl" --rc $code \
   --seconds $(($(date +%s) - START)) --status $status --commands "$CMDS"
 cat "$CMDS" >>"$D/commands.all"
+case $status in
+  done) echo "long_study $JOB: done" ;;
+  continue) echo "long_study $JOB: not done: call 'bash bench/long_study.sh $JOB' again (exit 75)" ;;
+  failed) echo "long_study $JOB: FAILED (see the log above)" ;;
+esac
+exec 1>&3 2>&4 3>&- 4>&-
+wait "$TEE" 2>/dev/null  # the log is whole before it is copied
 if [ -n "$OUTDIR" ]; then  # small results only: no training states, no converted checkpoints (8 files at most)
   mkdir -p "$OUTDIR"
   tar czf "$OUTDIR/$JOB.tgz" -C "$ROOT" --exclude="$JOB/state" --exclude="$JOB/model" --exclude='*/runs/*/state' \
@@ -220,9 +228,4 @@ if [ -n "$OUTDIR" ]; then  # small results only: no training states, no converte
   fi
   [ "$JOB" = report ] && tar czf "$OUTDIR/report.tgz" -C "$(dirname "$REPORT_DIR")" "$(basename "$REPORT_DIR")"
 fi
-case $status in
-  done) echo "long_study $JOB: done" ;;
-  continue) echo "long_study $JOB: not done: call 'bash bench/long_study.sh $JOB' again (exit 75)" ;;
-  failed) echo "long_study $JOB: FAILED (see the log above)" ;;
-esac
 exit $code

@@ -38,8 +38,12 @@ def test_a_wrong_job_is_refused_with_the_usage():
     assert p.returncode == 2 and "usage: bash bench/long_study.sh sft|calibrate|gap|learn-4k|learn-16k|report" in p.stderr
 
 
-def test_the_sample_helpers_entropy_is_the_uniform_distributions_for_a_zero_lm_head(tmp_path):
-    """Independent reference: zero output weights give uniform logits, whose entropy is ln(vocab)."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_sample_helpers_entropy_is_the_uniform_distributions_for_a_zero_lm_head(tmp_path, device):
+    """Independent reference: zero output weights give uniform logits, whose entropy is ln(vocab)
+    (exact in BF16 too: every logit is 0)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     from quantroll.builtin import TinyQwen3, write_tiny_qwen3
 
     model = write_tiny_qwen3(tmp_path / "m", TinyQwen3(num_hidden_layers=1, max_position_embeddings=256), seed=0)
@@ -48,7 +52,7 @@ def test_the_sample_helpers_entropy_is_the_uniform_distributions_for_a_zero_lm_h
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     out = tmp_path / "rows.json"
     p = subprocess.run([sys.executable, "bench/long_study_sample.py", "sample", "--model", str(model), "--lengths",
-                        "40,60", "--problems", "3", "--device", "cpu", "--json", str(out)], cwd=ROOT,
+                        "40,60", "--problems", "3", "--device", device, "--json", str(out)], cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -29,6 +29,7 @@ CAL_LENGTHS=3072,4096,6144,8192,12288,16384 CAL_PROBLEMS=32
 GAP_LENGTHS="4096 8192 16384" GAP_GROUPS="bf16 fp8 fp8-m2 fp8+kvfp8" GAP_STEPS=2
 GAP_PROMPTS=16 GAP_SAMPLES=4 GAP_MICRO=8 GAP_ENTROPY_PROBLEMS=16
 RL_LR=5e-5                           # compare's recipe
+RL_REWARD=""                         # or --trace-partial-credit, if calibrate shows the exact reward off 0.3-0.8
 SEEDS=1,2
 LEARN_4K_LEN=4096 LEARN_4K_STEPS=20 LEARN_4K_PROMPTS=64 LEARN_4K_SAMPLES=4 LEARN_4K_MICRO=32 LEARN_4K_EVAL=64
 LEARN_4K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8+mask@1 fp8-m2@1"
@@ -44,6 +45,7 @@ if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 ste
   LEARN_4K_PROMPTS=2 LEARN_16K_PROMPTS=2 LEARN_4K_SAMPLES=2 LEARN_16K_SAMPLES=2 LEARN_4K_MICRO=2 LEARN_16K_MICRO=2
   LEARN_4K_EVAL=2 LEARN_16K_EVAL=2 DEVICE=cpu
 fi
+DEVICE=${LONG_STUDY_DEVICE:-$DEVICE}  # LONG_STUDY_SMOKE=1 LONG_STUDY_DEVICE=cuda: the tiny jobs on the GPU (~3 min)
 
 JOB=${1:-}
 ROOT=${LONG_STUDY_DIR:-.long_study}
@@ -141,7 +143,7 @@ matrix() {  # dir prefix seeds "GROUP[@N] ..." compare-args...: each group x see
 
 train_args() {  # len prompts samples micro eval-size
   echo "--task fib --trace-len $1 --trace-terms $TERMS --rollout-batch-size $2 --n-samples-per-prompt $3" \
-    "--micro-batch-size $4 --eval-size $5 --lr $RL_LR"
+    "--micro-batch-size $4 --eval-size $5 --lr $RL_LR${RL_REWARD:+ $RL_REWARD}"
 }
 
 rc=0

@@ -108,9 +108,10 @@ max_len() { python3 -c "from quantroll.tasks.trace import FibTraceTask as F; pri
 NOT_DONE=0 FAILED=0
 unit() {  # one compare over a part of the matrix, skipped when done, not started when the call cannot hold it
   local dir=$1 key=$2 groups=$3 seeds=$4; shift 4
-  local marker=$dir/units/$key.done
-  [ -f "$marker" ] && { echo "$key: done earlier"; return 0; }
-  local need; need=$(cat "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)  # the longest part so far
+  local marker=$dir/units/$key.done same; same=$(echo "$groups $seeds $*" | sha256sum | cut -c1-16)
+  # done with these knobs (a knob changed, e.g. more steps: compare runs it again and extends what it can)
+  [ -f "$marker" ] && [ "$(cut -d' ' -f2 "$marker")" = "$same" ] && { echo "$key: done earlier"; return 0; }
+  local need; need=$(cut -d' ' -f1 "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)  # the longest part so far
   [ -n "$need" ] && [ "$need" -gt $((CALL_SECONDS / 2)) ] && need=$((CALL_SECONDS / 2))  # parts span calls
   if [ "$(remaining)" -le 0 ] || [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
     echo "$key: not started, $(remaining) s left (a part needs ${need:-?} s: the longest so far, at most half a call)"; NOT_DONE=1; return 1
@@ -121,7 +122,7 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
     > "$dir/units/$key.log" 2>&1
   local rc=$?
   grep -E "done earlier|resuming|extending|^report:|error" "$dir/units/$key.log" | tail -n 8
-  if [ $rc = 0 ]; then echo $(($(date +%s) - t0)) >"$marker"; return 0; fi
+  if [ $rc = 0 ]; then echo "$(($(date +%s) - t0)) $same" >"$marker"; return 0; fi
   if [ $rc = 124 ] || [ $rc = 137 ]; then echo "$key: stopped at the call's deadline (resumes next call)"; NOT_DONE=1
   else echo "$key: compare failed (exit $rc): $dir/units/$key.log"; FAILED=1; fi
   return 1

@@ -36,7 +36,7 @@ class FibTraceMix:
                                  "give one value for a single length")
         if len(set(self.lengths)) != len(self.lengths):
             raise QuantrollError(f"--trace-len {','.join(map(str, self.lengths))}: a length is given twice")
-        self.tasks  # each length's own checks (terms, digits, a length shorter than a line)
+        _ = self.tasks  # each length's own checks (terms, digits, a length shorter than a line)
 
     @property
     def tasks(self) -> tuple[FibTraceTask, ...]:

@@ -16,6 +16,7 @@ rule on the sampled pass rate; e.g. the long-trace study's model::
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -26,11 +27,15 @@ from quantroll.errors import QuantrollError
 from quantroll.outputs import FORCE_HELP, check_output_dir, check_replace
 from quantroll.tasks.arithmetic import ArithmeticTask, CountTask
 from quantroll.tasks.trace import FibTraceTask
+from quantroll.tasks.trace_mix import FibTraceMix
 from quantroll.longsft.run import LongSFTConfig, long_sft
 from quantroll.longsft.shapes import SHAPES, parameter_count, parse_shape
 from quantroll.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL_SIZE, DEFAULT_LR,
                                    DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_TARGET_ACCURACY, STATS_FILE, WARM_START_SHAPE,
                                    warm_start)
+
+
+TIME_LIMIT_EXIT = 3  # the exit status of a run stopped by --time-limit, to be resumed
 
 
 def register(subparsers) -> None:
@@ -52,8 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
     p.add_argument("--ops", default="+-", help="arithmetic: operators to sample from, of + - * (default: +-)")
     p.add_argument("--span", type=int, default=CountTask().span, help=f"count: numbers per answer (default: {CountTask().span})")
-    p.add_argument("--trace-len", type=int, default=FibTraceTask().length,
-                   help=f"fib: target trace length in tokens (default: {FibTraceTask().length})")
+    p.add_argument("--trace-len", type=_lengths, default=(FibTraceTask().length,),
+                   help="fib: target trace length in tokens; several, comma-separated (e.g. 4096,8192,16384), train "
+                   f"on a mixture, each problem's length drawn uniformly (default: {FibTraceTask().length})")
     p.add_argument("--trace-terms", type=int, choices=(2, 3), default=FibTraceTask().terms,
                    help="fib: terms summed per line, 2 (Fibonacci) or 3 (Tribonacci, harder) (default: 2)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default: {DEFAULT_STEPS})")
@@ -83,6 +89,10 @@ def register(subparsers) -> None:
     g.add_argument("--save-every", type=int, default=LongSFTConfig().save_every,
                    help="save the training state every N steps, atomically (default: %(default)s)")
     g.add_argument("--resume", action="store_true", help="continue the run saved in --state-dir from its last saved step")
+    g.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop once a step ends this many seconds after the command started, save the state and exit "
+                   f"with status {TIME_LIMIT_EXIT} without writing --save; rerun with --resume to continue (a job split "
+                   "over calls of limited length)")
     g.add_argument("--check-every", type=int, default=LongSFTConfig().check_every,
                    help="quality check every N steps: per-token NLL and sampled pass rate per length bucket "
                    "(default: %(default)s)")
@@ -101,9 +111,9 @@ def run(args: argparse.Namespace) -> int:
     task = _task(args)
     if args.tokens_per_batch is not None:
         return _run_long(args, task)
-    if args.resume or args.state_dir or args.context or args.shape != "tiny":
-        raise QuantrollError("--shape, --context, --state-dir and --resume belong to the long-context trainer; "
-                             "add --tokens-per-batch N")
+    if args.resume or args.state_dir or args.context or args.shape != "tiny" or args.time_limit is not None:
+        raise QuantrollError("--shape, --context, --state-dir, --resume and --time-limit belong to the long-context "
+                             "trainer; add --tokens-per-batch N")
     if not 0 < args.target_accuracy <= 1:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
@@ -135,10 +145,19 @@ def _task(args: argparse.Namespace):
             raise QuantrollError(f"--ops must be made of + - *, got {args.ops!r}")
         return ArithmeticTask(digits=args.digits, ops=args.ops)
     if args.task == "fib":
-        return FibTraceTask(length=args.trace_len, terms=args.trace_terms)
+        if len(args.trace_len) > 1:
+            return FibTraceMix(lengths=args.trace_len, terms=args.trace_terms)
+        return FibTraceTask(length=args.trace_len[0], terms=args.trace_terms)
     if args.span < 1:
         raise QuantrollError(f"--span must be >= 1, got {args.span}")
     return CountTask(span=args.span)
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a length or comma-separated lengths in tokens, got {text!r}") from None
 
 
 def _run_long(args: argparse.Namespace, task) -> int:
@@ -147,6 +166,9 @@ def _run_long(args: argparse.Namespace, task) -> int:
                              "--shape tiny-moe, --tokens-per-batch and --target-pass-rate")
     if not args.state_dir:
         raise QuantrollError("--tokens-per-batch needs --state-dir DIR, where the run keeps its state for --resume")
+    if args.time_limit is not None and not args.time_limit >= 0:
+        raise QuantrollError(f"--time-limit must be >= 0 seconds, got {args.time_limit}")
+    deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
     shape = parse_shape(args.shape, args.context)
     check_output_dir("--save", args.save)
     check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
@@ -158,7 +180,11 @@ def _run_long(args: argparse.Namespace, task) -> int:
           f"{shape.max_position_embeddings} positions) for up to {args.steps} steps of {args.tokens_per_batch} tokens, "
           f"lr {args.lr:g}, seed {args.seed} on {args.device}")
     stats = long_sft(args.save, task, shape, cfg, args.state_dir, resume=args.resume, device=args.device,
-                     compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}")
+                     compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}", deadline=deadline)
+    if stats["stopped_by"] == "time_limit":
+        print(f"stopped at --time-limit after {stats['last_step'] + 1} of {args.steps} steps ({stats['steps_run']} "
+              f"in this state); nothing written to --save: rerun with --resume to continue")
+        return TIME_LIMIT_EXIT
     before, after = stats["greedy_before"], stats["greedy_after"]
     print(f"ran {stats['steps_run']} of {args.steps} steps (stopped by {stats['stopped_by']}); loss "
           f"{stats['losses'][0]:.3f} -> {stats['losses'][-1]:.3f}")

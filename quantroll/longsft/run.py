@@ -69,7 +69,8 @@ class LongSFTConfig:
 
 def _recipe(task: Task, shape: TinyQwen3, cfg: LongSFTConfig) -> dict:
     fields = {k: v for k, v in asdict(task).items() if k != "name"} if is_dataclass(task) else {}
-    return {"task": {"name": task.name, **fields}, "shape": asdict(shape), **asdict(cfg)}
+    recipe = {"task": {"name": task.name, **fields}, "shape": asdict(shape), **asdict(cfg)}
+    return json.loads(json.dumps(recipe))  # as the saved state reads it back (tuples as lists), for --resume's check
 
 
 def _step(model, opt: MasterWeightAdamW, examples, micro_tokens: int, device) -> float:
@@ -91,10 +92,16 @@ def _step(model, opt: MasterWeightAdamW, examples, micro_tokens: int, device) ->
 def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConfig, state_dir: str | Path, *,
              resume: bool = False, device: str = "cpu", compute_dtype: str = "auto", log: Callable[[str], None] = print,
              on_step: Callable[[int, float], None] | None = None, force: bool = False,
-             what: str | None = None) -> dict:
+             what: str | None = None, deadline: float | None = None) -> dict:
     """Train a model of ``shape`` on ``task`` and export it to ``out_dir`` (HF BF16, with the
     stats in quantroll_sft.json, which are also returned). ``on_step(step, loss)`` is called
-    after every step (progress; an exception there stops the run as a kill would)."""
+    after every step (progress; an exception there stops the run as a kill would).
+
+    ``deadline`` (a ``time.monotonic()`` value): once a step ends past it, before the stop
+    rule or ``cfg.steps`` ends the run, the state is saved and the run returns
+    ``{"stopped_by": "time_limit", "last_step", "steps_run"}`` without exporting, to be
+    continued with ``resume=True`` (a job of a few minutes per call, bench/long_study.sh).
+    It is not part of the recipe: each call of one run may have its own."""
     from quantroll.compute import resolve_compute_dtype
 
     dtype = resolve_compute_dtype(device, compute_dtype)
@@ -168,6 +175,13 @@ def long_sft(out_dir: str | Path, task: Task, shape: TinyQwen3, cfg: LongSFTConf
             on_step(step, loss)
         if stopped:
             break
+        if deadline is not None and time.monotonic() >= deadline and done < cfg.steps:
+            if not (cfg.save_every and done % cfg.save_every == 0):
+                state.save(state_dir, opt, step, losses, checks, recipe, before)
+            log(f"time limit reached after step {step}: state saved in {state_dir / state.STATE}; "
+                "rerun with --resume to continue")
+            return {"stopped_by": "time_limit", "last_step": step, "steps_run": len(losses),
+                    "resumed_at": first or None}
     model.eval()
     after = accuracy()
     stats = {

@@ -1,0 +1,237 @@
+"""docs/reports/long-responses/ from what the long-study jobs saved (bench/long_study.sh report).
+
+Reads the jobs' folders under ``--root`` (each as a call left it, or unpacked from its
+JOB.tgz): the calls' records (what ran where), the study model's recipe, the calibration
+rows, the gap job's compares at each length (step 0 and step 1 read from each run's
+metrics.jsonl) and entropy, and the learning compares' answers and groups. Writes
+report.md, report.html (one file, plots embedded), summary.json, commands.txt, plots/,
+and each compare's own report under gap-LEN/, learn-4k/, learn-16k/. A job that has not
+run is named as missing, never filled in. The findings (per length: within the seed
+spread or not, how the gap grows, which correction helps, the published pattern) are the
+reader's to write from these tables: beyond compare's own answers, this script judges nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from quantroll.compare.htmlpage import CSS, img_html
+
+GAP_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "ppl_ratio", "chi2_token", "chi2_seq")
+PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
+             "(LMSYS); NeMo-RL's token_mult_prob_error (a ppl-ratio-like metric) stays below 1.03-1.05 when healthy; "
+             "chi2_seq grows with length at a fixed per-token gap; Jet-RL: FP8 rollout with BF16 training matched "
+             "BF16 below ~4K, drifted at 8K and failed to converge at 16K on some models (not monotone in length; "
+             "arXiv 2601.14243).")
+JOBS = ("sft", "calibrate", "gap", "learn-4k", "learn-16k")
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _ms(x: dict | None, fmt: str = ".3g") -> str:
+    if not x or x.get("mean") is None:
+        return "n/a"
+    std = x.get("std")
+    return f"{x['mean']:{fmt}}" + (f" ± {std:{fmt}}" if std is not None and x.get("n", 1) > 1 else "")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
+
+
+def calls(root: Path) -> list[dict]:
+    return [c for job in JOBS for c in _jsonl(root / job / "calls.jsonl")]
+
+
+def gap_rows(root: Path) -> list[dict]:
+    """One row per (length, run): the gap metrics at steps 0 and 1, from the run's metrics."""
+    rows = []
+    for where in sorted((root / "gap").glob("*/compare"), key=lambda p: int(p.parent.name)):
+        summary = _json(where / "summary.json") or {"runs": []}
+        for run in summary["runs"]:
+            steps = {r.get("step"): r for r in _jsonl(where / "runs" / run["run_id"] / "metrics.jsonl")}
+            rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
+                         "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
+                         **{f"{k}@{s}": steps.get(s, {}).get(k) for k in GAP_KEYS for s in (0, 1)}})
+    return rows
+
+
+def learn(root: Path, job: str) -> dict | None:
+    summary = _json(root / job / "compare" / "summary.json")
+    if summary is None:
+        return None
+    groups = [{"label": g["label"], "correction": g["correction"], "seeds": g["seeds"],
+               "reward_step0": g["reward"].get("step0"), "reward_last_k": g["reward"].get("last_steps"),
+               "last_k": g["reward"].get("last_k"), "eval_trainer_first": g["eval"].get("first_trainer"),
+               "eval_trainer_last": g["eval"].get("trainer"), "gap_mean": g["gap_mean"].get(summary["main_gap"])}
+              for g in summary["groups"]]
+    return {"answer": [m["text"] for m in summary["recommendation"]["modes"]], "groups": groups,
+            "heldout_baseline": summary.get("heldout_baseline"), "failed": summary.get("failed", [])}
+
+
+def gap_plot(rows: list[dict], path: Path) -> bool:
+    from matplotlib.figure import Figure
+
+    labels = sorted({r["label"] for r in rows})
+    if not labels:
+        return False
+    fig = Figure(figsize=(10, 4))
+    for i, key in enumerate(("train_rollout_logprob_abs_diff", "chi2_seq")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for label in labels:
+            pts = sorted((r["length"], r[f"{key}@0"]) for r in rows if r["label"] == label and r[f"{key}@0"] is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("--trace-len (tokens)")
+        ax.set_title(f"step-0 {key}" + (" (|value|)" if key == "chi2_seq" else ""))
+    fig.axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def _copy_compare(src: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name in ("report.md", "report.html", "summary.json"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dest / name)
+    if (src / "plots").is_dir():
+        shutil.copytree(src / "plots", dest / "plots")
+
+
+def build(root: Path, out: Path, model: Path | None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    ran = calls(root)
+    sft = _json(model / "quantroll_sft.json") if model else None
+    calibrate = _json(root / "calibrate" / "calibrate.json")
+    entropy = _json(root / "gap" / "entropy.json")
+    gaps = gap_rows(root)
+    learning = {job: learn(root, job) for job in ("learn-4k", "learn-16k")}
+    summary = {"calls": ran, "model": str(model) if model else None, "model_text": (root / "sft" / "model.txt").read_text()
+               if (root / "sft" / "model.txt").is_file() else None,
+               "sft": {k: sft.get(k) for k in ("task", "shape", "parameters", "steps_run", "stopped_by",
+                                               "greedy_after", "checks")} if sft else None,
+               "calibrate": calibrate, "entropy": entropy, "gap": gaps, "learn": learning}
+    md = ["# The long-response study (issue 42): FP8 rollout at 4K / 8K / 16K-token responses", "",
+          "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md).", ""]
+    md += ["## What ran where", ""]
+    md += _table(["job", "date", "GPU", "commit", "status", "seconds"],
+                 [[c["job"], c["date"], c["gpu"], c["commit"][:12], c["status"], c["seconds"]] for c in ran]) \
+        if ran else ["No job has run yet."]
+    missing = [j for j in JOBS if not (root / j / "calls.jsonl").is_file()]
+    md += ["", f"Jobs with no results here: {', '.join(missing)}." if missing else "Every job left results.", ""]
+    md += ["## The study model", ""]
+    if sft:
+        md += [f"`{model}`: {sft.get('parameters', 0) / 1e6:.2f}M parameters, task {json.dumps(sft.get('task'))}, "
+               f"{sft.get('steps_run')} steps (stopped by {sft.get('stopped_by')}); greedy accuracy after: "
+               f"{(sft.get('greedy_after') or {}).get('accuracy')}.", ""]
+    else:
+        md += ["No study model was given (`--model`).", ""]
+    if summary["model_text"]:
+        md += ["```", summary["model_text"].rstrip(), "```", ""]
+    md += ["## Calibration: the knob", ""]
+    if calibrate:
+        from long_study_sample import table
+
+        md += [table(calibrate["rows"]).rstrip(), ""]
+    else:
+        md += ["The calibrate job has not run.", ""]
+    md += ["## The gap at steps 0 and 1, by length", "", PUBLISHED, ""]
+    if entropy:
+        md += ["Mean per-token entropy of the BF16 policy on its own samples (temperature 1): " + ", ".join(
+            f"{r['length']}: {r['entropy_per_token']:.4g}" for r in entropy["rows"]) + ".", ""]
+    if gaps:
+        md += _table(["trace-len", "group", "response len", *(f"{k} step {s}" for k in GAP_KEYS for s in (0, 1))],
+                     [[r["length"], r["label"], f"{r['response_len_mean'] or 0:.0f}",
+                       *(f"{r[f'{k}@{s}']:.3g}" if r[f"{k}@{s}"] is not None else "n/a" for k in GAP_KEYS for s in (0, 1))]
+                      for r in gaps])
+        if gap_plot(gaps, out / "plots" / "gap_vs_length.png"):
+            md += ["", "![step-0 gap vs length](plots/gap_vs_length.png)"]
+        for where in (root / "gap").glob("*/compare"):
+            _copy_compare(where, out / f"gap-{where.parent.name}")
+    else:
+        md += ["The gap job has not run."]
+    for job, result in learning.items():
+        md += ["", f"## Learning runs: {job}", ""]
+        if result is None:
+            md += [f"The {job} job has not finished its compare."]
+            continue
+        _copy_compare(root / job / "compare", out / job)
+        md += [f"- {line}" for line in result["answer"]] + [""]
+        md += _table(["group", "correction", "seeds", "reward step 0", "reward last k", "held-out (trainer) first",
+                      "held-out (trainer) last", "gap over steps"],
+                     [[g["label"], g["correction"], ",".join(map(str, g["seeds"])), _ms(g["reward_step0"]),
+                       _ms(g["reward_last_k"]), _ms(g["eval_trainer_first"]), _ms(g["eval_trainer_last"]),
+                       _ms(g["gap_mean"])] for g in result["groups"]])
+        md += ["", f"The whole compare report: [{job}/report.md]({job}/report.md)."]
+        if (out / job / "plots" / "reward_vs_step.png").is_file():
+            md += ["", f"![reward vs step, {job}]({job}/plots/reward_vs_step.png)"]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "commands.txt").write_text("".join(f"# {c['job']} {c['date']} on {c['gpu']} at {c['commit']}\n"
+                                              + "".join(f"{x}\n" for x in c["commands"]) for c in ran))
+    (out / "report.html").write_text(_html(md, out))
+    return summary
+
+
+def _html(md: list[str], out: Path) -> str:
+    """The markdown's lines as HTML: tables as tables, images embedded, the rest as paragraphs."""
+    body, table = [], []
+    for line in md + [""]:
+        if line.startswith("|"):
+            if not line.startswith("|---"):
+                cells = [html.escape(c.strip()) for c in line.strip("|").split(" | ")]
+                tag = "th" if not table else "td"
+                table.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if table:
+            body.append("<div class='scroll'><table>" + "".join(table) + "</table></div>")
+            table = []
+        if line.startswith("!["):
+            name, path = line[2:].split("](")
+            body.append(img_html(name, out / path.rstrip(")")))
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip() and line.strip() != "```":
+            body.append(f"<p>{html.escape(line)}</p>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><style>{CSS}</style>"
+            f"<title>long-response study</title></head><body>{''.join(body)}</body></html>\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, required=True, help="the jobs' folder (LONG_STUDY_DIR)")
+    p.add_argument("--out", type=Path, required=True, help="where the report goes")
+    p.add_argument("--model", type=Path, help="the study model (its quantroll_sft.json is reported)")
+    args = p.parse_args(argv)
+    if not args.root.is_dir():
+        print(f"long_study_report: --root {args.root} is not a folder: run the jobs first", file=sys.stderr)
+        return 2
+    if args.model and not (args.model / "config.json").is_file():
+        print(f"long_study_report: --model {args.model} is not a checkpoint directory", file=sys.stderr)
+        return 2
+    build(args.root, args.out, args.model)
+    print(f"report: {args.out / 'report.md'}  {args.out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_study_sample, beside this file
+    sys.exit(main())

@@ -29,7 +29,7 @@ from quantroll.rl.routing import replay_from_engine
 from quantroll.trainer.advantages import broadcast_to_tokens, grpo_advantages, reinforce_plus_plus_advantages
 from quantroll.trainer.corrections import correct
 from quantroll.trainer.losses import aggregate, denominators, kl_penalty, ppo_policy_loss
-from quantroll.trainer.policy import response_logprobs
+from quantroll.trainer.policy import response_logprobs, response_logprobs_and_entropy
 
 
 def _per_sequence_routes(record: RecordRouting, prompts, responses, moe_layers) -> list[torch.Tensor]:
@@ -90,20 +90,32 @@ def _parts(rows: list[int], size: int | None) -> list[list[int]]:
     return [rows[i: i + size] for i in range(0, len(rows), size)] if size else [rows]
 
 
-def _logprobs_no_grad(model, data: _Batch, temperature: float, parts, routes=None, record=False):
-    """(logp [B, R], mask [B, R], the routes the model chose itself or None), micro-batch by micro-batch."""
+def _logprobs_no_grad(model, data: _Batch, temperature: float, parts, routes=None, record=False,
+                      entropy=False):
+    """(logp [B, R], mask [B, R], the routes the model chose itself or None, the entropy
+    [B, R] at each position or None), micro-batch by micro-batch."""
     width = max(len(r) for r in data.responses)
-    logps, masks, natural = [], [], []
+    logps, masks, natural, entropies = [], [], [], []
+
+    def padded(x):
+        return torch.nn.functional.pad(x.cpu(), (0, width - x.shape[1]))
+
     with torch.no_grad():
         for rows in parts:
             rec = RecordRouting() if record else None
             prompts, responses = data.rows(rows)
-            lp, m = response_logprobs(model, prompts, responses, temperature, data.replay(routes, rows) or rec)
-            logps.append(torch.nn.functional.pad(lp.cpu(), (0, width - lp.shape[1])))
-            masks.append(torch.nn.functional.pad(m.cpu(), (0, width - m.shape[1])))
+            routing = data.replay(routes, rows) or rec
+            if entropy:
+                lp, ent, m = response_logprobs_and_entropy(model, prompts, responses, temperature, routing)
+                entropies.append(padded(ent))
+            else:
+                lp, m = response_logprobs(model, prompts, responses, temperature, routing)
+            logps.append(padded(lp))
+            masks.append(padded(m))
             if rec is not None:
                 natural += _per_sequence_routes(rec, prompts, responses, data.moe_layers)
-    return torch.cat(logps), torch.cat(masks), (natural if record else None)
+    return (torch.cat(logps), torch.cat(masks), (natural if record else None),
+            torch.cat(entropies) if entropy else None)
 
 
 def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: RolloutBatch, rows=None) -> dict:
@@ -119,9 +131,11 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
     # -- old logprobs: the trainer's own, before any update of this step ------------------
     engine_routes = [r.routed_experts for r in batch.results] if moe else None
     replayed = engine_routes if moe and cfg.correction.rollout_routing_replay else None
-    old_logp, mask, natural = _logprobs_no_grad(policy, data, cfg.rollout.rollout_temperature, micro, replayed,
-                                                record=moe and replayed is None)
-    old_logp, mask = rows_of.gather_rows(old_logp), rows_of.gather_rows(mask)
+    old_logp, mask, natural, entropy = _logprobs_no_grad(policy, data, cfg.rollout.rollout_temperature, micro,
+                                                         replayed, record=moe and replayed is None, entropy=True)
+    old_logp, mask, entropy = rows_of.gather_rows(old_logp), rows_of.gather_rows(mask), rows_of.gather_rows(entropy)
+    if mask.sum():  # the policy's mean per-token entropy where it is measured (nats, at the sampling temperature)
+        metrics["entropy"] = float((entropy * mask).sum() / mask.sum())
     if moe:
         if natural is None:  # the old logprobs replayed the engine's choices: the trainer's own, for the metric
             natural = _logprobs_no_grad(policy, data, cfg.rollout.rollout_temperature, micro, record=True)[2]

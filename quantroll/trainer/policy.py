@@ -74,21 +74,30 @@ def pad_batch(prompts: list[list[int]], responses: list[list[int]], device) -> t
 LOGPROB_CHUNK_ROWS = 2048
 
 
-def _token_logprobs(model: CausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
+def _log_softmax(model: CausalLM, hidden: torch.Tensor, t: float) -> torch.Tensor:
     logits = model.logits(hidden).float()
     if model.kernels.batch_invariant:  # the engine's reported logprob (engine/sampling.py), same bits
-        return invariant.log_softmax(logits / t).gather(-1, targets[:, None])[:, 0]
-    return torch.log_softmax(logits / t, dim=-1).gather(-1, targets[:, None])[:, 0]
+        return invariant.log_softmax(logits / t)
+    return torch.log_softmax(logits / t, dim=-1)
 
 
-def response_logprobs(model: CausalLM, prompts: list[list[int]], responses: list[list[int]],
-                      temperature: float, routing: Routing | None = None,
-                      chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp [B, R] float32 of each response token, mask [B, R]); differentiable.
+def _token_logprobs(model: CausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
+    return _log_softmax(model, hidden, t).gather(-1, targets[:, None])[:, 0]
 
-    The vocabulary projection runs only at the positions that predict a response token,
-    ``chunk_rows`` of them at a time; under autograd each chunk is recomputed in the
-    backward pass (activation checkpointing), so no chunk's logits outlive it."""
+
+def _token_logprobs_and_entropy(model: CausalLM, hidden: torch.Tensor, targets: torch.Tensor, t: float
+                                ) -> torch.Tensor:
+    """[rows, 2]: the target's logprob and the distribution's entropy -sum p log p (nats)."""
+    logp = _log_softmax(model, hidden, t)
+    p = logp.exp()  # without autograd in place: no more [rows, vocab] buffers than the log_softmax took
+    plogp = p * logp if torch.is_grad_enabled() else p.mul_(logp)
+    return torch.stack([logp.gather(-1, targets[:, None])[:, 0], -plogp.sum(-1)], dim=-1)
+
+
+def _per_response_token(model: CausalLM, prompts: list[list[int]], responses: list[list[int]], temperature: float,
+                        routing: Routing | None, chunk_rows: int, per_row, width: int):
+    """(values [B, R, width] of ``per_row`` at each response token, mask [B, R]): the forward
+    once, then the vocabulary projection ``chunk_rows`` positions at a time."""
     device = next(model.parameters()).device
     ids, targets, mask = pad_batch(prompts, responses, device)
     hidden = model.hidden(ids, routing=routing)
@@ -102,10 +111,35 @@ def response_logprobs(model: CausalLM, prompts: list[list[int]], responses: list
     for start in range(0, len(rows), chunk_rows):
         h, y = picked[start: start + chunk_rows], wanted[start: start + chunk_rows]
         if torch.is_grad_enabled() and h.requires_grad:
-            parts.append(torch.utils.checkpoint.checkpoint(_token_logprobs, model, h, y, t, use_reentrant=False))
+            parts.append(torch.utils.checkpoint.checkpoint(per_row, model, h, y, t, use_reentrant=False))
         else:
-            parts.append(_token_logprobs(model, h, y, t))
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+            parts.append(per_row(model, h, y, t))
+    out = torch.zeros(*mask.shape, width, dtype=torch.float32, device=device)
     if parts:
-        out = out.index_put((rows, steps), torch.cat(parts))
+        out = out.index_put((rows, steps), torch.cat(parts).view(-1, width))
     return out, mask
+
+
+def response_logprobs(model: CausalLM, prompts: list[list[int]], responses: list[list[int]],
+                      temperature: float, routing: Routing | None = None,
+                      chunk_rows: int = LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp [B, R] float32 of each response token, mask [B, R]); differentiable.
+
+    The vocabulary projection runs only at the positions that predict a response token,
+    ``chunk_rows`` of them at a time; under autograd each chunk is recomputed in the
+    backward pass (activation checkpointing), so no chunk's logits outlive it."""
+    out, mask = _per_response_token(model, prompts, responses, temperature, routing, chunk_rows, _token_logprobs, 1)
+    return out[..., 0], mask
+
+
+def response_logprobs_and_entropy(model: CausalLM, prompts: list[list[int]], responses: list[list[int]],
+                                  temperature: float, routing: Routing | None = None,
+                                  chunk_rows: int = LOGPROB_CHUNK_ROWS
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logp [B, R], entropy [B, R] of the policy's distribution at each response position
+    (nats, at the sampling temperature), mask [B, R]): the old-logprob pass's by-product, so
+    that a run reports how much choice its policy has where it is measured (the
+    train/rollout gap grows with it)."""
+    out, mask = _per_response_token(model, prompts, responses, temperature, routing, chunk_rows,
+                                    _token_logprobs_and_entropy, 2)
+    return out[..., 0], out[..., 1], mask

@@ -41,3 +41,25 @@ def test_master_weights_keep_updates_too_small_for_bf16():
     assert abs(opt.master[0][0].item() - (1 - 50e-4)) < 1e-5
     assert p[0].item() == pytest.approx(1 - 50e-4, abs=2**-8)  # the rounded master, not stuck at 1.0
     assert p[0].item() < 1.0
+
+
+def test_entropy_beside_the_logprobs_matches_a_float64_full_forward(tiny_qwen3_dir):
+    """response_logprobs_and_entropy: the same logprobs as response_logprobs, and at each
+    response position the entropy of softmax(logits / T) of a float64 full forward (the
+    position before the token, so the last prompt position predicts the first token)."""
+    from quantroll.trainer.policy import response_logprobs_and_entropy
+
+    policy = load_policy(tiny_qwen3_dir, dtype=torch.float32)
+    prompts, responses, t = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6]], [[7, 8, 9, 10], [11, 12]], 0.7
+    with torch.no_grad():
+        logp, entropy, mask = response_logprobs_and_entropy(policy, prompts, responses, t, chunk_rows=3)
+        plain, plain_mask = response_logprobs(policy, prompts, responses, t, chunk_rows=3)
+        assert torch.equal(logp, plain) and torch.equal(mask, plain_mask)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            ids = torch.tensor([p + r[:-1]])
+            logits = policy(ids)[0].double() / t
+            ref = torch.log_softmax(logits, -1)[len(p) - 1:]
+            want = -(ref.exp() * ref).sum(-1)
+            assert torch.allclose(entropy[i, : len(r)].double(), want, atol=1e-4, rtol=1e-4)
+            assert (entropy[i, len(r):] == 0).all()
+        assert (entropy[mask.bool()] > 0).all()

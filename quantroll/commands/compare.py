@@ -99,8 +99,8 @@ def register(subparsers) -> None:
     p.add_argument("--save-interval", type=int, default=DEFAULT_SAVE_INTERVAL, help="each run saves its trainer "
                    "state every N steps and at its end (OUT/runs/RUN/state, `train --save`); rerunning the same "
                    "command resumes each unfinished run from its last save and skips finished ones, and with a larger "
-                   "--num-rollout continues finished runs from their last step (0: no saves, an interrupted run starts "
-                   "again at step 0)")
+                   "--num-rollout continues finished runs from their last step, also after OUT was moved (0: no saves, an "
+                   "interrupted run starts again at step 0)")
     p.add_argument("--sweep-response-len", default=None, help="also measure the gap at these response lengths "
                    "(comma-separated, e.g. 1024,4096,8192,16384): responses sampled to full length, ignoring EOS")
     p.add_argument("--sweep-num-rollout", type=int, default=1, help="RL steps per sweep run (1: the gap at step 0)")

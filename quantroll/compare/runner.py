@@ -112,21 +112,39 @@ def command_for(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path]
     return args
 
 
-def _same_run(a: list[str] | None, b: list[str]) -> bool:
-    """The same command but for the value of --num-rollout (nothing in a step depends on
-    it but the evaluation of the last step, which a longer run adds and does not use)."""
-    def masked(cmd: list[str]) -> list[str]:
-        return [("*" if i and cmd[i - 1] == "--num-rollout" else x) for i, x in enumerate(cmd)]
-
-    return a is not None and masked(list(a)) == masked(b)
+OUTPUT_DIR = "<output-dir>"
 
 
-def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, states: RunStates
-                  ) -> int | None:
+def portable(cmd: list[str], out_dir: str | Path | None) -> list[str]:
+    """``cmd`` with the output directory's absolute path written as OUTPUT_DIR: what makes
+    two runs the same run is their settings, not where the directory sits (a compare
+    directory moved or copied elsewhere keeps its finished runs and resumes the others)."""
+    if not out_dir:
+        return list(cmd)
+    root = str(Path(out_dir).absolute())
+    return [OUTPUT_DIR + x[len(root):] if x == root or x.startswith(root + os.sep) else x for x in cmd]
+
+
+def _same_command(previous: dict | None, shown: list[str], out_dir: Path, masked: bool = False) -> bool:
+    """Whether run.json's command is ``shown`` (its output directory wherever it was then);
+    ``masked``: but for the value of --num-rollout (nothing in a step depends on it but the
+    evaluation of the last step, which a longer run adds and does not use)."""
+    if not previous or previous.get("command") is None:
+        return False
+
+    def key(cmd: list[str]) -> list[str]:
+        return [("*" if masked and i and cmd[i - 1] == "--num-rollout" else x) for i, x in enumerate(cmd)]
+
+    then = previous.get("output_dir") or out_dir  # run.json of before this field: written where it is now
+    return key(portable(previous["command"], then)) == key(portable(shown, out_dir))
+
+
+def _resume_point(previous: dict | None, shown: list[str], made_from: str, run_dir: Path, states: RunStates,
+                  out_dir: Path) -> int | None:
     """The saved step a run continues after, when it is the same run (same command up to
     --num-rollout, same engine checkpoint) and its state holds one (None: start it afresh).
     A finished run asked for more steps continues too: its last save is its last step."""
-    if not previous or not _same_run(previous.get("command"), shown) \
+    if not _same_command(previous, shown, out_dir, masked=True) \
             or previous.get("engine_checkpoint_made_from") != made_from:
         return None
     return states.saved_step(run_dir / STATE_DIR)
@@ -162,18 +180,23 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
     marker = checkpoints[spec.checkpoint_key] / ".quantroll-compare-done"
     made_from = marker.read_text() if marker.is_file() else str(Path(setup.source).resolve())
     previous = _read_json(run_dir / "run.json")
-    if previous and previous.get("status") == "done" and previous.get("command") == shown \
+    if previous and previous.get("status") == "done" and _same_command(previous, shown, setup.out_dir) \
             and previous.get("engine_checkpoint_made_from") == made_from and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: done earlier, kept")
+        here = {"command": shown, "output_dir": str(setup.out_dir.absolute())}
+        if any(previous.get(k) != v for k, v in here.items()):  # moved: run.json names where it is now
+            previous = {**previous, **here}
+            atomic_write_text(run_dir / "run.json", json.dumps(previous, indent=2) + "\n")
         return previous
     states = setup.states
     if setup.save_interval and states is None:
         raise ValueError("run_one: setup.save_interval needs setup.states (the command layer's RunStates)")
-    resume = _resume_point(previous, shown, made_from, run_dir, states) if setup.save_interval else None
-    if resume is not None and resume + 1 == steps and previous.get("command") == shown \
+    resume = _resume_point(previous, shown, made_from, run_dir, states, setup.out_dir) if setup.save_interval else None
+    if resume is not None and resume + 1 == steps and _same_command(previous, shown, setup.out_dir) \
             and len(read_metrics(metrics)[0]) >= steps:
         log(f"  {spec.run_id}: finished earlier (killed before it was marked done), kept")  # the last save is the end
-        record = {**previous, "status": "done", "error": None}
+        record = {**previous, "status": "done", "error": None, "command": shown,
+                  "output_dir": str(setup.out_dir.absolute())}
         atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
         return record
     if resume is not None and resume + 1 >= steps:
@@ -192,6 +215,7 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
     resumes = (previous.get("resumed_after_steps") or []) + [resume] if resume is not None else []
     record = {"run_id": spec.run_id, **asdict(spec), "status": "running", "error": None, "wall_time_s": None,
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
+              "output_dir": str(setup.out_dir.absolute()),
               "engine_checkpoint_made_from": made_from, "resumed_after_steps": resumes,
               "emulated": None, "pid": os.getpid(), "host": socket.gethostname()}  # the owner (runstatus.py)
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")

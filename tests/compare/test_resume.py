@@ -57,7 +57,8 @@ def test_a_killed_run_resumes_from_its_save_and_matches_an_uninterrupted_one(tmp
     straight = tmp_path / "straight"
     assert main(["compare", "--output-dir", str(straight), *ARGS]) == 0
     killed = tmp_path / "killed"
-    _kill_after_first_save(killed)
+    _kill_after_first_save(tmp_path / "before-the-move")
+    (tmp_path / "before-the-move").rename(killed)  # moved while interrupted: its runs are still the same runs
     run_dir = killed / "runs" / RUN
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
     step = SavedStates.saved_step(run_dir / STATE_DIR)
@@ -89,27 +90,20 @@ def test_a_killed_run_resumes_from_its_save_and_matches_an_uninterrupted_one(tmp
     assert json.loads((run_dir / "run.json").read_text())["resumed_after_steps"] == [step, 2]
 
 
-def test_a_run_is_the_same_up_to_its_number_of_steps():
-    from quantroll.compare.runner import _same_run
+def test_a_run_is_the_same_up_to_its_number_of_steps_and_wherever_its_directory_is(tmp_path):
+    from quantroll.compare.runner import OUTPUT_DIR, _same_command, portable
 
-    cmd = ["quantroll", "train", "--num-rollout", "3", "--seed", "1"]
-    assert _same_run(cmd, ["quantroll", "train", "--num-rollout", "30", "--seed", "1"])
-    assert not _same_run(cmd, ["quantroll", "train", "--num-rollout", "3", "--seed", "3"])
-    assert not _same_run(None, cmd)
-
-
-def test_save_interval_reaches_the_runs_and_is_owned_by_compare(tmp_path):
-    from quantroll.commands.compare import _train_args
-    from quantroll.compare.matrix import RunSpec
-    from quantroll.compare.runner import CompareSetup, command_for
-    from quantroll.errors import QuantrollError
-
-    setup = CompareSetup(tmp_path, tmp_path / "src", "m", False, "cpu", 3, 1, (), (), {}, save_interval=2)
-    cmd = command_for(setup, RunSpec("bf16", False, "none", 1, 8), {"bf16": tmp_path / "src"}, tmp_path / "r")
-    assert cmd[cmd.index("--save") + 1] == str(tmp_path / "r" / STATE_DIR)
-    assert cmd[cmd.index("--save-interval") + 1] == "2"
-    off = CompareSetup(tmp_path, tmp_path / "src", "m", False, "cpu", 3, 1, (), (), {})
-    assert "--save" not in command_for(off, RunSpec("bf16", False, "none", 1, 8), {"bf16": tmp_path}, tmp_path)
-    for flag in ("--save-interval 3", "--save x", "--load x", "--force"):
-        with pytest.raises(QuantrollError, match="compare sets them per run"):
-            _train_args(flag)
+    old, new = tmp_path / "a", tmp_path / "b" / "moved"
+    cmd = ["quantroll", "train", "--num-rollout", "3", "--seed", "1", "--metrics-file", f"{old}/runs/r/metrics.jsonl"]
+    previous = {"command": cmd, "output_dir": str(old)}
+    here = ["quantroll", "train", "--num-rollout", "3", "--seed", "1", "--metrics-file", f"{new}/runs/r/metrics.jsonl"]
+    assert portable(here, new)[-1] == f"{OUTPUT_DIR}/runs/r/metrics.jsonl"
+    assert _same_command(previous, here, new)
+    longer = [("30" if x == "3" else x) for x in here]
+    assert _same_command(previous, longer, new, masked=True) and not _same_command(previous, longer, new)
+    assert not _same_command(previous, [("3" if x == "1" else x) for x in here], new, masked=True)
+    assert not _same_command(previous, here, tmp_path / "c")  # the file sits in another directory than the output's
+    assert not _same_command(None, here, new)
+    # run.json written before the output directory was recorded: read as written where it is now
+    assert _same_command({"command": cmd}, cmd, old) and not _same_command({"command": cmd}, here, new)
+    assert portable([str(tmp_path / "ab")], tmp_path / "a") == [str(tmp_path / "ab")]  # a prefix, not a directory

@@ -27,7 +27,7 @@ SFT_TARGET=0.6                       # mixture pass rate; ~0.79 / 0.62 / 0.39 at
 SFT_EXPORT_MARGIN=90                 # seconds kept for the final evaluation and the export
 CAL_LENGTHS=3072,4096,6144,8192,12288,16384 CAL_PROBLEMS=32
 GAP_LENGTHS="4096 8192 16384" GAP_GROUPS="bf16 fp8 fp8-m2 fp8+kvfp8" GAP_STEPS=2
-GAP_PROMPTS=16 GAP_SAMPLES=4 GAP_MICRO=8 GAP_ENTROPY_PROBLEMS=16
+GAP_PROMPTS=16 GAP_SAMPLES=4 GAP_MICRO=8
 RL_LR=5e-5                           # compare's recipe
 RL_REWARD=""                         # or --trace-partial-credit, if calibrate shows the exact reward off 0.3-0.8
 SEEDS=1,2
@@ -40,7 +40,7 @@ DEVICE=cuda
 if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 steps, on the CPU
   SFT_LENGTHS=48,64 SFT_SHAPE=tiny,num_hidden_layers=1 SFT_CONTEXT=256 SFT_TOKENS=512 SFT_MICRO=256 SFT_STEPS=2
   SFT_SAVE_EVERY=1 SFT_CHECK_EVERY=1 SFT_VAL=2 SFT_EVAL=2 SFT_EXPORT_MARGIN=0
-  CAL_LENGTHS=48,64 CAL_PROBLEMS=2 GAP_LENGTHS=64 GAP_PROMPTS=2 GAP_SAMPLES=2 GAP_MICRO=2 GAP_ENTROPY_PROBLEMS=2
+  CAL_LENGTHS=48,64 CAL_PROBLEMS=2 GAP_LENGTHS=64 GAP_PROMPTS=2 GAP_SAMPLES=2 GAP_MICRO=2
   LEARN_4K_LEN=48 LEARN_16K_LEN=64 LEARN_4K_STEPS=2 LEARN_16K_STEPS=2 LEARN_EVAL_INTERVAL=1 LEARN_SAVE_INTERVAL=1
   LEARN_4K_PROMPTS=2 LEARN_16K_PROMPTS=2 LEARN_4K_SAMPLES=2 LEARN_16K_SAMPLES=2 LEARN_4K_MICRO=2 LEARN_16K_MICRO=2
   LEARN_4K_EVAL=2 LEARN_16K_EVAL=2 DEVICE=cpu
@@ -177,13 +177,6 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
     rc=$?
     if [ $rc = 124 ] || [ $rc = 137 ]; then NOT_DONE=1; elif [ $rc != 0 ]; then FAILED=1; fi ;;
   gap)
-    if [ ! -f "$D/entropy.json" ]; then
-      run python3 bench/long_study_sample.py sample --model "$MODEL" --lengths "$(echo $GAP_LENGTHS | tr ' ' ,)" \
-        --terms $TERMS --problems $GAP_ENTROPY_PROBLEMS --device $DEVICE --json "$D/entropy.json.tmp"
-      rc=$?
-      if [ $rc = 0 ]; then mv "$D/entropy.json.tmp" "$D/entropy.json"
-      elif [ $rc = 124 ] || [ $rc = 137 ]; then NOT_DONE=1; else FAILED=1; fi
-    fi
     for L in $GAP_LENGTHS; do
       [ $FAILED = 0 ] || break
       matrix "$D/$L" "gap$L" 1 "$GAP_GROUPS" --hf-checkpoint "$MODEL" --num-rollout $GAP_STEPS --eval-interval 0 \

@@ -63,6 +63,7 @@ def gap_rows(root: Path) -> list[dict]:
             steps = {r.get("step"): r for r in _jsonl(where / "runs" / run["run_id"] / "metrics.jsonl")}
             rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
                          "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
+                         "entropy@0": steps.get(0, {}).get("entropy"),
                          **{f"{k}@{s}": steps.get(s, {}).get(k) for k in GAP_KEYS for s in (0, 1)}})
     return rows
 
@@ -120,14 +121,13 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     ran = calls(root)
     sft = _json(model / "quantroll_sft.json") if model else None
     calibrate = _json(root / "calibrate" / "calibrate.json")
-    entropy = _json(root / "gap" / "entropy.json")
     gaps = gap_rows(root)
     learning = {job: learn(root, job) for job in ("learn-4k", "learn-16k")}
     summary = {"calls": ran, "model": str(model) if model else None, "model_text": (root / "sft" / "model.txt").read_text()
                if (root / "sft" / "model.txt").is_file() else None,
                "sft": {k: sft.get(k) for k in ("task", "shape", "parameters", "steps_run", "stopped_by",
                                                "greedy_after", "checks")} if sft else None,
-               "calibrate": calibrate, "entropy": entropy, "gap": gaps, "learn": learning}
+               "calibrate": calibrate, "gap": gaps, "learn": learning}
     md = ["# The long-response study (issue 42): FP8 rollout at 4K / 8K / 16K-token responses", "",
           "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md).", ""]
     md += ["## What ran where", ""]
@@ -153,12 +153,13 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     else:
         md += ["The calibrate job has not run.", ""]
     md += ["## The gap at steps 0 and 1, by length", "", PUBLISHED, ""]
-    if entropy:
-        md += ["Mean per-token entropy of the BF16 policy on its own samples (temperature 1): " + ", ".join(
-            f"{r['length']}: {r['entropy_per_token']:.4g}" for r in entropy["rows"]) + ".", ""]
+    md += ["entropy: the trainer's mean per-token entropy over the step-0 samples (nats, `entropy` of train's "
+           "metrics), beside the gap it comes with.", ""]
     if gaps:
-        md += _table(["trace-len", "group", "response len", *(f"{k} step {s}" for k in GAP_KEYS for s in (0, 1))],
+        md += _table(["trace-len", "group", "response len", "entropy",
+                      *(f"{k} step {s}" for k in GAP_KEYS for s in (0, 1))],
                      [[r["length"], r["label"], f"{r['response_len_mean'] or 0:.0f}",
+                       f"{r['entropy@0']:.3g}" if r["entropy@0"] is not None else "n/a",
                        *(f"{r[f'{k}@{s}']:.3g}" if r[f"{k}@{s}"] is not None else "n/a" for k in GAP_KEYS for s in (0, 1))]
                       for r in gaps])
         if gap_plot(gaps, out / "plots" / "gap_vs_length.png"):

@@ -6,8 +6,8 @@ model (KV cache, batched), scored exactly (pass rate = the exact reward's mean) 
 partial credit (the leading correct lines' share), and the policy's mean per-token
 entropy on its own samples (the trainer's BF16 forward over prompt + response, the
 distribution each response token was drawn from). The calibrate job reads it to choose
-the knob (the exact reward should land in 0.3-0.8 at each studied length), the gap job
-prints the entropy beside the gap at 4K / 8K / 16K (`train` logs no entropy).
+the knob (the exact reward should land in 0.3-0.8 at each studied length); the gap job
+reads the entropy beside the gap from the runs' own `entropy` metric.
 
 ``record``: one JSON line per call of a job: what ran where (GPU, commit, date, the
 commands, exit status, seconds), appended to the job's calls.jsonl.

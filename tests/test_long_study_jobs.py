@@ -106,7 +106,7 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
         "bf16-baseline-none-seed1", "fp8-kvfp8-rollout-none-seed1", "fp8-rollout-none-seed1", "fp8-unified-none-seed1"]
     metrics = (ls / "gap/64/compare/runs/fp8-rollout-none-seed1/metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in metrics] == [0, 1]  # steps 0 and 1
-    assert (ls / "gap/entropy.json").is_file()
+    assert all(json.loads(x)["entropy"] > 0 for x in metrics)  # the gap's entropy, from the runs themselves
 
     # learn-4k: a call too short for the whole matrix stops between (or inside) compares; the next one finishes
     cut = _ok(_job(env, "learn-4k", LONG_STUDY_CALL_SECONDS="8"), 75)

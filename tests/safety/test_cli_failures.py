@@ -342,6 +342,11 @@ CASES = [
     Case("temperature-zero", lambda t, w: train_args(w["model"], "--rollout-temperature", "0"),
          "zero reward variance"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
+    # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
+    Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),
+         "--digits must be in 1..2000"),
+    Case("digits-beyond-text-sft", lambda t, w: ["sft", "--save", str(t / "o"), "--digits", "100000"],
+         "--digits must be in 1..2000"),
     # -- checkpoint files train reads --------------------------------------------------------
     Case("config-not-utf8", _model_copy(_write("config.json", b'{"model_type": "qwen3\xff"}')), "is not UTF-8 text"),
     Case("config-not-json", _model_copy(_write("config.json", "{model_type: qwen3")), "is not valid JSON"),
@@ -477,4 +482,4 @@ def test_the_table_covers_every_family():
     assert len(CASES) >= 40
     families = {c.id.split("-")[0] for c in CASES}
     assert {"state", "load", "metrics", "save", "tis", "seed", "temperature", "config", "data", "reward", "convert",
-            "compare", "inspect"} <= families
+            "compare", "inspect", "digits"} <= families

@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from quantroll.checkpoint.atomic import atomic_directory, check_destination
 from quantroll.checkpoint.layout import stored_tensors, to_stored
-from quantroll.checkpoint.plan import KEEP, QUANTIZE, Plan, PlanRules, plan, refuse_skipping_everything
+from quantroll.checkpoint.plan import (KEEP, QUANTIZE, Plan, PlanRules, plan, refuse_skipping_everything,
+                                       refuse_unmatched_skips)
 from quantroll.checkpoint.quant_config import build_quantization_config
 from quantroll.checkpoint.quantize import quantize_for_checkpoint, tensor_amax
 from quantroll.checkpoint.reader import CONFIG, INDEX_FILE, CheckpointReader
@@ -151,6 +152,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig, wha
         check_source(reader)
         shapes = {name: info.shape for name, info in reader.tensors.items()}
         the_plan = plan(shapes, fmt, rules, num_hidden_layers(reader.config))
+        refuse_unmatched_skips(the_plan, rules.skip)
         refuse_skipping_everything(the_plan)
         layout = _output_layout(reader, the_plan, fmt)
         qc = build_quantization_config(fmt, the_plan, rules)

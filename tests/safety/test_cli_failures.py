@@ -341,6 +341,9 @@ CASES = [
     Case("seed-not-a-number", lambda t, w: train_args(w["model"], "--seed", "1e3"), "invalid int value"),
     Case("temperature-zero", lambda t, w: train_args(w["model"], "--rollout-temperature", "0"),
          "zero reward variance"),
+    Case("skip-matching-nothing", lambda t, w: train_args(w["model"], "--rollout-precision", "fp8", "--skip",
+                                                          "*.mlp.down_prj"),
+         "--skip '\\*.mlp.down_prj' matches no weight of this checkpoint"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
     # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
     Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),
@@ -426,6 +429,13 @@ CASES = [
     Case("convert-skipping-everything", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
                                                       str(t / "o"), "--format", "fp8", "--skip", "*"],
          "--skip '*' keeps every quantizable weight in BF16, so the fp8 checkpoint would quantize nothing"),
+    # a --skip that matches nothing (a typo) quantized the module meant to stay BF16, silently (2026-12-06, hqa)
+    Case("convert-skip-matching-nothing", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
+                                                        str(t / "o"), "--format", "fp8", "--skip", "model.layer.0.*"],
+         "--skip 'model.layer.0.\\*' matches no weight of this checkpoint"),
+    Case("convert-skip-empty-pattern", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
+                                                     str(t / "o"), "--format", "fp8", "--skip", ""],
+         "--skip '' matches no weight of this checkpoint"),
     # -- compare (refused before any run) ------------------------------------------------------
     Case("compare-under-a-file", lambda t, w: ["compare", "--output-dir", str(_a_file(t) / "c")],
          "is a file, not a directory"),

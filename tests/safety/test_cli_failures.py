@@ -457,6 +457,9 @@ CASES = [
     Case("inspect-negative-top", lambda t, w: ["inspect", str(w["fp8"]), "--top", "-3"], "--top must be >= 0"),
     Case("inspect-against-nothing", lambda t, w: ["inspect", str(w["model"]), "--against", str(t / "nothing")],
          "--against .*nothing: no such directory"),
+    # SQNR against a quantized checkpoint compared FP8 codes with values: 0.00 dB, printed as a result (2026-12-06, hqa)
+    Case("inspect-against-a-quantized-checkpoint", lambda t, w: ["inspect", str(w["fp8"]), "--against", str(w["fp8"])],
+         "--against .*fp8 is a quantized checkpoint; give the BF16 checkpoint DIR was made from"),
     # -- inspect: damage is an error naming the tensor (exit 1) --------------------------------
     Case("inspect-nan-scale", _quantized_copy(_nan_scale), "holds NaN/Inf scales", code=1),
     Case("inspect-missing-scale", _quantized_copy(_drop_scale), "but its scale tensor is missing", code=1),

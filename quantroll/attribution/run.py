@@ -53,10 +53,11 @@ class AttributeConfig:
             raise QuantrollError("--seeds is empty; give e.g. 1,2,3")
         if self.precision == "bf16" or self.precision not in format_names():
             raise QuantrollError(f"--precision {self.precision}: attribute a low precision, one of {', '.join(format_names())}")
-        if self.target_gap is not None and not self.target_gap >= 0:
-            raise QuantrollError(f"--target-gap must be a number >= 0, got {self.target_gap}")
-        if not 0 <= self.target_fraction < 1:
-            raise QuantrollError(f"--target-fraction must be in [0, 1), got {self.target_fraction}")
+        # a gap of 0 is reached only with every linear in BF16, which is no low-precision checkpoint at all
+        if self.target_gap is not None and not self.target_gap > 0:
+            raise QuantrollError(f"--target-gap must be a number > 0, got {self.target_gap}")
+        if not 0 < self.target_fraction < 1:
+            raise QuantrollError(f"--target-fraction must be in (0, 1), got {self.target_fraction}")
         if not self.temperature > 0:
             raise QuantrollError(f"--temperature must be > 0 (responses are sampled), got {self.temperature}")
         if set(self.seeds) & set(self.verify_seeds):
@@ -195,6 +196,10 @@ def run_attribution(cfg: AttributeConfig, log=print, progress: bool = True) -> d
         "bf16_bytes": bf16_total, "extra_bytes": bf16_total - lp_total, "linear_bytes_low_precision": all_lp,
         "extra_share": (bf16_total - lp_total) / all_lp if all_lp else 0.0,
     }
+    if kept == set(cells):  # convert refuses such flags: there would be nothing left to verify or to use
+        raise QuantrollError(f"no BF16 exceptions short of keeping every linear in BF16 bring the gap under "
+                             f"{target:.4g} ({result['proposal']['target_rule']}); raise it, or use "
+                             f"--cheap-only for the measurements alone")
     if cfg.verify_seeds and kept:
         log(f"verifying {flags.text() or '(nothing kept)'} through convert + engine on seeds "
             f"{','.join(map(str, cfg.verify_seeds))}")

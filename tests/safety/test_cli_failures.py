@@ -299,6 +299,20 @@ CASES = [
                                                     ["attribute", "--hf-checkpoint", str(w["model"]), "--output-dir",
                                                      str(t / "o"), "--force"])[1],
          "--output-dir .*o holds files quantroll did not write \\(notes.txt\\)"),
+    # attribute: a target of 0 failed only after every ablation, naming a --skip never given; '' verify seeds
+    # skipped the verification silently (2026-12-06, hqa)
+    Case("attribute-target-fraction-zero", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
+                                                         "--output-dir", str(t / "o"), "--target-fraction", "0"],
+         "--target-fraction must be in \\(0, 1\\), got 0.0"),
+    Case("attribute-target-gap-zero", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]), "--output-dir",
+                                                    str(t / "o"), "--target-gap", "0"], "--target-gap must be a number > 0"),
+    Case("attribute-target-needing-everything-bf16", lambda t, w: [
+        "attribute", "--hf-checkpoint", str(w["model"]), "--output-dir", str(t / "o"), "--target-gap", "1e-30",
+        "--prompts", "2", "--samples", "1", "--seeds", "1", "--verify-seeds", "2", "--max-new-tokens", "3"],
+         "no BF16 exceptions short of keeping every linear in BF16 bring the gap under 1e-30"),
+    Case("attribute-verify-seeds-empty", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
+                                                       "--output-dir", str(t / "o"), "--verify-seeds", ""],
+         "--verify-seeds is empty; give e.g. 1,2,3, or 'none' to skip the verification"),
     Case("size-rollout-batch-beyond-memory", lambda t, w: train_args(w["model"], "--rollout-batch-size", "1000000000"),
          "this run needs at least .* GiB \\(weights .* logits .*\\) but available memory holds"),
     Case("size-problem-pool-beyond-memory", lambda t, w: train_args(w["model"], "--train-problems", "10000000000000"),

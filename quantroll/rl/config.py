@@ -209,6 +209,13 @@ class TrainConfig:
         if self.rollout.n_samples_per_prompt < least:
             raise _bad("n-samples-per-prompt", f">= {least} ({self.optimizer.advantage_estimator} groups)",
                        self.rollout.n_samples_per_prompt)
+        recipe, rollout = self.precision.train_recipe, self.models.rollout_precision
+        if recipe and rollout and rollout != recipe:  # before the conversion, not after it
+            from quantroll.formats import recipe_args
+
+            raise QuantrollError(f"{' '.join(recipe_args(recipe))} runs the trainer in {recipe} but "
+                                 f"--rollout-precision {rollout} converts the engine to {rollout}; give "
+                                 f"--rollout-precision {recipe}")
         if self.precision.true_on_policy_mode:
             from quantroll.rl.true_on_policy import config_refusal
 

@@ -53,9 +53,10 @@ def _train_format(cfg: TrainConfig, engine: Engine) -> TrainFormat | None:
     if not cfg.precision.train_recipe:
         return None
     if engine.format is None or engine.format.name != cfg.precision.train_recipe:
-        raise QuantrollError(f"{recipe_args(cfg.precision.train_recipe)[0]} {cfg.precision.train_recipe} needs an "
-                             f"engine checkpoint in that format; --hf-checkpoint holds "
-                             f"{engine.format.name if engine.format else 'bf16'}")
+        recipe = cfg.precision.train_recipe  # named as the user typed it: '--fp8-recipe blockwise', not 'fp8'
+        raise QuantrollError(f"{' '.join(recipe_args(recipe))} needs the engine in {recipe}: add "
+                             f"--rollout-precision {recipe} or give an {recipe} --hf-checkpoint; the engine's "
+                             f"checkpoint holds {engine.format.name if engine.format else 'bf16'}")
     fmt = engine.format
     # the trainer's device decides (a trainer rank's engine may be a description on the meta
     # device); the GPU kernels run where an engine on this device would run them

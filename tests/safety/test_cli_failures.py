@@ -358,6 +358,13 @@ CASES = [
     Case("skip-matching-nothing", lambda t, w: train_args(w["model"], "--rollout-precision", "fp8", "--skip",
                                                           "*.mlp.down_prj"),
          "--skip '\\*.mlp.down_prj' matches no weight of this checkpoint"),
+    # the recipe's message named '--fp8-recipe fp8' (a value the flag does not take) and a --hf-checkpoint never given;
+    # a --rollout-precision of another format was converted first, then refused (2026-12-06, hqa)
+    Case("recipe-without-rollout-precision", lambda t, w: train_args(w["model"], "--fp8-recipe", "blockwise"),
+         "--fp8-recipe blockwise needs the engine in fp8: add --rollout-precision fp8"),
+    Case("recipe-of-another-format", lambda t, w: train_args(w["model"], "--rollout-precision", "nvfp4",
+                                                             "--fp8-recipe", "blockwise"),
+         "--fp8-recipe blockwise runs the trainer in fp8 but --rollout-precision nvfp4 converts the engine to nvfp4"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
     # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
     Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),
@@ -509,4 +516,4 @@ def test_the_table_covers_every_family():
     assert len(CASES) >= 40
     families = {c.id.split("-")[0] for c in CASES}
     assert {"state", "load", "metrics", "save", "tis", "seed", "temperature", "config", "data", "reward", "convert",
-            "compare", "inspect", "digits"} <= families
+            "compare", "inspect", "digits", "recipe"} <= families

@@ -105,8 +105,8 @@ def register(subparsers) -> None:
     r.add_argument("--eval-interval", type=int, help="held-out greedy accuracy at step 0, every N steps "
                    "and at the last step, each before that step's rollout (0: never)")
     o = p.add_argument_group("optimization")
-    o.add_argument("--global-batch-size", type=int, help="samples per optimizer step (default: the "
-                   "whole rollout, one step per rollout)")
+    o.add_argument("--global-batch-size", type=int, help="samples per optimizer step, a divisor of "
+                   "the rollout's samples (default: the whole rollout, one step per rollout)")
     o.add_argument("--micro-batch-size", type=int, help="samples per forward pass; gradients of the "
                    "micro-batches of one optimizer step are accumulated (default: the whole --global-batch-size)")
     o.add_argument("--lr", type=float, help="AdamW learning rate (FP32 master weights)")

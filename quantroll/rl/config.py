@@ -209,6 +209,14 @@ class TrainConfig:
         if self.rollout.n_samples_per_prompt < least:
             raise _bad("n-samples-per-prompt", f">= {least} ({self.optimizer.advantage_estimator} groups)",
                        self.rollout.n_samples_per_prompt)
+        samples, minibatch = self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt, \
+            self.optimizer.global_batch_size
+        if minibatch is not None and samples % minibatch:  # Miles refuses it too: a ragged last optimizer step,
+            raise QuantrollError(  # or (larger than the rollout) one step of fewer samples than asked for
+                f"--global-batch-size {minibatch} does not divide the {samples} samples of a rollout "
+                f"(--rollout-batch-size {self.rollout.rollout_batch_size} x --n-samples-per-prompt "
+                f"{self.rollout.n_samples_per_prompt}); give a divisor of {samples}, or leave it out for one "
+                "optimizer step per rollout")
         recipe, rollout = self.precision.train_recipe, self.models.rollout_precision
         if recipe and rollout and rollout != recipe:  # before the conversion, not after it
             from quantroll.formats import recipe_args

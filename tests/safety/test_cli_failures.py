@@ -365,6 +365,11 @@ CASES = [
     Case("recipe-of-another-format", lambda t, w: train_args(w["model"], "--rollout-precision", "nvfp4",
                                                              "--fp8-recipe", "blockwise"),
          "--fp8-recipe blockwise runs the trainer in fp8 but --rollout-precision nvfp4 converts the engine to nvfp4"),
+    # a global batch that does not divide the rollout ran a ragged last step, or one step of fewer samples (hqa)
+    Case("global-batch-not-dividing-the-rollout", lambda t, w: train_args(w["model"], "--global-batch-size", "3"),
+         "--global-batch-size 3 does not divide the 4 samples of a rollout \\(--rollout-batch-size 2 x"),
+    Case("global-batch-beyond-the-rollout", lambda t, w: train_args(w["model"], "--global-batch-size", "100"),
+         "--global-batch-size 100 does not divide the 4 samples"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
     # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
     Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),

@@ -486,6 +486,10 @@ CASES = [
     # SQNR against a quantized checkpoint compared FP8 codes with values: 0.00 dB, printed as a result (2026-12-06, hqa)
     Case("inspect-against-a-quantized-checkpoint", lambda t, w: ["inspect", str(w["fp8"]), "--against", str(w["fp8"])],
          "--against .*fp8 is a quantized checkpoint; give the BF16 checkpoint DIR was made from"),
+    # generate turned a character outside the vocabulary into the unknown token and sampled on (2026-12-06, hqa)
+    Case("generate-prompt-outside-the-vocabulary", lambda t, w: ["generate", "--hf-checkpoint", str(w["model"]),
+                                                                 "--prompt", "caf\u00e9 1+1=", "--device", "cpu"],
+         "--prompt holds '\u00e9' (U+00E9), which the checkpoint's tokenizer has no token for"),
     # -- inspect: damage is an error naming the tensor (exit 1) --------------------------------
     Case("inspect-nan-scale", _quantized_copy(_nan_scale), "holds NaN/Inf scales", code=1),
     Case("inspect-missing-scale", _quantized_copy(_drop_scale), "but its scale tensor is missing", code=1),
@@ -521,4 +525,4 @@ def test_the_table_covers_every_family():
     assert len(CASES) >= 40
     families = {c.id.split("-")[0] for c in CASES}
     assert {"state", "load", "metrics", "save", "tis", "seed", "temperature", "config", "data", "reward", "convert",
-            "compare", "inspect", "digits", "recipe"} <= families
+            "compare", "inspect", "digits", "recipe", "generate"} <= families

@@ -480,6 +480,9 @@ CASES = [
     Case("compare-over-user-files", lambda t, w: ((_dir(t, "c") / "notes.txt").write_text("mine"),
                                                   ["compare", "--output-dir", str(t / "c")])[1],
          "--output-dir .*c holds files quantroll did not write \\(notes.txt\\)"),
+    # a repeated seed was dropped silently: the study ran one seed where two were asked for (2026-12-06, hqa)
+    Case("compare-seed-twice", lambda t, w: ["compare", "--output-dir", str(t / "c"), "--seeds", "1,1"],
+         "--seeds '1,1' lists 1 twice; give each value once"),
     Case("inspect-negative-top", lambda t, w: ["inspect", str(w["fp8"]), "--top", "-3"], "--top must be >= 0"),
     Case("inspect-against-nothing", lambda t, w: ["inspect", str(w["model"]), "--against", str(t / "nothing")],
          "--against .*nothing: no such directory"),

@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
         raise QuantrollError(f"--eval-size must be >= 1, got {args.eval_size}")
+    shape = TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE
+    _check_context(args, task, shape.max_position_embeddings)
     _check_memory(args, task)
     check_output_dir("--save", args.save)
     check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
                        compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}",
-                       shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
+                       shape=shape)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"
     print(f"ran {stats['steps_run']} of {stats['steps']} steps{stopped}; "
@@ -167,6 +169,23 @@ def _run_long(args: argparse.Namespace, task) -> int:
           + " ".join(f"[{b}: {v['accuracy']:.0%}]" for b, v in after["by_len"].items()))
     print(f"saved {args.save}")
     return 0
+def _check_context(args: argparse.Namespace, task, context: int) -> None:
+    """Prompt, answer and EOS of the task's problems must fit the model's positions (and the
+    greedy check's two tokens beyond the answer): refused before any work, naming the task's
+    own flags (the engine's message, met only at the first evaluation, named max_new_tokens,
+    which sft has no flag for)."""
+    import random
+
+    from quantroll.sft import encode
+
+    rng = random.Random(args.seed)
+    longest = max(len(encode(p.prompt)) + len(encode(p.label)) + 2 for p in (task.sample(rng) for _ in range(256)))
+    if longest > context:
+        flag = {"arithmetic": "--digits", "count": "--span", "fib": "--trace-len"}[args.task]
+        raise QuantrollError(f"--task {args.task}: a problem with its answer takes {longest} positions but the model's "
+                             f"context is {context}; lower {flag}")
+
+
 def _check_memory(args: argparse.Namespace, task) -> None:
     """--batch-size and --eval-size have no bound of their own: refuse what cannot fit, with
     a lower-bound estimate (rl/memory.py's rule): one batch's float32 logits over the

@@ -313,6 +313,11 @@ CASES = [
     Case("attribute-verify-seeds-empty", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
                                                        "--output-dir", str(t / "o"), "--verify-seeds", ""],
          "--verify-seeds is empty; give e.g. 1,2,3, or 'none' to skip the verification"),
+    # sft met an over-long problem only at its first evaluation, and its message named max_new_tokens (2026-12-06, hqa)
+    Case("sft-digits-beyond-the-context", lambda t, w: ["sft", "--save", str(t / "o"), "--digits", "1000"],
+         "--task arithmetic: a problem with its answer takes 3005 positions but the model's context is 2048; lower --digits"),
+    Case("sft-span-beyond-the-context", lambda t, w: ["sft", "--save", str(t / "o"), "--task", "count", "--span", "1000"],
+         "lower --span"),
     Case("size-rollout-batch-beyond-memory", lambda t, w: train_args(w["model"], "--rollout-batch-size", "1000000000"),
          "this run needs at least .* GiB \\(weights .* logits .*\\) but available memory holds"),
     Case("size-problem-pool-beyond-memory", lambda t, w: train_args(w["model"], "--train-problems", "10000000000000"),

@@ -467,6 +467,21 @@ CASES = [
     Case("convert-skip-empty-pattern", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
                                                      str(t / "o"), "--format", "fp8", "--skip", ""],
          "--skip '' matches no weight of this checkpoint"),
+    # config.json's layer count was not checked against the weights: 8 layers said, 4 held, and
+    # --num-layers-at-end-in-bf16 2 kept two layers that do not exist (every real one quantized) (2026-12-06, hqa)
+    Case("convert-config-more-layers-than-weights", lambda t, w: (
+        shutil.copytree(w["model"], t / "m"),
+        (t / "m" / "config.json").write_text(json.dumps({**json.loads((w["model"] / "config.json").read_text()),
+                                                         "num_hidden_layers": 8})),
+        ["convert", "--model-dir", str(t / "m"), "--save-dir", str(t / "o"), "--format", "fp8",
+         "--num-layers-at-end-in-bf16", "1"])[2],
+         "config.json says num_hidden_layers 8 but the weights hold layers 0..0; the checkpoint is damaged"),
+    Case("convert-config-layers-not-a-number", lambda t, w: (
+        shutil.copytree(w["model"], t / "m"),
+        (t / "m" / "config.json").write_text(json.dumps({**json.loads((w["model"] / "config.json").read_text()),
+                                                         "num_hidden_layers": "four"})),
+        ["convert", "--model-dir", str(t / "m"), "--save-dir", str(t / "o"), "--format", "fp8"])[2],
+         "'num_hidden_layers' must be an integer >= 1, got 'four'"),
     # -- compare (refused before any run) ------------------------------------------------------
     Case("compare-under-a-file", lambda t, w: ["compare", "--output-dir", str(_a_file(t) / "c")],
          "is a file, not a directory"),

@@ -33,6 +33,11 @@ from quantroll.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL
                                    warm_start)
 
 
+# the task settings' defaults (one place: the parser's defaults, and what _refuse_other_task_flags compares with)
+_PARSER_DEFAULTS = {"digits": 2, "ops": "+-", "span": CountTask().span, "trace_len": FibTraceTask().length,
+                    "trace_terms": FibTraceTask().terms}
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "sft",
@@ -49,12 +54,12 @@ def register(subparsers) -> None:
     p.add_argument("--task", choices=("arithmetic", "count", "fib"), default="arithmetic",
                    help="built-in task: arithmetic ('a+b=' / 'a-b='), count ('count 17 to 32:') or fib (a long scratchpad "
                    "of Fibonacci lines, length set by --trace-len) (default: arithmetic)")
-    p.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
-    p.add_argument("--ops", default="+-", help="arithmetic: operators to sample from, of + - * (default: +-)")
-    p.add_argument("--span", type=int, default=CountTask().span, help=f"count: numbers per answer (default: {CountTask().span})")
-    p.add_argument("--trace-len", type=int, default=FibTraceTask().length,
+    p.add_argument("--digits", type=int, default=_PARSER_DEFAULTS["digits"], help="arithmetic: digits per operand (default: 2)")
+    p.add_argument("--ops", default=_PARSER_DEFAULTS["ops"], help="arithmetic: operators to sample from, of + - * (default: +-)")
+    p.add_argument("--span", type=int, default=_PARSER_DEFAULTS["span"], help=f"count: numbers per answer (default: {CountTask().span})")
+    p.add_argument("--trace-len", type=int, default=_PARSER_DEFAULTS["trace_len"],
                    help=f"fib: target trace length in tokens (default: {FibTraceTask().length})")
-    p.add_argument("--trace-terms", type=int, choices=(2, 3), default=FibTraceTask().terms,
+    p.add_argument("--trace-terms", type=int, choices=(2, 3), default=_PARSER_DEFAULTS["trace_terms"],
                    help="fib: terms summed per line, 2 (Fibonacci) or 3 (Tribonacci, harder) (default: 2)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default: {DEFAULT_STEPS})")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"problems per step (default: {DEFAULT_BATCH_SIZE})")
@@ -129,7 +134,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_TASK_FLAGS = (("digits", "arithmetic"), ("ops", "arithmetic"), ("span", "count"), ("trace_len", "fib"),
+               ("trace_terms", "fib"))
+
+
+def _refuse_other_task_flags(args: argparse.Namespace) -> None:
+    """'--span 3' with arithmetic was ignored silently: a setting of another task than
+    --task's, at a value other than its default, is refused."""
+    for name, task in _TASK_FLAGS:
+        value = getattr(args, name)
+        if args.task != task and value != _PARSER_DEFAULTS[name]:
+            raise QuantrollError(f"--{name.replace('_', '-')} {value} belongs to --task {task}, but this run trains "
+                                 f"on --task {args.task}, which ignores it; drop it or give --task {task}")
+
+
 def _task(args: argparse.Namespace):
+    _refuse_other_task_flags(args)
     if args.task == "arithmetic":
         if args.digits < 1:
             raise QuantrollError(f"--digits must be >= 1, got {args.digits}")

@@ -120,6 +120,7 @@ class RolloutConfig:
                   digits=(self.digits, 1), count_span=(self.count_span, 1), trace_len=(self.trace_len, 1), eval_size=(self.eval_size, 1),
                   train_problems=(self.train_problems, 0), eval_interval=(self.eval_interval, 0),
                   seed=(self.seed, 0))
+        _refuse_other_task_flags(self)
         _non_negative(rollout_temperature=self.rollout_temperature)
         if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
             raise _bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
@@ -129,6 +130,29 @@ class RolloutConfig:
             raise QuantrollError("--rollout-temperature 0 samples greedily: the n samples of a prompt come out the same, "
                                  "so every GRPO group has zero reward variance and nothing is learned (loss 0); use a "
                                  "temperature > 0, e.g. 1.0 (evaluation is greedy on its own)")
+
+
+# a built-in task's own settings: field -> the task it belongs to
+_TASK_OF = {"digits": "arithmetic", "count_span": "count", "trace_len": "fib", "trace_terms": "fib",
+            "trace_partial_credit": "fib"}
+
+
+def _refuse_other_task_flags(rollout: RolloutConfig) -> None:
+    """A setting of a task the run does not train on ('--trace-len 64' with arithmetic, or
+    any with --prompt-data) was ignored silently; a value other than its default is refused.
+    (One equal to the default cannot be told from no flag, and changes nothing.)"""
+    defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
+    if rollout.prompt_data and rollout.task != defaults["task"]:
+        raise QuantrollError(f"--task {rollout.task} and --prompt-data both given; the prompts come from "
+                             "--prompt-data: drop --task")
+    for name, task in _TASK_OF.items():
+        value = getattr(rollout, name)
+        if value != defaults[name] and (rollout.prompt_data or rollout.task != task):
+            runs = "--prompt-data" if rollout.prompt_data else f"--task {rollout.task}"
+            flag = "--" + name.replace("_", "-")
+            fix = "drop it" if rollout.prompt_data else f"drop it or give --task {task}"
+            raise QuantrollError(f"{flag}{'' if value is True else f' {value}'} belongs to --task {task}, but this "
+                                 f"run trains on {runs}, which ignores it; {fix}")
 
 
 @dataclass(frozen=True)

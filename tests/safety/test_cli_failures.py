@@ -318,6 +318,8 @@ CASES = [
          "--task arithmetic: a problem with its answer takes 3005 positions but the model's context is 2048; lower --digits"),
     Case("sft-span-beyond-the-context", lambda t, w: ["sft", "--save", str(t / "o"), "--task", "count", "--span", "1000"],
          "lower --span"),
+    Case("sft-task-flag-of-another-task", lambda t, w: ["sft", "--save", str(t / "o"), "--span", "3"],
+         "--span 3 belongs to --task count, but this run trains on --task arithmetic, which ignores it"),
     Case("size-rollout-batch-beyond-memory", lambda t, w: train_args(w["model"], "--rollout-batch-size", "1000000000"),
          "this run needs at least .* GiB \\(weights .* logits .*\\) but available memory holds"),
     Case("size-problem-pool-beyond-memory", lambda t, w: train_args(w["model"], "--train-problems", "10000000000000"),
@@ -375,6 +377,12 @@ CASES = [
          "--global-batch-size 3 does not divide the 4 samples of a rollout \\(--rollout-batch-size 2 x"),
     Case("global-batch-beyond-the-rollout", lambda t, w: train_args(w["model"], "--global-batch-size", "100"),
          "--global-batch-size 100 does not divide the 4 samples"),
+    # a setting of a task the run does not train on was ignored silently (2026-12-06, hqa)
+    Case("task-flag-of-another-task", lambda t, w: train_args(w["model"], "--trace-len", "64"),
+         "--trace-len 64 belongs to --task fib, but this run trains on --task arithmetic, which ignores it"),
+    Case("task-flag-with-prompt-data", _data(GOOD, extra=("--count-span", "4")),
+         "--count-span 4 belongs to --task count, but this run trains on --prompt-data, which ignores it; drop it"),
+    Case("task-with-prompt-data", _data(GOOD, extra=("--task", "count")), "--task count and --prompt-data both given"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
     # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
     Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),

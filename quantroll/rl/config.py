@@ -121,6 +121,12 @@ class RolloutConfig:
                   train_problems=(self.train_problems, 0), eval_interval=(self.eval_interval, 0),
                   seed=(self.seed, 0))
         _refuse_other_task_flags(self)
+        if self.custom_rm_path and not self.prompt_data:  # the built-in tasks score with their own reward
+            raise QuantrollError(f"--custom-rm-path {self.custom_rm_path} scores --prompt-data; the built-in task "
+                                 "scores with its own reward and would ignore it: add --prompt-data F.jsonl or drop it")
+        if self.eval_data and not self.eval_interval:
+            raise QuantrollError(f"--eval-data {self.eval_data} is set but --eval-interval is 0 (never evaluate); "
+                                 "add --eval-interval N")
         _non_negative(rollout_temperature=self.rollout_temperature)
         if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
             raise _bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)

@@ -383,6 +383,11 @@ CASES = [
     Case("task-flag-with-prompt-data", _data(GOOD, extra=("--count-span", "4")),
          "--count-span 4 belongs to --task count, but this run trains on --prompt-data, which ignores it; drop it"),
     Case("task-with-prompt-data", _data(GOOD, extra=("--task", "count")), "--task count and --prompt-data both given"),
+    # a reward or held-out data the run never used, silently (2026-12-06, hqa)
+    Case("reward-without-prompt-data", lambda t, w: train_args(w["model"], "--custom-rm-path", "nosuchmodule:f"),
+         "--custom-rm-path nosuchmodule:f scores --prompt-data; the built-in task scores with its own reward"),
+    Case("eval-data-without-eval-interval", lambda t, w: (_data(GOOD)(t, w), _file("e.jsonl", GOOD + "\n")(t))[0] + [
+        "--eval-data", str(t / "e.jsonl")], "--eval-data .*e.jsonl is set but --eval-interval is 0"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
     # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
     Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),

@@ -113,3 +113,26 @@ def test_save_interval_reaches_the_runs_and_is_owned_by_compare(tmp_path):
     for flag in ("--save-interval 3", "--save x", "--load x", "--force"):
         with pytest.raises(QuantrollError, match="compare sets them per run"):
             _train_args(flag)
+
+
+def test_ctrl_c_while_the_report_is_written_says_how_to_continue(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the last run, while the report is written, is compare's own line (the
+    runs are kept, rerun to continue), as during a run; it was the bare 'interrupted'. The
+    rerun writes the report from the kept runs."""
+    import quantroll.compare.report as report
+
+    write_report = report.write_report
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "c"
+    argv = ["compare", "--output-dir", str(out), *BASE, "--num-rollout", "1"]
+    monkeypatch.setattr(report, "write_report", interrupt)
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"quantroll compare: interrupted: finished runs are kept in {out}; run the same command again to " \
+                  "continue"
+    monkeypatch.setattr(report, "write_report", write_report)
+    assert main(argv) == 0
+    assert (out / "report.md").is_file() and "done earlier, kept" in capsys.readouterr().out

@@ -71,6 +71,9 @@ class ModelsConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "skip", tuple(self.skip))
+        if self.hf_checkpoint and self.builtin_model != "dense":  # was ignored silently
+            raise QuantrollError(f"--builtin-model {self.builtin_model} picks the model when --hf-checkpoint is not "
+                                 "given; drop one of them")
         _at_least(num_layers_at_start_in_bf16=(self.num_layers_at_start_in_bf16, 0),
                   num_layers_at_end_in_bf16=(self.num_layers_at_end_in_bf16, 0))
 
@@ -185,6 +188,9 @@ class OptimizerConfig:
         _non_negative(kl_loss_coef=self.kl_loss_coef)
         if self.kl_loss_coef and not self.use_kl_loss:
             raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
+        if self.kl_loss_type != "low_var_kl" and not self.use_kl_loss:  # was ignored silently
+            raise QuantrollError(f"--kl-loss-type {self.kl_loss_type} is set but --use-kl-loss is not; add "
+                                 "--use-kl-loss --kl-loss-coef C or drop it")
         if self.use_kl_loss and not self.kl_loss_coef:
             raise QuantrollError("--use-kl-loss needs a positive --kl-loss-coef")
 
@@ -199,6 +205,11 @@ class PrecisionConfig:
 class SyncConfig:
     check_weight_update_equal: bool = False
     check_weight_update_allow_quant_error: bool = False
+
+    def __post_init__(self):
+        if self.check_weight_update_allow_quant_error and not self.check_weight_update_equal:  # was ignored silently
+            raise QuantrollError("--check-weight-update-allow-quant-error loosens --check-weight-update-equal, "
+                                 "which is not given; add it or drop the first")
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,9 @@ class TrainConfig:
                 f"(--rollout-batch-size {self.rollout.rollout_batch_size} x --n-samples-per-prompt "
                 f"{self.rollout.n_samples_per_prompt}); give a divisor of {samples}, or leave it out for one "
                 "optimizer step per rollout")
+        if self.correction.rollout_routing_replay and self.correction.routing_replay:  # R3 silently won
+            raise QuantrollError("--use-rollout-routing-replay (the engine's experts) and --use-routing-replay (the "
+                                 "trainer's own, recorded) both given; the trainer replays one of them: pick one")
         recipe, rollout = self.precision.train_recipe, self.models.rollout_precision
         if recipe and rollout and rollout != recipe:  # before the conversion, not after it
             from quantroll.formats import recipe_args

@@ -388,6 +388,17 @@ CASES = [
          "--custom-rm-path nosuchmodule:f scores --prompt-data; the built-in task scores with its own reward"),
     Case("eval-data-without-eval-interval", lambda t, w: (_data(GOOD)(t, w), _file("e.jsonl", GOOD + "\n")(t))[0] + [
         "--eval-data", str(t / "e.jsonl")], "--eval-data .*e.jsonl is set but --eval-interval is 0"),
+    # flags that change nothing without another one, or of which one silently won (2026-12-06, hqa)
+    Case("kl-type-without-kl-loss", lambda t, w: train_args(w["model"], "--kl-loss-type", "k1"),
+         "--kl-loss-type k1 is set but --use-kl-loss is not"),
+    Case("weight-check-tolerance-without-the-check", lambda t, w: train_args(
+        w["model"], "--check-weight-update-allow-quant-error"),
+         "--check-weight-update-allow-quant-error loosens --check-weight-update-equal, which is not given"),
+    Case("routing-replay-both-kinds", lambda t, w: train_args(w["model"], "--use-rollout-routing-replay",
+                                                              "--use-routing-replay"),
+         "--use-rollout-routing-replay .* and --use-routing-replay .* both given"),
+    Case("builtin-model-beside-hf-checkpoint", lambda t, w: train_args(w["model"], "--builtin-model", "moe"),
+         "--builtin-model moe picks the model when --hf-checkpoint is not given; drop one of them"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
     # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
     Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),

@@ -60,6 +60,7 @@ class AttributeConfig:
             raise QuantrollError(f"--target-fraction must be in (0, 1), got {self.target_fraction}")
         if not self.temperature > 0:
             raise QuantrollError(f"--temperature must be > 0 (responses are sampled), got {self.temperature}")
+        _refuse_ignored_settings(self)
         if set(self.seeds) & set(self.verify_seeds):
             raise QuantrollError("--seeds and --verify-seeds overlap; verification needs seeds the proposal never saw")
 
@@ -68,6 +69,28 @@ class AttributeConfig:
         return {"prompts": self.prompts, "samples": self.samples, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature}
 
+
+
+def _refuse_ignored_settings(cfg: AttributeConfig) -> None:
+    """A setting that the rest of the command line makes moot was ignored silently
+    ('--builtin-model moe' beside --hf-checkpoint, '--digits 3' with count or --prompt-data,
+    a target or verify seeds with --cheap-only); a value other than its default is refused."""
+    default = AttributeConfig.__dataclass_fields__
+    moot = []
+    if cfg.hf_checkpoint and cfg.builtin_model != default["builtin_model"].default:
+        moot.append((f"--builtin-model {cfg.builtin_model}", "--hf-checkpoint is given"))
+    if cfg.digits != default["digits"].default and (cfg.prompt_data or cfg.task != "arithmetic"):
+        moot.append((f"--digits {cfg.digits}", "--prompt-data is given" if cfg.prompt_data else f"--task is {cfg.task}"))
+    if cfg.prompt_data and cfg.task != default["task"].default:
+        moot.append((f"--task {cfg.task}", "--prompt-data is given"))
+    if cfg.cheap_only:
+        if cfg.target_gap is not None or cfg.target_fraction != default["target_fraction"].default:
+            moot.append(("--target-gap/--target-fraction", "--cheap-only makes no proposal"))
+        if cfg.verify_seeds != default["verify_seeds"].default and cfg.verify_seeds:
+            moot.append(("--verify-seeds", "--cheap-only makes no proposal to verify"))
+    if moot:
+        flag, why = moot[0]
+        raise QuantrollError(f"{flag} is ignored because {why}; drop it")
 
 def source_of(cfg: AttributeConfig) -> tuple[Path, str]:
     from quantroll.builtin import builtin_checkpoint

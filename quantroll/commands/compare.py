@@ -125,6 +125,9 @@ def register(subparsers) -> None:
 
 
 def _source(args) -> tuple[Path, str, bool]:
+    if args.hf_checkpoint and args.builtin_model != "dense":  # was ignored silently
+        raise QuantrollError(f"--builtin-model {args.builtin_model} picks the model when --hf-checkpoint is not "
+                             "given; drop one of them")
     if args.hf_checkpoint:
         source = Path(args.hf_checkpoint)
         refuse_quantized(source, "--hf-checkpoint")

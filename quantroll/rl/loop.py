@@ -39,7 +39,7 @@ from quantroll.kernels.quantize import triton_available
 from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS, TrainFormat
 from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
-from quantroll.rl.state import load_state, save_state
+from quantroll.rl.state import changed_settings, load_state, save_state
 from quantroll.rl.step import train_on_batch
 from quantroll.rl.placement import OneProcess
 from quantroll.trainer.export import save_hf_checkpoint
@@ -196,6 +196,9 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         source = ("--ref-load" if cfg.models.ref_load else "--hf-checkpoint" if cfg.models.hf_checkpoint
                   else f"the built-in {cfg.models.builtin_model} model")
         first_step = place.agree(lambda: load_state(cfg.output.load, policy, optimizer, rng, source)) + 1
+        changed = changed_settings(cfg.output.load, cfg) if place.writes else []
+        if changed:
+            log(f"--load {cfg.output.load}: resumed with settings other than the saved run's: {'; '.join(changed)}")
         if place.writes:
             continue_after(cfg.output.metrics_file, first_step - 1, log)
     elif claim.replaces_run:

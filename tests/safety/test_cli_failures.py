@@ -333,6 +333,9 @@ CASES = [
     Case("compare-builtin-model-beside-hf-checkpoint", lambda t, w: [
         "compare", "--output-dir", str(t / "c"), "--hf-checkpoint", str(w["model"]), "--builtin-model", "moe"],
          "--builtin-model moe picks the model when --hf-checkpoint is not given; drop one of them"),
+    Case("sft-context-zero", lambda t, w: ["sft", "--save", str(t / "o"), "--tokens-per-batch", "512", "--state-dir",
+                                           str(t / "st"), "--context", "0"],
+         "--context must be >= 1 \\(the positions the model takes\\), got 0"),  # it blamed --shape 'tiny' (hqa)
     Case("size-rollout-batch-beyond-memory", lambda t, w: train_args(w["model"], "--rollout-batch-size", "1000000000"),
          "this run needs at least .* GiB \\(weights .* logits .*\\) but available memory holds"),
     Case("size-problem-pool-beyond-memory", lambda t, w: train_args(w["model"], "--train-problems", "10000000000000"),

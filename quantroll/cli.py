@@ -84,7 +84,7 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    name, args = "quantroll", None
+    name = "quantroll"
     try:
         with _ctrl_c_held():
             import numpy  # noqa: F401
@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(name, f"--seed must be below 2^64, got {seed}")
         use_device(getattr(args, "device", None))
         result = args.func(args)
-    except KeyboardInterrupt:
-        _interrupted(name, lambda: _resume_hint(args))
+    except KeyboardInterrupt as err:
+        _interrupted(name, getattr(err, "hint", ""))
         return 130
     except UsageError as err:
         print(f"{err.prog}: error: {_one_line(err)}", file=sys.stderr)
@@ -141,31 +141,14 @@ def _ctrl_c_held():
         raise KeyboardInterrupt
 
 
-def _resume_hint(args) -> str:
-    """train with --save: which step the interrupted run keeps and how to go on (the one line
-    said only 'interrupted'). Nothing when there is no saved state, or it cannot be read."""
-    save = getattr(args, "save", None) if getattr(args, "command", None) == "train" else None
-    if not save:
-        return ""
-    try:
-        from quantroll.rl import savedir
-
-        saved = savedir.latest(save)
-    except Exception:  # a damaged or half-made directory: the next run says what is wrong with it
-        return ""
-    if saved is None:
-        return ""
-    return f"; step {saved.step} is saved in {save}: continue with the same command and --load {save}"
-
-
-def _interrupted(name: str, hint=lambda: "") -> None:
+def _interrupted(name: str, hint: str = "") -> None:
     """The one line for Ctrl-C, printed with Ctrl-C held off (a second one must not turn
     it into a traceback)."""
     try:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: signals are not ours to set
         previous = None
-    print(f"{name}: interrupted{hint()}", file=sys.stderr)
+    print(f"{name}: interrupted{hint}", file=sys.stderr)
     if previous is not None:
         signal.signal(signal.SIGINT, previous)
 

@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(name, f"--seed must be below 2^64, got {seed}")
         use_device(getattr(args, "device", None))
         result = args.func(args)
-    except KeyboardInterrupt:
-        _interrupted(name)
+    except KeyboardInterrupt as err:
+        _interrupted(name, getattr(err, "hint", ""))
         return 130
     except UsageError as err:
         print(f"{err.prog}: error: {_one_line(err)}", file=sys.stderr)
@@ -141,14 +141,14 @@ def _ctrl_c_held():
         raise KeyboardInterrupt
 
 
-def _interrupted(name: str) -> None:
+def _interrupted(name: str, hint: str = "") -> None:
     """The one line for Ctrl-C, printed with Ctrl-C held off (a second one must not turn
     it into a traceback)."""
     try:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: signals are not ours to set
         previous = None
-    print(f"{name}: interrupted", file=sys.stderr)
+    print(f"{name}: interrupted{hint}", file=sys.stderr)
     if previous is not None:
         signal.signal(signal.SIGINT, previous)
 

@@ -16,3 +16,12 @@ class NonFiniteError(QuantrollError):
     def __init__(self, message: str, tensor: str | None = None):
         super().__init__(message)
         self.tensor = tensor
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what the interrupted command wants said after 'interrupted' (e.g. the
+    saved step of a train run and how to go on); the CLI prints it in its one line."""
+
+    def __init__(self, hint: str = ""):
+        super().__init__(hint)
+        self.hint = hint

@@ -53,12 +53,14 @@ class AttributeConfig:
             raise QuantrollError("--seeds is empty; give e.g. 1,2,3")
         if self.precision == "bf16" or self.precision not in format_names():
             raise QuantrollError(f"--precision {self.precision}: attribute a low precision, one of {', '.join(format_names())}")
-        if self.target_gap is not None and not self.target_gap >= 0:
-            raise QuantrollError(f"--target-gap must be a number >= 0, got {self.target_gap}")
-        if not 0 <= self.target_fraction < 1:
-            raise QuantrollError(f"--target-fraction must be in [0, 1), got {self.target_fraction}")
+        # a gap of 0 is reached only with every linear in BF16, which is no low-precision checkpoint at all
+        if self.target_gap is not None and not self.target_gap > 0:
+            raise QuantrollError(f"--target-gap must be a number > 0, got {self.target_gap}")
+        if not 0 < self.target_fraction < 1:
+            raise QuantrollError(f"--target-fraction must be in (0, 1), got {self.target_fraction}")
         if not self.temperature > 0:
             raise QuantrollError(f"--temperature must be > 0 (responses are sampled), got {self.temperature}")
+        _refuse_ignored_settings(self)
         if set(self.seeds) & set(self.verify_seeds):
             raise QuantrollError("--seeds and --verify-seeds overlap; verification needs seeds the proposal never saw")
 
@@ -67,6 +69,28 @@ class AttributeConfig:
         return {"prompts": self.prompts, "samples": self.samples, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature}
 
+
+
+def _refuse_ignored_settings(cfg: AttributeConfig) -> None:
+    """A setting that the rest of the command line makes moot was ignored silently
+    ('--builtin-model moe' beside --hf-checkpoint, '--digits 3' with count or --prompt-data,
+    a target or verify seeds with --cheap-only); a value other than its default is refused."""
+    default = AttributeConfig.__dataclass_fields__
+    moot = []
+    if cfg.hf_checkpoint and cfg.builtin_model != default["builtin_model"].default:
+        moot.append((f"--builtin-model {cfg.builtin_model}", "--hf-checkpoint is given"))
+    if cfg.digits != default["digits"].default and (cfg.prompt_data or cfg.task != "arithmetic"):
+        moot.append((f"--digits {cfg.digits}", "--prompt-data is given" if cfg.prompt_data else f"--task is {cfg.task}"))
+    if cfg.prompt_data and cfg.task != default["task"].default:
+        moot.append((f"--task {cfg.task}", "--prompt-data is given"))
+    if cfg.cheap_only:
+        if cfg.target_gap is not None or cfg.target_fraction != default["target_fraction"].default:
+            moot.append(("--target-gap/--target-fraction", "--cheap-only makes no proposal"))
+        if cfg.verify_seeds != default["verify_seeds"].default and cfg.verify_seeds:
+            moot.append(("--verify-seeds", "--cheap-only makes no proposal to verify"))
+    if moot:
+        flag, why = moot[0]
+        raise QuantrollError(f"{flag} is ignored because {why}; drop it")
 
 def source_of(cfg: AttributeConfig) -> tuple[Path, str]:
     from quantroll.builtin import builtin_checkpoint
@@ -195,6 +219,10 @@ def run_attribution(cfg: AttributeConfig, log=print, progress: bool = True) -> d
         "bf16_bytes": bf16_total, "extra_bytes": bf16_total - lp_total, "linear_bytes_low_precision": all_lp,
         "extra_share": (bf16_total - lp_total) / all_lp if all_lp else 0.0,
     }
+    if kept == set(cells):  # convert refuses such flags: there would be nothing left to verify or to use
+        raise QuantrollError(f"no BF16 exceptions short of keeping every linear in BF16 bring the gap under "
+                             f"{target:.4g} ({result['proposal']['target_rule']}); raise it, or use "
+                             f"--cheap-only for the measurements alone")
     if cfg.verify_seeds and kept:
         log(f"verifying {flags.text() or '(nothing kept)'} through convert + engine on seeds "
             f"{','.join(map(str, cfg.verify_seeds))}")

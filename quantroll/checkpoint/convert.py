@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from quantroll.checkpoint.atomic import atomic_directory, check_destination
 from quantroll.checkpoint.layout import stored_tensors, to_stored
-from quantroll.checkpoint.plan import KEEP, QUANTIZE, Plan, PlanRules, plan, refuse_skipping_everything
+from quantroll.checkpoint.plan import (KEEP, QUANTIZE, Plan, PlanRules, layer_index, plan,
+                                       refuse_skipping_everything, refuse_unmatched_skips)
 from quantroll.checkpoint.quant_config import build_quantization_config
 from quantroll.checkpoint.quantize import quantize_for_checkpoint, tensor_amax
 from quantroll.checkpoint.reader import CONFIG, INDEX_FILE, CheckpointReader
@@ -74,6 +75,23 @@ def num_hidden_layers(config: dict) -> int | None:
         if isinstance(c.get("num_hidden_layers"), int):
             return c["num_hidden_layers"]
     return None
+
+
+def _checked_layer_count(reader: CheckpointReader, shapes: dict) -> int | None:
+    """config.json's decoder layer count, checked against the weights: a count the weights
+    fall short of (a damaged config.json or a partial copy) made --num-layers-at-end-in-bf16
+    keep layers that do not exist, so every real layer was quantized, silently; a count that
+    is not an integer was ignored. Weights beyond it (extra predictor layers) are allowed."""
+    for c in (reader.config, reader.config.get("text_config") or {}):
+        value = c.get("num_hidden_layers") if isinstance(c, dict) else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise QuantrollError(f"{reader.path / CONFIG}: 'num_hidden_layers' must be an integer >= 1, got {value!r}")
+    count = num_hidden_layers(reader.config)
+    indices = [i for i in map(layer_index, shapes) if i is not None]
+    if count is not None and indices and max(indices) + 1 < count:
+        raise QuantrollError(f"{reader.path / CONFIG} says num_hidden_layers {count} but the weights hold layers "
+                             f"0..{max(indices)}; the checkpoint is damaged or incomplete")
+    return count
 
 
 def check_source(reader: CheckpointReader) -> None:
@@ -150,7 +168,8 @@ def convert_checkpoint(src: str | Path, dst: str | Path, cfg: ConvertConfig, wha
     with CheckpointReader(src) as reader:
         check_source(reader)
         shapes = {name: info.shape for name, info in reader.tensors.items()}
-        the_plan = plan(shapes, fmt, rules, num_hidden_layers(reader.config))
+        the_plan = plan(shapes, fmt, rules, _checked_layer_count(reader, shapes))
+        refuse_unmatched_skips(the_plan, rules.skip)
         refuse_skipping_everything(the_plan)
         layout = _output_layout(reader, the_plan, fmt)
         qc = build_quantization_config(fmt, the_plan, rules)

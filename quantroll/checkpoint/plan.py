@@ -263,6 +263,19 @@ def refuse_skipping_everything(the_plan: Plan) -> None:
                              "would quantize nothing; narrow the pattern (e.g. 'model.layers.3.*', '*.mlp.down_proj')")
 
 
+def refuse_unmatched_skips(the_plan: Plan, patterns: Sequence[str]) -> None:
+    """A --skip pattern that matches no tensor of the checkpoint is almost always a typo
+    ('model.layer.3.*' for 'model.layers.3.*'): taken silently, the module the user meant
+    to keep in BF16 is quantized. Refused, naming the pattern and a module name to copy."""
+    decisions = [d for d in the_plan.decisions.values() if d.action != COPY]
+    for pattern in patterns:
+        if not any(matches_skip(d.name, d.module, [pattern]) for d in decisions):
+            example = next((d.module for d in decisions if d.action == QUANTIZE), "")
+            raise QuantrollError(f"--skip {pattern!r} matches no weight of this checkpoint, so it would keep nothing "
+                                 f"in BF16; give a module name or pattern of it ('*' crosses dots; e.g. "
+                                 f"'{example}', '*.{example.rpartition('.')[2]}')")
+
+
 def _keep_fused_siblings(decisions: dict[str, Decision]) -> set[str]:
     """Keep whole fused groups that have a kept member; return kept ``.experts`` parents."""
     groups: dict[str, list[Decision]] = defaultdict(list)

@@ -73,6 +73,9 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
         raise QuantrollError(f"{flag} {text!r}: use a comma-separated list of integers") from None
     if any(v < 0 for v in values):
         raise QuantrollError(f"{flag} {text!r}: seeds must be >= 0")
+    if not values:  # '' skipped the verification silently; 'none' is the way to ask for that
+        raise QuantrollError(f"{flag} is empty; give e.g. 1,2,3" + (", or 'none' to skip the verification"
+                                                                     if flag == "--verify-seeds" else ""))
     return values
 
 
@@ -80,8 +83,6 @@ def config_from_args(args: argparse.Namespace):
     from quantroll.attribution.run import AttributeConfig
 
     seeds = _ints(args.seeds, "--seeds")
-    if not seeds:
-        raise QuantrollError("--seeds is empty; give e.g. 1,2,3")
     return AttributeConfig(
         hf_checkpoint=args.hf_checkpoint, builtin_model=args.builtin_model, precision=args.precision, task=args.task,
         digits=args.digits, prompt_data=args.prompt_data, input_key=args.input_key, label_key=args.label_key,

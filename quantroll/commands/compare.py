@@ -125,6 +125,9 @@ def register(subparsers) -> None:
 
 
 def _source(args) -> tuple[Path, str, bool]:
+    if args.hf_checkpoint and args.builtin_model != "dense":  # was ignored silently
+        raise QuantrollError(f"--builtin-model {args.builtin_model} picks the model when --hf-checkpoint is not "
+                             "given; drop one of them")
     if args.hf_checkpoint:
         source = Path(args.hf_checkpoint)
         refuse_quantized(source, "--hf-checkpoint")
@@ -347,13 +350,13 @@ def _run_matrix(setup, specs, label, args) -> int:
             record = run_one(setup, spec, checkpoints, train_config, log=print)
             if record["status"] == "failed":
                 print(f"  failed: {record['error']}")
-    except KeyboardInterrupt:
+        current, stale = split_current(load_runs(out), specs)
+        summary = note_stale(summarize(current, load_inventory(out)), stale)
+        paths = write_report(out, summary)
+    except KeyboardInterrupt:  # the report too: rerunning writes it from the kept runs
         print(f"quantroll compare: interrupted: finished runs are kept in {out}; run the same command again to "
               "continue", file=sys.stderr)
         return 130
-    current, stale = split_current(load_runs(out), specs)
-    summary = note_stale(summarize(current, load_inventory(out)), stale)
-    paths = write_report(out, summary)
     print()
     print(terminal_tables(summary))
     print(f"\nreport: {paths.get('report.md')}  {paths.get('report.html')}  ({time.perf_counter() - start:.0f} s)")

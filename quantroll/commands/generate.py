@@ -18,7 +18,7 @@ from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES, resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
-from quantroll.tasks.tokenizer import load_tokenizer
+from quantroll.tasks.tokenizer import first_unknown, load_tokenizer
 
 
 def register(subparsers) -> None:
@@ -47,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise QuantrollError(f"--n must be >= 1, got {args.n}")
     tokenizer = load_tokenizer(checkpoint)
+    bad = first_unknown(tokenizer, args.prompt)  # train refuses such data; here it was generated from silently
+    if bad is not None:
+        code = " ".join(f"U+{ord(c):04X}" for c in bad[:4])
+        raise QuantrollError(f"--prompt holds {bad!r} ({code}), which the checkpoint's tokenizer has no token for "
+                             "(it would silently become its unknown token); remove or replace that character")
     ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
     engine = Engine(checkpoint, device=args.device, dtype=resolve_compute_dtype(args.device, args.compute_dtype))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

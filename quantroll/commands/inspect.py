@@ -93,10 +93,23 @@ def _check_args(args: argparse.Namespace) -> None:
         if not against.is_dir():
             what = "not a directory" if against.exists() else "no such directory"
             raise QuantrollError(f"--against {args.against}: {what}; give the BF16 checkpoint DIR was made from")
-        with CheckpointReader(against):  # a directory that is not a checkpoint: its own one line
-            pass
+        with CheckpointReader(against) as reader:  # a directory that is not a checkpoint: its own one line
+            _refuse_quantized_reference(reader)
     if args.json:
         check_report_file("--json", args.json)
+
+
+def _refuse_quantized_reference(reader) -> None:
+    """SQNR is measured against the BF16 weights: against a quantized checkpoint it compared
+    FP8 codes with dequantized values and printed meaningless figures (0.00 dB against itself)."""
+    from quantroll.checkpoint.convert import check_source
+    from quantroll.errors import QuantrollError
+
+    try:
+        check_source(reader)  # convert's own test of "already quantized"
+    except QuantrollError:
+        raise QuantrollError(f"--against {reader.path} is a quantized checkpoint; give the BF16 checkpoint DIR was "
+                             "made from") from None
 
 
 def run(args: argparse.Namespace) -> int:

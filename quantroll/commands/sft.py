@@ -36,6 +36,9 @@ from quantroll.sft import (DEFAULT_BATCH_SIZE, DEFAULT_CHECK_EVERY, DEFAULT_EVAL
 
 
 TIME_LIMIT_EXIT = 3  # the exit status of a run stopped by --time-limit, to be resumed
+# the task settings' defaults (one place: the parser's defaults, and what _refuse_other_task_flags compares with)
+_PARSER_DEFAULTS = {"digits": 2, "ops": "+-", "span": CountTask().span, "trace_len": (FibTraceTask().length,),
+                    "trace_terms": FibTraceTask().terms}
 
 
 def register(subparsers) -> None:
@@ -54,13 +57,13 @@ def register(subparsers) -> None:
     p.add_argument("--task", choices=("arithmetic", "count", "fib"), default="arithmetic",
                    help="built-in task: arithmetic ('a+b=' / 'a-b='), count ('count 17 to 32:') or fib (a long scratchpad "
                    "of Fibonacci lines, length set by --trace-len) (default: arithmetic)")
-    p.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
-    p.add_argument("--ops", default="+-", help="arithmetic: operators to sample from, of + - * (default: +-)")
-    p.add_argument("--span", type=int, default=CountTask().span, help=f"count: numbers per answer (default: {CountTask().span})")
-    p.add_argument("--trace-len", type=_lengths, default=(FibTraceTask().length,),
+    p.add_argument("--digits", type=int, default=_PARSER_DEFAULTS["digits"], help="arithmetic: digits per operand (default: 2)")
+    p.add_argument("--ops", default=_PARSER_DEFAULTS["ops"], help="arithmetic: operators to sample from, of + - * (default: +-)")
+    p.add_argument("--span", type=int, default=_PARSER_DEFAULTS["span"], help=f"count: numbers per answer (default: {CountTask().span})")
+    p.add_argument("--trace-len", type=_lengths, default=_PARSER_DEFAULTS["trace_len"],
                    help="fib: target trace length in tokens; several, comma-separated (e.g. 4096,8192,16384), train "
                    f"on a mixture, each problem's length drawn uniformly (default: {FibTraceTask().length})")
-    p.add_argument("--trace-terms", type=int, choices=(2, 3), default=FibTraceTask().terms,
+    p.add_argument("--trace-terms", type=int, choices=(2, 3), default=_PARSER_DEFAULTS["trace_terms"],
                    help="fib: terms summed per line, 2 (Fibonacci) or 3 (Tribonacci, harder) (default: 2)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimizer steps (default: {DEFAULT_STEPS})")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"problems per step (default: {DEFAULT_BATCH_SIZE})")
@@ -118,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
     if args.eval_size < 1:
         raise QuantrollError(f"--eval-size must be >= 1, got {args.eval_size}")
+    shape = TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE
+    _check_context(args, task, shape.max_position_embeddings)
     _check_memory(args, task)
     check_output_dir("--save", args.save)
     check_replace(f"--save {args.save}", args.save, args.force)  # before training, not after it
@@ -125,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     stats = warm_start(args.save, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                        eval_size=args.eval_size, target_accuracy=args.target_accuracy, device=args.device,
                        compute_dtype=args.compute_dtype, force=args.force, what=f"--save {args.save}",
-                       shape=TINY_QWEN3_MOE if args.moe else WARM_START_SHAPE)
+                       shape=shape)
     n = stats["eval_size"]
     stopped = "" if stats["steps_run"] == stats["steps"] else f" (validation accuracy reached {args.target_accuracy:g})"
     print(f"ran {stats['steps_run']} of {stats['steps']} steps{stopped}; "
@@ -137,7 +142,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_TASK_FLAGS = (("digits", "arithmetic"), ("ops", "arithmetic"), ("span", "count"), ("trace_len", "fib"),
+               ("trace_terms", "fib"))
+
+
+def _refuse_other_task_flags(args: argparse.Namespace) -> None:
+    """'--span 3' with arithmetic was ignored silently: a setting of another task than
+    --task's, at a value other than its default, is refused."""
+    for name, task in _TASK_FLAGS:
+        value = getattr(args, name)
+        if args.task != task and value != _PARSER_DEFAULTS[name]:
+            value = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            raise QuantrollError(f"--{name.replace('_', '-')} {value} belongs to --task {task}, but this run trains "
+                                 f"on --task {args.task}, which ignores it; drop it or give --task {task}")
+
+
 def _task(args: argparse.Namespace):
+    _refuse_other_task_flags(args)
     if args.task == "arithmetic":
         if args.digits < 1:
             raise QuantrollError(f"--digits must be >= 1, got {args.digits}")
@@ -193,6 +214,23 @@ def _run_long(args: argparse.Namespace, task) -> int:
           + " ".join(f"[{b}: {v['accuracy']:.0%}]" for b, v in after["by_len"].items()))
     print(f"saved {args.save}")
     return 0
+def _check_context(args: argparse.Namespace, task, context: int) -> None:
+    """Prompt, answer and EOS of the task's problems must fit the model's positions (and the
+    greedy check's two tokens beyond the answer): refused before any work, naming the task's
+    own flags (the engine's message, met only at the first evaluation, named max_new_tokens,
+    which sft has no flag for)."""
+    import random
+
+    from quantroll.sft import encode
+
+    rng = random.Random(args.seed)
+    longest = max(len(encode(p.prompt)) + len(encode(p.label)) + 2 for p in (task.sample(rng) for _ in range(256)))
+    if longest > context:
+        flag = {"arithmetic": "--digits", "count": "--span", "fib": "--trace-len"}[args.task]
+        raise QuantrollError(f"--task {args.task}: a problem with its answer takes {longest} positions but the model's "
+                             f"context is {context}; lower {flag}")
+
+
 def _check_memory(args: argparse.Namespace, task) -> None:
     """--batch-size and --eval-size have no bound of their own: refuse what cannot fit, with
     a lower-bound estimate (rl/memory.py's rule): one batch's float32 logits over the

@@ -13,7 +13,7 @@ import torch
 from quantroll.builtin import BUILTIN_MODELS
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
-from quantroll.errors import QuantrollError
+from quantroll.errors import Interrupted, QuantrollError
 from quantroll.formats import FORMAT_NAMES, format_for_recipe, recipe_values
 from quantroll.outputs import FORCE_HELP
 from quantroll.rl.config import FLAGS, TrainConfig, flag_defaults
@@ -105,8 +105,8 @@ def register(subparsers) -> None:
     r.add_argument("--eval-interval", type=int, help="held-out greedy accuracy at step 0, every N steps "
                    "and at the last step, each before that step's rollout (0: never)")
     o = p.add_argument_group("optimization")
-    o.add_argument("--global-batch-size", type=int, help="samples per optimizer step (default: the "
-                   "whole rollout, one step per rollout)")
+    o.add_argument("--global-batch-size", type=int, help="samples per optimizer step, a divisor of "
+                   "the rollout's samples (default: the whole rollout, one step per rollout)")
     o.add_argument("--micro-batch-size", type=int, help="samples per forward pass; gradients of the "
                    "micro-batches of one optimizer step are accumulated (default: the whole --global-batch-size)")
     o.add_argument("--lr", type=float, help="AdamW learning rate (FP32 master weights)")
@@ -227,7 +227,39 @@ def torchrun_engine_ranks(args: argparse.Namespace) -> int:
     return args.rollout_num_gpus or 0
 
 
+def _resume_hint(save: str | None) -> str:
+    """Which step an interrupted run keeps in --save and how to go on (the one line said only
+    'interrupted'); nothing when there is no saved state, or it cannot be read."""
+    if not save:
+        return ""
+    from quantroll.rl import savedir
+
+    try:
+        saved = savedir.latest(save)
+    except Exception:  # a damaged or half-made directory: the next run says what is wrong with it
+        return ""
+    return f"; step {saved.step} is saved in {save}: continue with the same command and --load {save}" if saved else ""
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        import signal
+
+        try:  # a second Ctrl-C while the pointer is read must not become a traceback
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread: signals are not ours to set
+            previous = None
+        try:
+            hint = _resume_hint(args.save)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        raise Interrupted(hint) from None
+
+
+def _run(args: argparse.Namespace) -> int:
     import functools
 
     from quantroll.rl.loop import run_training

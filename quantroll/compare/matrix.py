@@ -83,7 +83,10 @@ def _parse_ints(text: str, flag: str) -> list[int]:
         raise QuantrollError(f"{flag} {text!r}: use a comma-separated list of integers") from None
     if not values:
         raise QuantrollError(f"{flag} is empty")
-    return list(dict.fromkeys(values))
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:  # was dropped silently: '--seeds 1,1' ran one seed where two were asked for
+        raise QuantrollError(f"{flag} {text!r} lists {twice} twice; give each value once")
+    return values
 
 
 def build_matrix(precisions: str, corrections: str, modes: str, seeds: str, response_len: int, moe: bool,

@@ -41,6 +41,8 @@ def parse_shape(spec: str, context: int | None = None) -> TinyQwen3:
         except (ValueError, KeyError):
             raise QuantrollError(f"--shape {spec!r}: {key} must be a {kind.__name__}, got {raw!r}") from None
     if context is not None:
+        if context < 1:  # named as given: the shape's own check would blame --shape
+            raise QuantrollError(f"--context must be >= 1 (the positions the model takes), got {context}")
         values["max_position_embeddings"] = context
     shape = dataclasses.replace(SHAPES[name], **values)
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -71,6 +71,9 @@ class ModelsConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "skip", tuple(self.skip))
+        if self.hf_checkpoint and self.builtin_model != "dense":  # was ignored silently
+            raise QuantrollError(f"--builtin-model {self.builtin_model} picks the model when --hf-checkpoint is not "
+                                 "given; drop one of them")
         _at_least(num_layers_at_start_in_bf16=(self.num_layers_at_start_in_bf16, 0),
                   num_layers_at_end_in_bf16=(self.num_layers_at_end_in_bf16, 0))
 
@@ -120,6 +123,13 @@ class RolloutConfig:
                   digits=(self.digits, 1), count_span=(self.count_span, 1), trace_len=(self.trace_len, 1), eval_size=(self.eval_size, 1),
                   train_problems=(self.train_problems, 0), eval_interval=(self.eval_interval, 0),
                   seed=(self.seed, 0))
+        _refuse_other_task_flags(self)
+        if self.custom_rm_path and not self.prompt_data:  # the built-in tasks score with their own reward
+            raise QuantrollError(f"--custom-rm-path {self.custom_rm_path} scores --prompt-data; the built-in task "
+                                 "scores with its own reward and would ignore it: add --prompt-data F.jsonl or drop it")
+        if self.eval_data and not self.eval_interval:
+            raise QuantrollError(f"--eval-data {self.eval_data} is set but --eval-interval is 0 (never evaluate); "
+                                 "add --eval-interval N")
         _non_negative(rollout_temperature=self.rollout_temperature)
         if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
             raise _bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
@@ -129,6 +139,29 @@ class RolloutConfig:
             raise QuantrollError("--rollout-temperature 0 samples greedily: the n samples of a prompt come out the same, "
                                  "so every GRPO group has zero reward variance and nothing is learned (loss 0); use a "
                                  "temperature > 0, e.g. 1.0 (evaluation is greedy on its own)")
+
+
+# a built-in task's own settings: field -> the task it belongs to
+_TASK_OF = {"digits": "arithmetic", "count_span": "count", "trace_len": "fib", "trace_terms": "fib",
+            "trace_partial_credit": "fib"}
+
+
+def _refuse_other_task_flags(rollout: RolloutConfig) -> None:
+    """A setting of a task the run does not train on ('--trace-len 64' with arithmetic, or
+    any with --prompt-data) was ignored silently; a value other than its default is refused.
+    (One equal to the default cannot be told from no flag, and changes nothing.)"""
+    defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
+    if rollout.prompt_data and rollout.task != defaults["task"]:
+        raise QuantrollError(f"--task {rollout.task} and --prompt-data both given; the prompts come from "
+                             "--prompt-data: drop --task")
+    for name, task in _TASK_OF.items():
+        value = getattr(rollout, name)
+        if value != defaults[name] and (rollout.prompt_data or rollout.task != task):
+            runs = "--prompt-data" if rollout.prompt_data else f"--task {rollout.task}"
+            flag = "--" + name.replace("_", "-")
+            fix = "drop it" if rollout.prompt_data else f"drop it or give --task {task}"
+            raise QuantrollError(f"{flag}{'' if value is True else f' {value}'} belongs to --task {task}, but this "
+                                 f"run trains on {runs}, which ignores it; {fix}")
 
 
 @dataclass(frozen=True)
@@ -155,6 +188,9 @@ class OptimizerConfig:
         _non_negative(kl_loss_coef=self.kl_loss_coef)
         if self.kl_loss_coef and not self.use_kl_loss:
             raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
+        if self.kl_loss_type != "low_var_kl" and not self.use_kl_loss:  # was ignored silently
+            raise QuantrollError(f"--kl-loss-type {self.kl_loss_type} is set but --use-kl-loss is not; add "
+                                 "--use-kl-loss --kl-loss-coef C or drop it")
         if self.use_kl_loss and not self.kl_loss_coef:
             raise QuantrollError("--use-kl-loss needs a positive --kl-loss-coef")
 
@@ -169,6 +205,11 @@ class PrecisionConfig:
 class SyncConfig:
     check_weight_update_equal: bool = False
     check_weight_update_allow_quant_error: bool = False
+
+    def __post_init__(self):
+        if self.check_weight_update_allow_quant_error and not self.check_weight_update_equal:  # was ignored silently
+            raise QuantrollError("--check-weight-update-allow-quant-error loosens --check-weight-update-equal, "
+                                 "which is not given; add it or drop the first")
 
 
 @dataclass(frozen=True)
@@ -209,6 +250,24 @@ class TrainConfig:
         if self.rollout.n_samples_per_prompt < least:
             raise _bad("n-samples-per-prompt", f">= {least} ({self.optimizer.advantage_estimator} groups)",
                        self.rollout.n_samples_per_prompt)
+        samples, minibatch = self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt, \
+            self.optimizer.global_batch_size
+        if minibatch is not None and samples % minibatch:  # Miles refuses it too: a ragged last optimizer step,
+            raise QuantrollError(  # or (larger than the rollout) one step of fewer samples than asked for
+                f"--global-batch-size {minibatch} does not divide the {samples} samples of a rollout "
+                f"(--rollout-batch-size {self.rollout.rollout_batch_size} x --n-samples-per-prompt "
+                f"{self.rollout.n_samples_per_prompt}); give a divisor of {samples}, or leave it out for one "
+                "optimizer step per rollout")
+        if self.correction.rollout_routing_replay and self.correction.routing_replay:  # R3 silently won
+            raise QuantrollError("--use-rollout-routing-replay (the engine's experts) and --use-routing-replay (the "
+                                 "trainer's own, recorded) both given; the trainer replays one of them: pick one")
+        recipe, rollout = self.precision.train_recipe, self.models.rollout_precision
+        if recipe and rollout and rollout != recipe:  # before the conversion, not after it
+            from quantroll.formats import recipe_args
+
+            raise QuantrollError(f"{' '.join(recipe_args(recipe))} runs the trainer in {recipe} but "
+                                 f"--rollout-precision {rollout} converts the engine to {rollout}; give "
+                                 f"--rollout-precision {recipe}")
         if self.precision.true_on_policy_mode:
             from quantroll.rl.true_on_policy import config_refusal
 

@@ -39,7 +39,7 @@ from quantroll.kernels.quantize import triton_available
 from quantroll.model.kernel_config import DEFAULT_KERNELS, INVARIANT_KERNELS, TrainFormat
 from quantroll.rl.claim import start_over
 from quantroll.rl.metricsfile import continue_after
-from quantroll.rl.state import load_state, save_state
+from quantroll.rl.state import changed_settings, load_state, save_state
 from quantroll.rl.step import train_on_batch
 from quantroll.rl.placement import OneProcess
 from quantroll.trainer.export import save_hf_checkpoint
@@ -53,9 +53,10 @@ def _train_format(cfg: TrainConfig, engine: Engine) -> TrainFormat | None:
     if not cfg.precision.train_recipe:
         return None
     if engine.format is None or engine.format.name != cfg.precision.train_recipe:
-        raise QuantrollError(f"{recipe_args(cfg.precision.train_recipe)[0]} {cfg.precision.train_recipe} needs an "
-                             f"engine checkpoint in that format; --hf-checkpoint holds "
-                             f"{engine.format.name if engine.format else 'bf16'}")
+        recipe = cfg.precision.train_recipe  # named as the user typed it: '--fp8-recipe blockwise', not 'fp8'
+        raise QuantrollError(f"{' '.join(recipe_args(recipe))} needs the engine in {recipe}: add "
+                             f"--rollout-precision {recipe} or give an {recipe} --hf-checkpoint; the engine's "
+                             f"checkpoint holds {engine.format.name if engine.format else 'bf16'}")
     fmt = engine.format
     # the trainer's device decides (a trainer rank's engine may be a description on the meta
     # device); the GPU kernels run where an engine on this device would run them
@@ -195,6 +196,9 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         source = ("--ref-load" if cfg.models.ref_load else "--hf-checkpoint" if cfg.models.hf_checkpoint
                   else f"the built-in {cfg.models.builtin_model} model")
         first_step = place.agree(lambda: load_state(cfg.output.load, policy, optimizer, rng, source)) + 1
+        changed = changed_settings(cfg.output.load, cfg) if place.writes else []
+        if changed:
+            log(f"--load {cfg.output.load}: resumed with settings other than the saved run's: {'; '.join(changed)}")
         if place.writes:
             continue_after(cfg.output.metrics_file, first_step - 1, log)
     elif claim.replaces_run:

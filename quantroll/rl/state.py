@@ -106,6 +106,28 @@ def load_state(directory: str | Path, policy, optimizer, rng: random.Random, sou
     return saved.step
 
 
+def changed_settings(directory: str | Path, config) -> list[str]:
+    """What a resumed run changes against the settings its save was made with ('optimizer.lr
+    0.0002 -> 0.001'), outputs and --num-rollout aside: a resume may change them on purpose,
+    and said nothing. Empty when the save holds no settings."""
+    from dataclasses import asdict
+
+    saved = savedir.latest(directory)
+    before = read_record(saved.path, saved.step).get("config") if saved else None
+    if not isinstance(before, dict):
+        return []
+    now, out = asdict(config), []
+    for stage, values in now.items():
+        old = before.get(stage)
+        for key, value in values.items():
+            if stage == "output" or (stage, key) == ("rollout", "num_rollout") or not isinstance(old, dict):
+                continue
+            was = old.get(key)
+            if was != (list(value) if isinstance(value, tuple) else value):
+                out.append(f"{stage}.{key} {was!r} -> {value!r}")
+    return out
+
+
 def check_saved_model_fits(directory, saved: dict[str, tuple], current: dict[str, tuple], source: str) -> None:
     """Every tensor of the saved policy must exist in the trainer's model with its shape,
     and every trained tensor of that model must be saved (the rotary caches are rebuilt,

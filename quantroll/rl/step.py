@@ -182,7 +182,7 @@ def train_on_batch(cfg: TrainConfig, policy, ref_policy, optimizer, batch: Rollo
                 kl = aggregate(kl_penalty(logp, ref_logp[rows, :width].to(logp.device), cfg.optimizer.kl_loss_type), sub_mask,
                                cfg.optimizer.loss_agg, over=over)
                 loss = loss + cfg.optimizer.kl_loss_coef * kl
-                kl_value += float(kl)
+                kl_value += float(kl.detach())
             if not math.isfinite(float(loss.detach())):
                 finite = False
                 if not rows_of.lockstep:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from quantroll.errors import QuantrollError
 from quantroll.tasks.base import Problem, answer_text
+
+# Python refuses to write an integer of more than 4300 digits as text (sys.int_info), and a
+# product of two d-digit operands has up to 2d digits; a prompt of 2 * 2000 + 2 tokens is
+# also beyond any built-in model's context, which the context check then says.
+MAX_DIGITS = 2000
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,11 @@ class ArithmeticTask:
     digits: int = 2
     ops: str = "+-"
     name: str = "arithmetic"
+
+    def __post_init__(self):
+        if not 1 <= self.digits <= MAX_DIGITS:
+            raise QuantrollError(f"--digits must be in 1..{MAX_DIGITS} (digits per operand of the arithmetic task), "
+                                 f"got {self.digits}")
 
     def sample(self, rng: random.Random) -> Problem:
         lo, hi = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10**self.digits - 1

@@ -107,3 +107,43 @@ def test_a_run_is_the_same_up_to_its_number_of_steps_and_wherever_its_directory_
     # run.json written before the output directory was recorded: read as written where it is now
     assert _same_command({"command": cmd}, cmd, old) and not _same_command({"command": cmd}, here, new)
     assert portable([str(tmp_path / "ab")], tmp_path / "a") == [str(tmp_path / "ab")]  # a prefix, not a directory
+
+
+def test_save_interval_reaches_the_runs_and_is_owned_by_compare(tmp_path):
+    from quantroll.commands.compare import _train_args
+    from quantroll.compare.matrix import RunSpec
+    from quantroll.compare.runner import CompareSetup, command_for
+    from quantroll.errors import QuantrollError
+
+    setup = CompareSetup(tmp_path, tmp_path / "src", "m", False, "cpu", 3, 1, (), (), {}, save_interval=2)
+    cmd = command_for(setup, RunSpec("bf16", False, "none", 1, 8), {"bf16": tmp_path / "src"}, tmp_path / "r")
+    assert cmd[cmd.index("--save") + 1] == str(tmp_path / "r" / STATE_DIR)
+    assert cmd[cmd.index("--save-interval") + 1] == "2"
+    off = CompareSetup(tmp_path, tmp_path / "src", "m", False, "cpu", 3, 1, (), (), {})
+    assert "--save" not in command_for(off, RunSpec("bf16", False, "none", 1, 8), {"bf16": tmp_path}, tmp_path)
+    for flag in ("--save-interval 3", "--save x", "--load x", "--force"):
+        with pytest.raises(QuantrollError, match="compare sets them per run"):
+            _train_args(flag)
+
+
+def test_ctrl_c_while_the_report_is_written_says_how_to_continue(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the last run, while the report is written, is compare's own line (the
+    runs are kept, rerun to continue), as during a run; it was the bare 'interrupted'. The
+    rerun writes the report from the kept runs."""
+    import quantroll.compare.report as report
+
+    write_report = report.write_report
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "c"
+    argv = ["compare", "--output-dir", str(out), *BASE, "--num-rollout", "1"]
+    monkeypatch.setattr(report, "write_report", interrupt)
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"quantroll compare: interrupted: finished runs are kept in {out}; run the same command again to " \
+                  "continue"
+    monkeypatch.setattr(report, "write_report", write_report)
+    assert main(argv) == 0
+    assert (out / "report.md").is_file() and "done earlier, kept" in capsys.readouterr().out

@@ -45,9 +45,11 @@ def test_a_missing_or_empty_file_names_its_flag(setup, tmp_path):
     with pytest.raises(QuantrollError, match="^--prompt-data .*nope.jsonl not found"):
         build_task(TrainConfig.of(prompt_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a").rollout)
     with pytest.raises(QuantrollError, match="^--eval-data .*nope.jsonl not found"):
-        build_task(TrainConfig.of(prompt_data=str(data), eval_data=str(tmp_path / "nope.jsonl"), input_key="q", label_key="a").rollout)
+        build_task(TrainConfig.of(prompt_data=str(data), eval_data=str(tmp_path / "nope.jsonl"), eval_interval=1, input_key="q",
+                                  label_key="a").rollout)
     with pytest.raises(QuantrollError, match="^--eval-data .*empty.jsonl holds no rows"):
-        build_task(TrainConfig.of(prompt_data=str(data), eval_data=str(tmp_path / "empty.jsonl"), input_key="q", label_key="a").rollout)
+        build_task(TrainConfig.of(prompt_data=str(data), eval_data=str(tmp_path / "empty.jsonl"), eval_interval=1, input_key="q",
+                                  label_key="a").rollout)
 
 
 def test_custom_reward_is_used(setup):

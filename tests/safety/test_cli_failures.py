@@ -299,6 +299,43 @@ CASES = [
                                                     ["attribute", "--hf-checkpoint", str(w["model"]), "--output-dir",
                                                      str(t / "o"), "--force"])[1],
          "--output-dir .*o holds files quantroll did not write \\(notes.txt\\)"),
+    # attribute: a target of 0 failed only after every ablation, naming a --skip never given; '' verify seeds
+    # skipped the verification silently (2026-12-06, hqa)
+    Case("attribute-target-fraction-zero", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
+                                                         "--output-dir", str(t / "o"), "--target-fraction", "0"],
+         "--target-fraction must be in \\(0, 1\\), got 0.0"),
+    Case("attribute-target-gap-zero", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]), "--output-dir",
+                                                    str(t / "o"), "--target-gap", "0"], "--target-gap must be a number > 0"),
+    Case("attribute-target-needing-everything-bf16", lambda t, w: [
+        "attribute", "--hf-checkpoint", str(w["model"]), "--output-dir", str(t / "o"), "--target-gap", "1e-30",
+        "--prompts", "2", "--samples", "1", "--seeds", "1", "--verify-seeds", "2", "--max-new-tokens", "3"],
+         "no BF16 exceptions short of keeping every linear in BF16 bring the gap under 1e-30"),
+    Case("attribute-verify-seeds-empty", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
+                                                       "--output-dir", str(t / "o"), "--verify-seeds", ""],
+         "--verify-seeds is empty; give e.g. 1,2,3, or 'none' to skip the verification"),
+    # sft met an over-long problem only at its first evaluation, and its message named max_new_tokens (2026-12-06, hqa)
+    Case("sft-digits-beyond-the-context", lambda t, w: ["sft", "--save", str(t / "o"), "--digits", "1000"],
+         "--task arithmetic: a problem with its answer takes 3005 positions but the model's context is 2048; lower --digits"),
+    Case("sft-span-beyond-the-context", lambda t, w: ["sft", "--save", str(t / "o"), "--task", "count", "--span", "1000"],
+         "lower --span"),
+    Case("sft-task-flag-of-another-task", lambda t, w: ["sft", "--save", str(t / "o"), "--span", "3"],
+         "--span 3 belongs to --task count, but this run trains on --task arithmetic, which ignores it"),
+    Case("attribute-target-with-cheap-only", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
+                                                           "--output-dir", str(t / "o"), "--cheap-only", "--target-gap",
+                                                           "0.1"],
+         "--target-gap/--target-fraction is ignored because --cheap-only makes no proposal; drop it"),
+    Case("attribute-builtin-model-beside-hf-checkpoint", lambda t, w: [
+        "attribute", "--hf-checkpoint", str(w["model"]), "--output-dir", str(t / "o"), "--builtin-model", "moe"],
+         "--builtin-model moe is ignored because --hf-checkpoint is given; drop it"),
+    Case("attribute-digits-with-count", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]), "--output-dir",
+                                                      str(t / "o"), "--task", "count", "--digits", "3"],
+         "--digits 3 is ignored because --task is count; drop it"),
+    Case("compare-builtin-model-beside-hf-checkpoint", lambda t, w: [
+        "compare", "--output-dir", str(t / "c"), "--hf-checkpoint", str(w["model"]), "--builtin-model", "moe"],
+         "--builtin-model moe picks the model when --hf-checkpoint is not given; drop one of them"),
+    Case("sft-context-zero", lambda t, w: ["sft", "--save", str(t / "o"), "--tokens-per-batch", "512", "--state-dir",
+                                           str(t / "st"), "--context", "0"],
+         "--context must be >= 1 \\(the positions the model takes\\), got 0"),  # it blamed --shape 'tiny' (hqa)
     Case("size-rollout-batch-beyond-memory", lambda t, w: train_args(w["model"], "--rollout-batch-size", "1000000000"),
          "this run needs at least .* GiB \\(weights .* logits .*\\) but available memory holds"),
     Case("size-problem-pool-beyond-memory", lambda t, w: train_args(w["model"], "--train-problems", "10000000000000"),
@@ -341,7 +378,49 @@ CASES = [
     Case("seed-not-a-number", lambda t, w: train_args(w["model"], "--seed", "1e3"), "invalid int value"),
     Case("temperature-zero", lambda t, w: train_args(w["model"], "--rollout-temperature", "0"),
          "zero reward variance"),
+    Case("skip-matching-nothing", lambda t, w: train_args(w["model"], "--rollout-precision", "fp8", "--skip",
+                                                          "*.mlp.down_prj"),
+         "--skip '\\*.mlp.down_prj' matches no weight of this checkpoint"),
+    # the recipe's message named '--fp8-recipe fp8' (a value the flag does not take) and a --hf-checkpoint never given;
+    # a --rollout-precision of another format was converted first, then refused (2026-12-06, hqa)
+    Case("recipe-without-rollout-precision", lambda t, w: train_args(w["model"], "--fp8-recipe", "blockwise"),
+         "--fp8-recipe blockwise needs the engine in fp8: add --rollout-precision fp8"),
+    Case("recipe-of-another-format", lambda t, w: train_args(w["model"], "--rollout-precision", "nvfp4",
+                                                             "--fp8-recipe", "blockwise"),
+         "--fp8-recipe blockwise runs the trainer in fp8 but --rollout-precision nvfp4 converts the engine to nvfp4"),
+    # a global batch that does not divide the rollout ran a ragged last step, or one step of fewer samples (hqa)
+    Case("global-batch-not-dividing-the-rollout", lambda t, w: train_args(w["model"], "--global-batch-size", "3"),
+         "--global-batch-size 3 does not divide the 4 samples of a rollout \\(--rollout-batch-size 2 x"),
+    Case("global-batch-beyond-the-rollout", lambda t, w: train_args(w["model"], "--global-batch-size", "100"),
+         "--global-batch-size 100 does not divide the 4 samples"),
+    # a setting of a task the run does not train on was ignored silently (2026-12-06, hqa)
+    Case("task-flag-of-another-task", lambda t, w: train_args(w["model"], "--trace-len", "64"),
+         "--trace-len 64 belongs to --task fib, but this run trains on --task arithmetic, which ignores it"),
+    Case("task-flag-with-prompt-data", _data(GOOD, extra=("--count-span", "4")),
+         "--count-span 4 belongs to --task count, but this run trains on --prompt-data, which ignores it; drop it"),
+    Case("task-with-prompt-data", _data(GOOD, extra=("--task", "count")), "--task count and --prompt-data both given"),
+    # a reward or held-out data the run never used, silently (2026-12-06, hqa)
+    Case("reward-without-prompt-data", lambda t, w: train_args(w["model"], "--custom-rm-path", "nosuchmodule:f"),
+         "--custom-rm-path nosuchmodule:f scores --prompt-data; the built-in task scores with its own reward"),
+    Case("eval-data-without-eval-interval", lambda t, w: (_data(GOOD)(t, w), _file("e.jsonl", GOOD + "\n")(t))[0] + [
+        "--eval-data", str(t / "e.jsonl")], "--eval-data .*e.jsonl is set but --eval-interval is 0"),
+    # flags that change nothing without another one, or of which one silently won (2026-12-06, hqa)
+    Case("kl-type-without-kl-loss", lambda t, w: train_args(w["model"], "--kl-loss-type", "k1"),
+         "--kl-loss-type k1 is set but --use-kl-loss is not"),
+    Case("weight-check-tolerance-without-the-check", lambda t, w: train_args(
+        w["model"], "--check-weight-update-allow-quant-error"),
+         "--check-weight-update-allow-quant-error loosens --check-weight-update-equal, which is not given"),
+    Case("routing-replay-both-kinds", lambda t, w: train_args(w["model"], "--use-rollout-routing-replay",
+                                                              "--use-routing-replay"),
+         "--use-rollout-routing-replay .* and --use-routing-replay .* both given"),
+    Case("builtin-model-beside-hf-checkpoint", lambda t, w: train_args(w["model"], "--builtin-model", "moe"),
+         "--builtin-model moe picks the model when --hf-checkpoint is not given; drop one of them"),
     Case("unknown-flag", lambda t, w: train_args(w["model"], "--bogus", "x"), "unrecognized arguments: --bogus x"),
+    # digits beyond what Python writes as text were a ValueError traceback (2026-12-06, hqa)
+    Case("digits-beyond-text", lambda t, w: train_args(w["model"], "--digits", "100000"),
+         "--digits must be in 1..2000"),
+    Case("digits-beyond-text-sft", lambda t, w: ["sft", "--save", str(t / "o"), "--digits", "100000"],
+         "--digits must be in 1..2000"),
     # -- checkpoint files train reads --------------------------------------------------------
     Case("config-not-utf8", _model_copy(_write("config.json", b'{"model_type": "qwen3\xff"}')), "is not UTF-8 text"),
     Case("config-not-json", _model_copy(_write("config.json", "{model_type: qwen3")), "is not valid JSON"),
@@ -421,6 +500,28 @@ CASES = [
     Case("convert-skipping-everything", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
                                                       str(t / "o"), "--format", "fp8", "--skip", "*"],
          "--skip '*' keeps every quantizable weight in BF16, so the fp8 checkpoint would quantize nothing"),
+    # a --skip that matches nothing (a typo) quantized the module meant to stay BF16, silently (2026-12-06, hqa)
+    Case("convert-skip-matching-nothing", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
+                                                        str(t / "o"), "--format", "fp8", "--skip", "model.layer.0.*"],
+         "--skip 'model.layer.0.\\*' matches no weight of this checkpoint"),
+    Case("convert-skip-empty-pattern", lambda t, w: ["convert", "--model-dir", str(w["model"]), "--save-dir",
+                                                     str(t / "o"), "--format", "fp8", "--skip", ""],
+         "--skip '' matches no weight of this checkpoint"),
+    # config.json's layer count was not checked against the weights: 8 layers said, 4 held, and
+    # --num-layers-at-end-in-bf16 2 kept two layers that do not exist (every real one quantized) (2026-12-06, hqa)
+    Case("convert-config-more-layers-than-weights", lambda t, w: (
+        shutil.copytree(w["model"], t / "m"),
+        (t / "m" / "config.json").write_text(json.dumps({**json.loads((w["model"] / "config.json").read_text()),
+                                                         "num_hidden_layers": 8})),
+        ["convert", "--model-dir", str(t / "m"), "--save-dir", str(t / "o"), "--format", "fp8",
+         "--num-layers-at-end-in-bf16", "1"])[2],
+         "config.json says num_hidden_layers 8 but the weights hold layers 0..0; the checkpoint is damaged"),
+    Case("convert-config-layers-not-a-number", lambda t, w: (
+        shutil.copytree(w["model"], t / "m"),
+        (t / "m" / "config.json").write_text(json.dumps({**json.loads((w["model"] / "config.json").read_text()),
+                                                         "num_hidden_layers": "four"})),
+        ["convert", "--model-dir", str(t / "m"), "--save-dir", str(t / "o"), "--format", "fp8"])[2],
+         "'num_hidden_layers' must be an integer >= 1, got 'four'"),
     # -- compare (refused before any run) ------------------------------------------------------
     Case("compare-under-a-file", lambda t, w: ["compare", "--output-dir", str(_a_file(t) / "c")],
          "is a file, not a directory"),
@@ -439,9 +540,19 @@ CASES = [
     Case("compare-over-user-files", lambda t, w: ((_dir(t, "c") / "notes.txt").write_text("mine"),
                                                   ["compare", "--output-dir", str(t / "c")])[1],
          "--output-dir .*c holds files quantroll did not write \\(notes.txt\\)"),
+    # a repeated seed was dropped silently: the study ran one seed where two were asked for (2026-12-06, hqa)
+    Case("compare-seed-twice", lambda t, w: ["compare", "--output-dir", str(t / "c"), "--seeds", "1,1"],
+         "--seeds '1,1' lists 1 twice; give each value once"),
     Case("inspect-negative-top", lambda t, w: ["inspect", str(w["fp8"]), "--top", "-3"], "--top must be >= 0"),
     Case("inspect-against-nothing", lambda t, w: ["inspect", str(w["model"]), "--against", str(t / "nothing")],
          "--against .*nothing: no such directory"),
+    # SQNR against a quantized checkpoint compared FP8 codes with values: 0.00 dB, printed as a result (2026-12-06, hqa)
+    Case("inspect-against-a-quantized-checkpoint", lambda t, w: ["inspect", str(w["fp8"]), "--against", str(w["fp8"])],
+         "--against .*fp8 is a quantized checkpoint; give the BF16 checkpoint DIR was made from"),
+    # generate turned a character outside the vocabulary into the unknown token and sampled on (2026-12-06, hqa)
+    Case("generate-prompt-outside-the-vocabulary", lambda t, w: ["generate", "--hf-checkpoint", str(w["model"]),
+                                                                 "--prompt", "caf\u00e9 1+1=", "--device", "cpu"],
+         "--prompt holds '\u00e9' (U+00E9), which the checkpoint's tokenizer has no token for"),
     # -- inspect: damage is an error naming the tensor (exit 1) --------------------------------
     Case("inspect-nan-scale", _quantized_copy(_nan_scale), "holds NaN/Inf scales", code=1),
     Case("inspect-missing-scale", _quantized_copy(_drop_scale), "but its scale tensor is missing", code=1),
@@ -477,4 +588,4 @@ def test_the_table_covers_every_family():
     assert len(CASES) >= 40
     families = {c.id.split("-")[0] for c in CASES}
     assert {"state", "load", "metrics", "save", "tis", "seed", "temperature", "config", "data", "reward", "convert",
-            "compare", "inspect"} <= families
+            "compare", "inspect", "digits", "recipe", "generate"} <= families

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,11 @@ def _check_interrupted(code: int, err: str) -> None:
     # interrupt went through some of its import paths; a shell reports 130 for both
     assert code in (130, -signal.SIGINT), (code, err[-2000:])
     assert "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines() in (["quantroll train: interrupted"], ["quantroll: interrupted"]), err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err[-2000:]
+    resume = r"quantroll train: interrupted; step \d+ is saved in .*: continue with the same command and --load .*"
+    assert lines[0] in ("quantroll train: interrupted", "quantroll: interrupted") or re.fullmatch(resume, lines[0]), \
+        err[-2000:]
 
 
 def _maps(pid: int) -> str:
@@ -87,3 +92,26 @@ def test_ctrl_c_at_random_moments_of_a_run(tmp_path):
     proc.join(600)
     assert proc.exitcode == 0, (tmp_path / "final.log").read_text()[-3000:]
     assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == list(range(final))
+
+
+def test_ctrl_c_names_the_saved_step_and_how_to_continue(tmp_path, capsys, monkeypatch):
+    """The one line of an interrupted `train --save` says which step is kept and the flag
+    that continues it (it said only 'interrupted'); the next run with --load goes on."""
+    from quantroll.cli import main
+    import quantroll.rl.loop as loop
+
+    model = write_model(tmp_path / "model")
+    save = tmp_path / "s"
+    argv = train_args(model, "--save", str(save), "--save-interval", "1")
+    assert main(argv) == 0  # 2 steps saved
+    capsys.readouterr()
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train_on_batch", interrupt)
+    assert main(argv + ["--num-rollout", "4", "--load", str(save)]) == 130  # the last --num-rollout counts
+    err = capsys.readouterr().err
+    _check_interrupted(130, err)
+    assert err.strip() == f"quantroll train: interrupted; step 1 is saved in {save}: continue with the same command " \
+                          f"and --load {save}"

@@ -121,3 +121,19 @@ def test_directories_follow_the_umask(model, tmp_path, capsys):
         assert oct((tmp_path / "private").stat().st_mode & 0o777) == "0o700"
     finally:
         os.umask(old)
+
+
+def test_a_resume_with_other_settings_says_which(model, tmp_path, capsys):
+    """--load with a changed setting (here --lr) goes on, as Miles does, but says what changed
+    against the saved run's settings; the same settings say nothing (outputs and --num-rollout
+    are not settings of the run's numbers)."""
+    save = tmp_path / "s"
+    base = train_args(model, "--save", str(save), "--save-interval", "1")
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main(base + ["--num-rollout", "3", "--load", str(save), "--lr", "1e-3"]) == 0
+    out = capsys.readouterr().out
+    assert f"--load {save}: resumed with settings other than the saved run's: optimizer.lr 0.0002 -> 0.001" in out
+    assert main(base + ["--num-rollout", "4", "--load", str(save), "--lr", "1e-3", "--metrics-file",
+                        str(tmp_path / "m.jsonl")]) == 0
+    assert "resumed with settings other" not in capsys.readouterr().out

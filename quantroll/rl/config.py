@@ -14,7 +14,8 @@ The command line is flat (Miles' flag names: ``--rollout-batch-size``, ``--use-t
 flag's dest is the name of exactly one field (``FLAGS``; a field's metadata says its flag
 where the two names differ, as CorrectionConfig's do), so ``TrainConfig.of(**flags)`` builds
 the nested value and commands/train.py takes every default from here (``flag_defaults``).
-Each stage checks its own values when built; TrainConfig checks what spans stages.
+Each stage checks its own values when built; TrainConfig checks what spans stages
+(rl/config_checks.py); a config file is read by rl/config_json.py.
 """
 
 from __future__ import annotations
@@ -25,36 +26,10 @@ import math
 from dataclasses import dataclass, field
 
 from quantroll.errors import QuantrollError
+from quantroll.rl.config_checks import (FLOAT32_MAX, SEED_LIMIT, at_least, bad, check_across_stages, non_negative,
+                                        positive, refuse_other_task_flags)
+from quantroll.rl.config_json import stages_from_json
 from quantroll.trainer.corrections import CorrectionConfig
-
-SEED_LIMIT = 2**64
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _bad(flag: str, what: str, value) -> QuantrollError:
-    return QuantrollError(f"--{flag} must be {what}, got {value!r}")
-
-
-def _at_least(**values: tuple[int, int]) -> None:
-    """Each ``flag_name=(value, least)``: one line naming the flag when value < least."""
-    for name, (value, least) in values.items():
-        if value < least:
-            raise _bad(name.replace("_", "-"), f">= {least}", value)
-
-
-def _positive(**values) -> None:
-    for name, value in values.items():
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise _bad(name.replace("_", "-"), "a finite number > 0", value)
-
-
-def _non_negative(**values) -> None:
-    for name, value in values.items():
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise _bad(name.replace("_", "-"), "a finite number >= 0", value)
-
 
 @dataclass(frozen=True)
 class ModelsConfig:
@@ -74,7 +49,7 @@ class ModelsConfig:
         if self.hf_checkpoint and self.builtin_model != "dense":  # was ignored silently
             raise QuantrollError(f"--builtin-model {self.builtin_model} picks the model when --hf-checkpoint is not "
                                  "given; drop one of them")
-        _at_least(num_layers_at_start_in_bf16=(self.num_layers_at_start_in_bf16, 0),
+        at_least(num_layers_at_start_in_bf16=(self.num_layers_at_start_in_bf16, 0),
                   num_layers_at_end_in_bf16=(self.num_layers_at_end_in_bf16, 0))
 
 
@@ -89,7 +64,7 @@ class EngineConfig:
         from quantroll.engine.paged_cache import kv_cache_dtype_name
 
         object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
-        _positive(kv_cache_memory_gb=self.kv_cache_memory_gb)
+        positive(kv_cache_memory_gb=self.kv_cache_memory_gb)
 
 
 @dataclass(frozen=True)
@@ -118,50 +93,27 @@ class RolloutConfig:
     eval_interval: int = 0
 
     def __post_init__(self):
-        _at_least(rollout_batch_size=(self.rollout_batch_size, 1),
+        at_least(rollout_batch_size=(self.rollout_batch_size, 1),
                   rollout_max_response_len=(self.rollout_max_response_len, 1), num_rollout=(self.num_rollout, 1),
                   digits=(self.digits, 1), count_span=(self.count_span, 1), trace_len=(self.trace_len, 1), eval_size=(self.eval_size, 1),
                   train_problems=(self.train_problems, 0), eval_interval=(self.eval_interval, 0),
                   seed=(self.seed, 0))
-        _refuse_other_task_flags(self)
+        refuse_other_task_flags(self, {f.name: f.default for f in dataclasses.fields(RolloutConfig)})
         if self.custom_rm_path and not self.prompt_data:  # the built-in tasks score with their own reward
             raise QuantrollError(f"--custom-rm-path {self.custom_rm_path} scores --prompt-data; the built-in task "
                                  "scores with its own reward and would ignore it: add --prompt-data F.jsonl or drop it")
         if self.eval_data and not self.eval_interval:
             raise QuantrollError(f"--eval-data {self.eval_data} is set but --eval-interval is 0 (never evaluate); "
                                  "add --eval-interval N")
-        _non_negative(rollout_temperature=self.rollout_temperature)
+        non_negative(rollout_temperature=self.rollout_temperature)
         if not (math.isfinite(self.rollout_top_p) and 0 < self.rollout_top_p <= 1):
-            raise _bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
+            raise bad("rollout-top-p", "in (0, 1]", self.rollout_top_p)
         if self.seed >= SEED_LIMIT:
-            raise _bad("seed", "below 2^64 (torch's generators take 64-bit seeds)", self.seed)
+            raise bad("seed", "below 2^64 (torch's generators take 64-bit seeds)", self.seed)
         if self.rollout_temperature == 0:
             raise QuantrollError("--rollout-temperature 0 samples greedily: the n samples of a prompt come out the same, "
                                  "so every GRPO group has zero reward variance and nothing is learned (loss 0); use a "
                                  "temperature > 0, e.g. 1.0 (evaluation is greedy on its own)")
-
-
-# a built-in task's own settings: field -> the task it belongs to
-_TASK_OF = {"digits": "arithmetic", "count_span": "count", "trace_len": "fib", "trace_terms": "fib",
-            "trace_partial_credit": "fib"}
-
-
-def _refuse_other_task_flags(rollout: RolloutConfig) -> None:
-    """A setting of a task the run does not train on ('--trace-len 64' with arithmetic, or
-    any with --prompt-data) was ignored silently; a value other than its default is refused.
-    (One equal to the default cannot be told from no flag, and changes nothing.)"""
-    defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
-    if rollout.prompt_data and rollout.task != defaults["task"]:
-        raise QuantrollError(f"--task {rollout.task} and --prompt-data both given; the prompts come from "
-                             "--prompt-data: drop --task")
-    for name, task in _TASK_OF.items():
-        value = getattr(rollout, name)
-        if value != defaults[name] and (rollout.prompt_data or rollout.task != task):
-            runs = "--prompt-data" if rollout.prompt_data else f"--task {rollout.task}"
-            flag = "--" + name.replace("_", "-")
-            fix = "drop it" if rollout.prompt_data else f"drop it or give --task {task}"
-            raise QuantrollError(f"{flag}{'' if value is True else f' {value}'} belongs to --task {task}, but this "
-                                 f"run trains on {runs}, which ignores it; {fix}")
 
 
 @dataclass(frozen=True)
@@ -181,11 +133,11 @@ class OptimizerConfig:
     def __post_init__(self):
         for name, value in (("global-batch-size", self.global_batch_size), ("micro-batch-size", self.micro_batch_size)):
             if value is not None and value < 1:
-                raise _bad(name, ">= 1", value)
-        _positive(lr=self.lr, max_grad_norm=self.max_grad_norm, eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high)
+                raise bad(name, ">= 1", value)
+        positive(lr=self.lr, max_grad_norm=self.max_grad_norm, eps_clip=self.eps_clip, eps_clip_high=self.eps_clip_high)
         if self.lr > FLOAT32_MAX:  # AdamW steps FP32 master weights: torch's optimizer cannot even take such an lr
-            raise _bad("lr", f"at most {FLOAT32_MAX:.4g} (the FP32 master weights' range)", self.lr)
-        _non_negative(kl_loss_coef=self.kl_loss_coef)
+            raise bad("lr", f"at most {FLOAT32_MAX:.4g} (the FP32 master weights' range)", self.lr)
+        non_negative(kl_loss_coef=self.kl_loss_coef)
         if self.kl_loss_coef and not self.use_kl_loss:
             raise QuantrollError("--kl-loss-coef is set but --use-kl-loss is not; add --use-kl-loss or drop the coefficient")
         if self.kl_loss_type != "low_var_kl" and not self.use_kl_loss:  # was ignored silently
@@ -224,7 +176,7 @@ class OutputConfig:
     max_bad_steps: int = 3
 
     def __post_init__(self):
-        _at_least(save_interval=(self.save_interval, 0))
+        at_least(save_interval=(self.save_interval, 0))
         if self.force and self.load:
             raise QuantrollError("--force starts the run over and --load resumes it; pick one")
         if self.save and not self.save_interval:
@@ -245,35 +197,7 @@ class TrainConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self):
-        """What spans stages, checked before any work, one line naming the flag."""
-        least = 2 if self.optimizer.advantage_estimator == "grpo" else 1
-        if self.rollout.n_samples_per_prompt < least:
-            raise _bad("n-samples-per-prompt", f">= {least} ({self.optimizer.advantage_estimator} groups)",
-                       self.rollout.n_samples_per_prompt)
-        samples, minibatch = self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt, \
-            self.optimizer.global_batch_size
-        if minibatch is not None and samples % minibatch:  # Miles refuses it too: a ragged last optimizer step,
-            raise QuantrollError(  # or (larger than the rollout) one step of fewer samples than asked for
-                f"--global-batch-size {minibatch} does not divide the {samples} samples of a rollout "
-                f"(--rollout-batch-size {self.rollout.rollout_batch_size} x --n-samples-per-prompt "
-                f"{self.rollout.n_samples_per_prompt}); give a divisor of {samples}, or leave it out for one "
-                "optimizer step per rollout")
-        if self.correction.rollout_routing_replay and self.correction.routing_replay:  # R3 silently won
-            raise QuantrollError("--use-rollout-routing-replay (the engine's experts) and --use-routing-replay (the "
-                                 "trainer's own, recorded) both given; the trainer replays one of them: pick one")
-        recipe, rollout = self.precision.train_recipe, self.models.rollout_precision
-        if recipe and rollout and rollout != recipe:  # before the conversion, not after it
-            from quantroll.formats import recipe_args
-
-            raise QuantrollError(f"{' '.join(recipe_args(recipe))} runs the trainer in {recipe} but "
-                                 f"--rollout-precision {rollout} converts the engine to {rollout}; give "
-                                 f"--rollout-precision {recipe}")
-        if self.precision.true_on_policy_mode:
-            from quantroll.rl.true_on_policy import config_refusal
-
-            refusal = config_refusal(self)
-            if refusal:
-                raise QuantrollError(refusal)
+        check_across_stages(self)
 
     @classmethod
     def of(cls, **flags) -> TrainConfig:
@@ -307,48 +231,7 @@ class TrainConfig:
         """The inverse of ``to_json``, strict: an unknown stage or key, or a value of the
         wrong type, is one line naming ``source`` and the key; a missing key keeps its
         default; every stage's own checks then run as for the command line."""
-        try:
-            raw = json.loads(text)
-        except ValueError as err:
-            raise QuantrollError(f"{source}: not JSON ({err}); write it with `quantroll compare` or fix it") from None
-        if not isinstance(raw, dict):
-            raise QuantrollError(f"{source}: holds {type(raw).__name__}, not an object of stages")
-        unknown = sorted(set(raw) - set(_STAGES))
-        if unknown:
-            raise QuantrollError(f"{source}: unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(_STAGES)}")
-        stages = {}
-        for stage, values in raw.items():
-            kind = _STAGES[stage]
-            if not isinstance(values, dict):
-                raise QuantrollError(f"{source}: '{stage}' must be an object, got {values!r}")
-            fields = {f.name: f for f in dataclasses.fields(kind)}
-            unknown = sorted(set(values) - set(fields))
-            if unknown:
-                raise QuantrollError(f"{source}: unknown key(s) {', '.join(f'{stage}.{k}' for k in unknown)}")
-            stages[stage] = kind(**{k: _typed(v, fields[k].type, f"{source}: '{stage}.{k}'") for k, v in values.items()})
-        return cls(**stages)
-
-
-_KINDS = {"str": ((str,), "a string"), "int": ((int,), "an integer"), "float": ((int, float), "a number"),
-          "bool": ((bool,), "true or false")}
-
-
-def _typed(value, annotation: str, where: str):
-    """``value`` checked against a field's annotation (a scalar, ``X | None`` or
-    ``tuple[str, ...]``, the only kinds the stages use)."""
-    base, optional = annotation.removesuffix(" | None"), annotation.endswith(" | None")
-    if value is None:
-        if optional:
-            return None
-        raise QuantrollError(f"{where} is null; it needs {_KINDS[base][1]}")
-    if base == "tuple[str, ...]":
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        raise QuantrollError(f"{where} must be a list of strings, got {value!r}")
-    kinds, what = _KINDS[base]
-    if isinstance(value, bool) != (base == "bool") or not isinstance(value, kinds):
-        raise QuantrollError(f"{where} must be {what}, got {value!r}")
-    return float(value) if base == "float" else value
+        return cls(**stages_from_json(text, source, _STAGES))
 
 
 def _stage_types() -> dict[str, type]:

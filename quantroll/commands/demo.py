@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
                              f"{args.prompts}")
     if args.max_new_tokens < 1:
         raise QuantrollError(f"--max-new-tokens must be >= 1 (the response length), got {args.max_new_tokens}")
+    from quantroll.engine.sampling import check_sampling_seed
+
+    check_sampling_seed(args.seed)
     from quantroll.outputs import check_replace
     from quantroll.rl.memory import GIB, check_need
     from quantroll.tasks.tokenizer import char_vocab

@@ -17,6 +17,7 @@ import torch
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES, resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
+from quantroll.engine.sampling import check_sampling_seed
 from quantroll.errors import QuantrollError
 from quantroll.tasks.tokenizer import first_unknown, load_tokenizer
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise QuantrollError(f"--hf-checkpoint {checkpoint}: no such directory")
     if args.n < 1:
         raise QuantrollError(f"--n must be >= 1, got {args.n}")
+    check_sampling_seed(args.seed)
     tokenizer = load_tokenizer(checkpoint)
     bad = first_unknown(tokenizer, args.prompt)  # train refuses such data; here it was generated from silently
     if bad is not None:

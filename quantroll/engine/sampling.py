@@ -43,6 +43,13 @@ MIN_TEMPERATURE = 1e-6
 SEED_LIMIT = 2**32  # seeds are hashed as 32-bit integers (seed + prompt index wraps)
 
 
+def check_sampling_seed(seed: int, flag: str = "--seed") -> None:
+    """A command's sampling seed, checked where the user gave it, before any work
+    (SamplingParams says the same later, without the flag's name)."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise QuantrollError(f"{flag} must be in [0, 2^32) (the engine hashes 32-bit sampling seeds), got {seed}")
+
+
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 

@@ -553,6 +553,14 @@ CASES = [
     Case("generate-prompt-outside-the-vocabulary", lambda t, w: ["generate", "--hf-checkpoint", str(w["model"]),
                                                                  "--prompt", "caf\u00e9 1+1=", "--device", "cpu"],
          "--prompt holds '\u00e9' (U+00E9), which the checkpoint's tokenizer has no token for"),
+    # the engine's 32-bit seed range was refused by SamplingParams without the flag's name (hqa, left open)
+    Case("generate-seed-beyond-32-bits", lambda t, w: ["generate", "--hf-checkpoint", str(w["model"]), "--prompt",
+                                                       "1+1=", "--seed", str(2**32), "--device", "cpu"],
+         r"--seed must be in \[0, 2\^32\) \(the engine hashes 32-bit sampling seeds\), got 4294967296"),
+    Case("generate-negative-seed", lambda t, w: ["generate", "--hf-checkpoint", str(w["model"]), "--prompt", "1+1=",
+                                                 "--seed", "-1", "--device", "cpu"], r"--seed must be in \[0, 2\^32\)"),
+    Case("demo-seed-beyond-32-bits", lambda t, w: ["demo", "--seed", str(2**40), "--workdir", str(t / "d")],
+         r"--seed must be in \[0, 2\^32\)"),
     # -- inspect: damage is an error naming the tensor (exit 1) --------------------------------
     Case("inspect-nan-scale", _quantized_copy(_nan_scale), "holds NaN/Inf scales", code=1),
     Case("inspect-missing-scale", _quantized_copy(_drop_scale), "but its scale tensor is missing", code=1),

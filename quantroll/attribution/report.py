@@ -73,7 +73,9 @@ def format_report(result: dict) -> str:
               + (f"; by the exact ablations: {', '.join(map(str, result['rank_layers']))}" if "rank_layers" in result
                  else "") + "."]
     p = result.get("proposal")
-    if p:
+    if p and p.get("unreachable"):
+        lines += ["", "## Proposal: BF16 exceptions", "", f"None: {p['unreachable']}."]
+    elif p:
         lines += ["", "## Proposal: BF16 exceptions", "",
                   f"Greedy on measured gaps to {p['target']:.4g} ({p['target_rule']}): keep "
                   f"{', '.join(p['names']) or 'nothing'} in BF16.", "",

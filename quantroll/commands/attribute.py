@@ -113,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
     with writing(what), atomic_directory(out, force=args.force, what=what) as tmp:
         write_outputs(result, tmp)
     print(f"\nreport: {out / 'report.md'}")
+    unreachable = (result.get("proposal") or {}).get("unreachable")
+    if unreachable:  # the report is written (exit 1, not 2: work was done); no proposal reaches the target
+        err = QuantrollError(unreachable)
+        err.exit_code = 1
+        raise err
     return 0
 
 

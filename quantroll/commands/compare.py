@@ -322,6 +322,9 @@ def _auto_exceptions(setup, specs, args) -> dict:
             where.mkdir(parents=True, exist_ok=True)
             write_outputs(result, where)
         p = result["proposal"]
+        if p.get("unreachable"):  # as before the measurements were kept: no flag set to run with
+            raise QuantrollError(f"--bf16-exceptions auto for {precision}: {p['unreachable']} "
+                                 f"({where / 'report.md'})")
         print(f"bf16 exceptions for {precision}: {p['flags_text'] or '(none needed)'} (gap {p['gap']['mean']:.3g} "
               f"vs {result['gap_full']['mean']:.3g} with every linear {precision}; {where / 'report.md'})")
         out[precision] = parse(shlex.join(p["flags"])).convert_fields()

@@ -93,3 +93,44 @@ def test_flag_set_round_trips_through_convert_train_and_compare(capsys, tmp_path
                  *parse("--skip '*.mlp.down_proj'").args(),
                  "--train-args", "--rollout-batch-size 2 --n-samples-per-prompt 2"]) == 0
     assert _kept_linears(out2 / "checkpoints" / "fp8") == {f"model.layers.{i}.mlp.down_proj" for i in range(4)}
+
+
+def test_a_target_no_exception_set_reaches_keeps_the_measurements(capsys, tmp_path):
+    """A target only 'every linear in BF16' meets: the measurements are written, the report
+    says there is no proposal, and the exit status is 1 with one line saying why (it was a
+    refusal that threw the ablations away)."""
+    out = tmp_path / "o"
+    rc = main(["attribute", "--output-dir", str(out), "--target-gap", "1e-30", "--prompts", "2", "--samples", "1",
+               "--seeds", "1", "--verify-seeds", "2", "--max-new-tokens", "3"])
+    _, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "short of keeping every linear in BF16" in lines[0], err
+    report = (out / "report.md").read_text()
+    assert "## Proposal: BF16 exceptions" in report and "None: no BF16 exceptions short of" in report
+    result = json.loads((out / "attribution.json").read_text())
+    assert result["proposal"]["unreachable"] and "verification" not in result
+    assert result["gap_full"] and result["cheap_rank_layers"]  # the measurements themselves
+
+
+def test_compare_auto_exceptions_refuse_an_unreachable_proposal(tmp_path, monkeypatch):
+    """compare --bf16-exceptions auto cannot run with 'every linear BF16': one line naming the
+    precision and the measurements' report (the attribution itself is a stand-in here)."""
+    import argparse
+    import types
+
+    import quantroll.attribution.run as attribution_run
+    from quantroll.commands.compare import _auto_exceptions
+    from quantroll.errors import QuantrollError
+
+    def stand_in(cfg):
+        return {"proposal": {"unreachable": "no BF16 exceptions short of keeping every linear in BF16 bring the gap "
+                                            "under 1e-30 (--target-fraction 0.5 of the full gap)"},
+                "gap_full": {"mean": 0.1}}
+
+    monkeypatch.setattr(attribution_run, "run_attribution", stand_in)
+    monkeypatch.setattr("quantroll.attribution.report.write_outputs", lambda result, where: None)
+    monkeypatch.setattr("quantroll.commands.compare._low_precisions", lambda specs: ["fp8"])
+    setup = types.SimpleNamespace(out_dir=tmp_path, source=tmp_path / "src")
+    args = argparse.Namespace(hf_checkpoint=None, builtin_model="dense", device="cpu", compute_dtype="auto")
+    with pytest.raises(QuantrollError, match=r"--bf16-exceptions auto for fp8: no BF16 exceptions short of .*report\.md"):
+        _auto_exceptions(setup, [], args)

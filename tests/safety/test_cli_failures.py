@@ -309,7 +309,7 @@ CASES = [
     Case("attribute-target-needing-everything-bf16", lambda t, w: [
         "attribute", "--hf-checkpoint", str(w["model"]), "--output-dir", str(t / "o"), "--target-gap", "1e-30",
         "--prompts", "2", "--samples", "1", "--seeds", "1", "--verify-seeds", "2", "--max-new-tokens", "3"],
-         "no BF16 exceptions short of keeping every linear in BF16 bring the gap under 1e-30"),
+         "no BF16 exceptions short of keeping every linear in BF16 bring the gap under 1e-30", code=1),
     Case("attribute-verify-seeds-empty", lambda t, w: ["attribute", "--hf-checkpoint", str(w["model"]),
                                                        "--output-dir", str(t / "o"), "--verify-seeds", ""],
          "--verify-seeds is empty; give e.g. 1,2,3, or 'none' to skip the verification"),

@@ -78,19 +78,13 @@ class FreshTask:
 
     base: Task
     exclude: frozenset[str]
-    tries: int = 1000
 
     @property
     def name(self) -> str:
         return self.base.name
 
     def sample(self, rng: random.Random) -> Problem:
-        for _ in range(self.tries):
-            p = self.base.sample(rng)
-            if p.prompt not in self.exclude:
-                return p
-        raise QuantrollError(f"the {self.base.name} task's held-out set covers (nearly) every problem: {self.tries} "
-                             "draws in a row were held-out problems; lower --eval-size")
+        return training_problems(self.base, rng, 1, self.exclude)[0]
 
     def reward(self, response: str, label: str) -> float:
         return self.base.reward(response, label)
@@ -105,9 +99,10 @@ def training_problems(task: Task, rng: random.Random, n: int, exclude: set[str])
     """``n`` problems whose prompts are not in ``exclude`` (the held-out set)."""
     out = []
     for _ in range(1000 * n):
-        if len(out) == n:
-            return out
         p = task.sample(rng)
         if p.prompt not in exclude:
             out.append(p)
-    raise QuantrollError("the held-out set covers (nearly) every problem of the task; lower eval_size")
+            if len(out) == n:
+                return out
+    raise QuantrollError(f"the {getattr(task, 'name', 'task')} task's held-out set covers (nearly) every problem: "
+                         "1000 draws per problem were held-out ones; lower --eval-size")

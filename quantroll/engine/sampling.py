@@ -47,7 +47,7 @@ def check_sampling_seed(seed: int, flag: str = "--seed") -> None:
     """A command's sampling seed, checked where the user gave it, before any work
     (SamplingParams says the same later, without the flag's name)."""
     if not 0 <= seed < SEED_LIMIT:
-        raise QuantrollError(f"{flag} must be in [0, 2^32) (the engine hashes 32-bit sampling seeds), got {seed}")
+        raise QuantrollError(f"{flag} must be in [0, 2^32) (the engine hashes 32-bit sampling seeds), got {seed!r}")
 
 
 def _is_int(x) -> bool:
@@ -76,8 +76,9 @@ class SamplingParams:
             raise QuantrollError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise QuantrollError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT:
+        if not _is_int(self.seed):
             raise QuantrollError(f"seed must be an integer in [0, 2^32), got {self.seed!r}")
+        check_sampling_seed(self.seed, "seed")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable) or not all(_is_int(i) for i in ids):

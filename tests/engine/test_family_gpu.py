@@ -33,8 +33,11 @@ def _cfg(model_type, heads=32, kv_heads=8, head_dim=128):
                                num_key_value_heads=kv_heads, head_dim=head_dim)
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
-def test_rope_store_kernel_matches_the_model_rotary(kv_dtype, monkeypatch):
+def test_rope_store_kernel_matches_the_model_rotary(monkeypatch):
+    """As test_paged_attention_gpu's Qwen3 test, without the QK-norms: q and k within the
+    rounding the model's BF16 rotary makes (the kernel rounds in float32 once where PyTorch
+    rounds each product: a BF16 ulp apart), v stored as given, and the FP8 cache holding
+    exactly the reference quantization of what the BF16 cache holds."""
     torch.manual_seed(0)
     heads, kv, dim, b = 8, 2, 128, 3
     cfg = _cfg("llama", heads, kv, dim)
@@ -44,25 +47,30 @@ def test_rope_store_kernel_matches_the_model_rotary(kv_dtype, monkeypatch):
     emb = torch.cat([ang, ang], -1)
     cos, sin = emb.cos().to(torch.bfloat16)[:, None], emb.sin().to(torch.bfloat16)[:, None]
     slots = torch.tensor([5, 40, 17], device=DEV)
-    cache = PagedKVCache(cfg, 4, 16, torch.bfloat16, kv_dtype, DEV, gpu_kernels=True)
-    cache.batch = AttentionBatch(slots, torch.tensor([[1, 2, 3]] * b, dtype=torch.int32, device=DEV),
-                                 (pos + 1).to(torch.int32), None)
-    grabbed = []
-    monkeypatch.setattr(paged_attention, "decode_attention", lambda q, *_: grabbed.append(q) or q)
-    paged_attention.decode_from_qkv(qkv, None, None, 0.0, cos, sin, cache, 0, cache.batch)
-    q = grabbed[0]
+    stored = {}
+    for kv_dtype in ("bf16", "fp8_e4m3"):
+        cache = PagedKVCache(cfg, 4, 16, torch.bfloat16, kv_dtype, DEV, gpu_kernels=True)
+        cache.batch = AttentionBatch(slots, torch.tensor([[1, 2, 3]] * b, dtype=torch.int32, device=DEV),
+                                     (pos + 1).to(torch.int32), None)
+        grabbed = []
+        with monkeypatch.context() as m:
+            m.setattr(paged_attention, "decode_attention", lambda q, *_: grabbed.append(q) or q)
+            paged_attention.decode_from_qkv(qkv, None, None, 0.0, cos, sin, cache, 0, cache.batch)
+        stored[kv_dtype] = (cache, grabbed[0])
     qr, kr, vr = qkv.split([heads * dim, kv * dim, kv * dim], -1)
     q_ref = apply_rotary(qr.view(b, 1, heads, dim), cos, sin)[:, 0]
     k_ref = apply_rotary(kr.view(b, 1, kv, dim), cos, sin)[:, 0]
     v_ref = vr.view(b, kv, dim)
-    assert torch.equal(q, q_ref)
-    if kv_dtype == "bf16":
-        assert torch.equal(cache.k[0].view(-1, kv, dim)[slots], k_ref)
-        assert torch.equal(cache.v[0].view(-1, kv, dim)[slots], v_ref)
-    else:
-        k_got, v_got = cache.gather(0, slots, torch.float32)
-        for got, ref in ((k_got, k_ref), (v_got, v_ref)):
-            assert torch.equal(got, dequantize_kv(*quantize_kv(ref)).float())
+    bf16, q = stored["bf16"]
+    scale = q_ref.float().abs().max().item()
+    assert (q.float() - q_ref.float()).abs().max().item() <= 2**-6 * scale
+    assert torch.equal(stored["fp8_e4m3"][1], q)  # the queries do not depend on the cache's dtype
+    k_got = bf16.k[0].view(-1, kv, dim)[slots]
+    assert (k_got.float() - k_ref.float()).abs().max().item() <= 2**-6 * scale
+    assert torch.equal(bf16.v[0].view(-1, kv, dim)[slots], v_ref)
+    k8, v8 = stored["fp8_e4m3"][0].gather(0, slots, torch.float32)
+    assert torch.equal(k8, dequantize_kv(*quantize_kv(k_got)).float())
+    assert torch.equal(v8, dequantize_kv(*quantize_kv(v_ref)).float())
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -92,6 +100,16 @@ def test_engine_fused_paths_match_the_unfused_engine(model_type, fmt, monkeypatc
     assert (attn.qkv_proj.bias is not None) == (model_type == "qwen2")
     fused = engine.generate(prompts, params)
     assert calls and all(calls), "the fused decode path without QK-norm did not run"
+    if form is not None:
+        # FP8: the two engines round activations to FP8 on differently rounded BF16 inputs (a
+        # BF16 ulp flips an FP8 code), so their samples part early; each engine's logprobs are
+        # held against a float32 forward of the BF16 source instead, the fused no further off.
+        f32 = random_model(cfg, DEV, seed=1).float()
+        plain_err, _ = mean_errors(plain, f32, f32, DEV)
+        fused_err, _ = mean_errors(fused, f32, f32, DEV)
+        print(f"{model_type} fp8: mean |logprob - float32| unfused {plain_err:.3e}, fused {fused_err:.3e}")
+        assert fused_err <= 1.5 * plain_err
+        return
     for a, b in zip(plain, fused):
         n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), len(a.tokens))
         assert n >= 4, (a.tokens, b.tokens)  # same samples until rounding flips a near-tie

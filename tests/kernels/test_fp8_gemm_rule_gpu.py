@@ -46,6 +46,10 @@ def _float32_output(kernel: str, tiles, aq, a_s, wq, w_s) -> torch.Tensor:
         return fp8_gemm_decode(aq, a_s, wq, w_s, torch.float32, tiles)
     if kernel == "cublas":
         return fp8_gemm_scaled_mm(aq, a_s, wq, w_s, torch.float32)
+    if kernel == "cutlass":  # the same configuration and K splits, built for float32 output
+        from quantroll.kernels.cutlass_gemm import cutlass_fp8_gemm
+
+        return cutlass_fp8_gemm(aq, a_s, wq, w_s, torch.float32, tiles.config, tiles.splits)
     return fp8_gemm_prefill(aq, a_s, wq, w_s, torch.float32, tiles)
 
 

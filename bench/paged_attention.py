@@ -3,6 +3,7 @@ graph replay: BF16 vs FP8 caches, per batch and context, against the bytes it mu
 (each sequence's keys and values once, FP8 scales included) at the copy bandwidth.
 
     python bench/paged_attention.py [--shape qwen3-1.7b] [--cases 1x4096,16x2048,64x2048,256x1024]
+        [--sweep [--sweep-kv fp8_e4m3] [--sweep-layouts rows,keys-on-m] [--sweep-keys 64,128,256]]
 """
 
 from __future__ import annotations
@@ -65,8 +66,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-1.7b")
     ap.add_argument("--cases", default="1x4096,4x4096,16x2048,64x2048,256x1024")
-    ap.add_argument("--sweep", action="store_true", help="also time decode tile variants (keys per tile, warps, stages)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time decode tile variants (dot layout, keys per tile, warps, stages)")
     ap.add_argument("--sweep-kv", default="bf16,fp8_e4m3", help="the cache dtypes --sweep covers")
+    ap.add_argument("--sweep-layouts", default="rows,keys-on-m",
+                    help="the decode dot layouts --sweep covers: rows (query group on the MMA's M side), keys-on-m")
+    ap.add_argument("--sweep-keys", default="64,128", help="keys per decode tile --sweep covers")
+    ap.add_argument("--sweep-stages", default="2,3,4", help="pipeline stages --sweep covers")
     ap.add_argument("--splits", default=None, help="also time these split counts (comma-separated) at the default tiles")
     ap.add_argument("--variant", choices=("none", "no-scale-loads"), default="none",
                     help="diagnostic: no-scale-loads replaces the FP8 cache's scale loads by ones (what they cost; "
@@ -90,15 +96,18 @@ def main() -> None:
                 us, _ = case(cfg, kv, b, c, splits=n, check=check)
                 print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep and kv in args.sweep_kv.split(","):
-                for bs, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4)):
+                layouts = args.sweep_layouts.split(",")
+                keys = [int(x) for x in args.sweep_keys.split(",")]
+                stages = [int(x) for x in args.sweep_stages.split(",")]
+                for lay, bs, w, st in itertools.product(layouts, keys, (4, 8), stages):
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
-                                                decode_stages=st)
+                                                decode_stages=st, decode_keys_on_m=lay == "keys-on-m")
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles, check=check)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
-                        print(f"      {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
+                        print(f"      {lay} {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    print(f"      bs{bs:<3d} w{w} st{st} {us:8.1f} {us / floor:7.2f}", flush=True)
+                    print(f"      {lay:9s} bs{bs:<3d} w{w} st{st} {us:8.1f} {us / floor:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

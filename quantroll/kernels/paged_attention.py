@@ -19,6 +19,7 @@ class PagedTiles:
     decode_block_s: int = 64
     decode_warps: int = 4
     decode_stages: int = 3
+    decode_keys_on_m: bool = False  # swap-AB decode dots: keys on the MMA's M side (paged_attention_triton)
     prefill_block_m: int = 64
     prefill_block_n: int = 64
     prefill_warps: int = 4
@@ -89,7 +90,7 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
         HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_SIZE=cache.block_size,
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
-        num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
+        KEYS_ON_M=tiles.decode_keys_on_m, num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
     if splits > 1:
         merge_splits_kernel[(b, h)](part_o, part_ml, out, out.stride(0), out.stride(1), H=h, D=d,
                                     D_PAD=next_pow2(d, 16), SPLITS=splits, S_PAD=next_pow2(splits, 2))

@@ -58,7 +58,8 @@ def _load_tile(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.cons
 @triton.jit
 def _load_values_positions_minor(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.constexpr, D: tl.constexpr,
                                  BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr):
-    """[BLOCK_S, D_PAD] values of one head from a [num_blocks, HKV, D, BLOCK_SIZE] pool.
+    """[D_PAD, BLOCK_S] values of one head from a [num_blocks, HKV, D, BLOCK_SIZE] pool (as
+    stored: the caller transposes where its dot wants [BLOCK_S, D_PAD]).
 
     Each block's BLOCK_SIZE positions are contiguous bytes (the hints say so: the compiler
     cannot see it through the block table) and are loaded whole, unmasked, so the loads
@@ -72,7 +73,7 @@ def _load_values_positions_minor(pool, slots, ok, kvh, offs_d, d_ok, HKV: tl.con
     cols = ((slots // BLOCK_SIZE) * HKV + kvh) * (D * BLOCK_SIZE) + slots % BLOCK_SIZE
     cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_SIZE), BLOCK_SIZE)
     x = tl.load(pool + cols[None, :] + offs_d[:, None] * BLOCK_SIZE, mask=d_ok[:, None], other=0.0)
-    return tl.trans(x.to(COMPUTE))
+    return x.to(COMPUTE)
 
 
 @triton.jit
@@ -112,7 +113,7 @@ def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, H
     the step the decode and prefill kernels share. An FP8 cache's value scales, relative
     to the tile's largest, join P (in [0, 1], float16) and the largest scales the dot."""
     if FP8:
-        v = _load_values_positions_minor(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE)
+        v = tl.trans(_load_values_positions_minor(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE))
     else:
         v = _load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
     if FP8:
@@ -149,11 +150,58 @@ def _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _decode_keys_on_m(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, start, end, sm_scale, kvh, offs_d, d_ok,
+                      HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr, FP8: tl.constexpr,
+                      IEEE: tl.constexpr):
+    """The decode key loop with the keys on the MMA's M side (swap-AB): scores^T = K q^T
+    [BLOCK_S, G_PAD] and acc^T += V^T P^T [D_PAD, G_PAD], so the large operand of both dots
+    is the key or value tile as loaded (an FP8 cache's positions-minor values are V^T
+    already: no transpose) and the query group is the narrow N side. Returns (acc [G_PAD,
+    D_PAD], running max, running sum) as the rows form does."""
+    q_t = tl.trans(q)
+    m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
+    acc_t = tl.zeros((D_PAD, G_PAD), dtype=tl.float32)
+    for s0 in range(start, end, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        ok = offs < end
+        slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
+        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
+        s = _dot(k, q_t, IEEE)
+        if FP8:
+            s = s * _load_scales(ks_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)[:, None]
+        s = tl.where(ok[:, None], s * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        p = tl.exp(s - m_new[None, :])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        if FP8:
+            v_t = _load_values_positions_minor(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE)
+            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)
+            top = tl.max(v_scale, axis=0)
+            p = p * (v_scale / tl.where(top > 0, top, 1.0))[:, None]
+            pv = _dot(v_t, p.to(COMPUTE), IEEE) * top
+        else:
+            pv = _dot(tl.trans(_load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)), p.to(COMPUTE), IEEE)
+        acc_t = acc_t * alpha[None, :] + pv
+        m_i = m_new
+    return tl.trans(acc_t), m_i, l_i
+
+
+@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, sm_scale,
                         s_qb, s_qh, s_tb, s_ob, s_oh,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
                         G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
-                        FP8: tl.constexpr, IEEE: tl.constexpr):
+                        FP8: tl.constexpr, IEEE: tl.constexpr, KEYS_ON_M: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -170,18 +218,22 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
                 other=0.0)
     COMPUTE = tl.float16 if FP8 else q.dtype  # E4M3 widens to float16 in one instruction, to BF16 in several
     q = q.to(COMPUTE)
-    m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
-    acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
     table_row = table_ptr + b * s_tb
-    for s0 in range(start, end, BLOCK_S):
-        offs = s0 + tl.arange(0, BLOCK_S)
-        ok = offs < end
-        slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D, COMPUTE,
-                                 FP8, IEEE)
-        qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
-        acc, m_i, l_i = _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D,
-                                             BLOCK_SIZE, COMPUTE, FP8, IEEE, False)
+    if KEYS_ON_M:
+        acc, m_i, l_i = _decode_keys_on_m(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, start, end, sm_scale, kvh, offs_d,
+                                          d_ok, HKV, D, D_PAD, G_PAD, BLOCK_SIZE, BLOCK_S, COMPUTE, FP8, IEEE)
+    else:
+        m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((G_PAD,), dtype=tl.float32)
+        acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
+        for s0 in range(start, end, BLOCK_S):
+            offs = s0 + tl.arange(0, BLOCK_S)
+            ok = offs < end
+            slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D,
+                                     COMPUTE, FP8, IEEE)
+            qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
+            acc, m_i, l_i = _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV,
+                                                 D, BLOCK_SIZE, COMPUTE, FP8, IEEE, False)
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
         tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),

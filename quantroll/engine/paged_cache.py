@@ -151,13 +151,17 @@ class PagedKVCache:
     def attend_qkv(self):
         """The GPU decode path from the fused q/k/v projection (QK-norms where the model has
         them, rotary and the cache write in one kernel, then paged attention), or None where
-        the model's own ops run. Norm weights None: a family without QK-norm."""
+        the model's own ops run. Norm weights None: a family without QK-norm. ``quantize``: the
+        caller's o_proj takes an Fp8Activation; the attention hands one over where each head
+        is one quantization group (else BF16, which the linear quantizes itself)."""
         if not self.gpu_kernels or self.head_dim & (self.head_dim - 1):
             return None
         from quantroll.kernels import paged_attention
 
+        fuse = paged_attention.quantizes_output(self.head_dim)
         return lambda layer, qkv, q_w, k_w, eps, cos, sin, heads, kv_heads, head_dim, quantize=False: \
-            paged_attention.decode_from_qkv(qkv, q_w, k_w, eps, cos, sin, self, layer, self.batch)
+            paged_attention.decode_from_qkv(qkv, q_w, k_w, eps, cos, sin, self, layer, self.batch,
+                                            quantize=quantize and fuse)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [N, Hkv, D] at the batch's slots (quantized for an FP8 cache)."""

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+FP8_GROUP = 128  # the 1x128 activation groups of block FP8
+
 
 @dataclass(frozen=True)
 class Fp8Activation:

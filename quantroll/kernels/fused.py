@@ -13,9 +13,8 @@ import torch
 from quantroll.kernels import fp8_gemv
 from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS, EngineKernels
 from quantroll.kernels.launch import next_pow2
+from quantroll.kernels.fp8_activation import FP8_GROUP  # noqa: F401 (its users' name: fused.FP8_GROUP)
 from quantroll.kernels.fp8_linear import Fp8Activation, fp8_activation_buffers
-
-FP8_GROUP = 128  # the 1x128 activation groups of block FP8
 
 
 def fp8_output_buffers(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from quantroll.errors import QuantrollError
+from quantroll.kernels.fp8_activation import FP8_GROUP, Fp8Activation, fp8_activation_buffers
 from quantroll.kernels.launch import next_pow2
 
 
@@ -64,10 +65,18 @@ def _pools(cache, layer: int):
     return k, v, ks, vs
 
 
+def quantizes_output(head_dim: int) -> bool:
+    """Whether decode_attention can hand o_proj its input as an Fp8Activation: each head
+    must be exactly one 1x128 quantization group."""
+    return head_dim == FP8_GROUP
+
+
 def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None,
-                     splits: int | None = None) -> torch.Tensor:
+                     splits: int | None = None, quantize: bool = False) -> torch.Tensor | Fp8Activation:
     """q [B, H, D] (one token per sequence) -> [B, H, D]; ``tiles`` default: the cache
-    dtype's (EngineKernels.attention_tiles); ``splits`` default: decode_splits."""
+    dtype's (EngineKernels.attention_tiles); ``splits`` default: decode_splits. ``quantize``
+    (where quantizes_output(D)): an Fp8Activation of shape [B, H * D] instead, bit for bit
+    quantize_activation_fp8 of the BF16 result, for a block-FP8 o_proj (one launch fewer)."""
     tiles = tiles or _tiles(cache)
     from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
 
@@ -75,9 +84,12 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     hkv = cache.kv_heads
     group = h // hkv
     _check_value_tiles(cache, tiles.decode_block_s)
+    if quantize and not quantizes_output(d):
+        raise ValueError(f"decode attention quantizes its output for heads of {FP8_GROUP} only, got head_dim {d}")
     if splits is None:
         splits = decode_splits(b, hkv, q.device, tiles)
-    out = torch.empty_like(q)
+    out = q if quantize else torch.empty_like(q)  # quantized: a placeholder the kernels never store to
+    codes, scales = fp8_activation_buffers(b, h * d, q.device) if quantize else (out, out)
     k, v, ks, vs = _pools(cache, layer)
     if splits > 1:
         part_o = torch.empty(b, h, splits, d, dtype=torch.float32, device=q.device)
@@ -86,14 +98,18 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         part_o = part_ml = out  # placeholders (never stored to)
     tables = batch.block_tables
     paged_decode_kernel[(b, hkv, splits)](
-        q, k, v, ks, vs, tables, batch.context_lens, out, part_o, part_ml, d**-0.5,
-        q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1),
+        q, k, v, ks, vs, tables, batch.context_lens, out, part_o, part_ml, codes, scales, d**-0.5,
+        q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1), codes.stride(0), scales.stride(-1),
         HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_SIZE=cache.block_size,
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
-        KEYS_ON_M=tiles.decode_keys_on_m, num_warps=tiles.decode_warps, num_stages=tiles.decode_stages)
+        KEYS_ON_M=tiles.decode_keys_on_m, QUANT_OUT=quantize, num_warps=tiles.decode_warps,
+        num_stages=tiles.decode_stages)
     if splits > 1:
-        merge_splits_kernel[(b, h)](part_o, part_ml, out, out.stride(0), out.stride(1), H=h, D=d,
-                                    D_PAD=next_pow2(d, 16), SPLITS=splits, S_PAD=next_pow2(splits, 2))
+        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
+                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
+                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
+    if quantize:
+        return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
     return out
 
 
@@ -168,11 +184,12 @@ def attend(q: torch.Tensor, cache, layer: int, batch) -> torch.Tensor:
     return prefill_attention(q.contiguous(), cache, layer, batch)
 
 
-def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin, cache, layer: int, batch
-                    ) -> torch.Tensor:
+def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin, cache, layer: int, batch,
+                    quantize: bool = False) -> torch.Tensor | Fp8Activation:
     """A decode step from the fused q/k/v projection [B, (H + 2 Hkv) D] (biases already
     added): the per-head QK-norms (none where ``q_norm_w`` is None: a family without them),
-    rotary and the key/value store in one launch, then attention -> [B, H, D]."""
+    rotary and the key/value store in one launch, then attention -> [B, H, D] (``quantize``:
+    decode_attention's Fp8Activation for a block-FP8 o_proj)."""
     from quantroll.kernels.paged_attention_triton import store_kv_kernel
 
     b = qkv.shape[0]
@@ -185,4 +202,4 @@ def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin,
         qkv, q_norm_w if qk_norm else qkv, k_norm_w if qk_norm else qkv, cos2, sin2, q, k, v, ks, vs, batch.slots,
         eps, qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1), HQ=h, HKV=hkv, D=d, FP8=cache.quantized,
         BLOCK_SIZE=cache.block_size, QK_NORM=qk_norm, num_warps=1)
-    return decode_attention(q, cache, layer, batch)
+    return decode_attention(q, cache, layer, batch, quantize=quantize)

@@ -14,7 +14,10 @@ for that one indirection per tile.
   of the sequence's positions (whole tiles) and writes a partial result, which
   ``merge_splits_kernel`` combines (flash-decoding): that is what fills the GPU when
   batch x KV heads is small and contexts are long. Lengths come from device memory, so
-  the kernels are CUDA-graph safe while sequences grow.
+  the kernels are CUDA-graph safe while sequences grow. Two forms of its key loop: the
+  query group on the MMA's M side (rows), or the keys (``_decode_keys_on_m``, swap-AB).
+  Its output can leave already quantized for a block-FP8 o_proj (QUANT_OUT: heads of 128
+  are one 1x128 group each), which saves that linear its activation-quantize launch.
 - ``paged_prefill_kernel``: any number of query tokens per sequence (new prompts, chunks
   of long prompts, recomputed sequences), flattened; queries attend causally to all of
   their sequence's positions up to their own, cached prefix included.
@@ -37,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantroll.kernels.fused_triton import FP32_TINY, _norm_rope, _rope
+from quantroll.kernels.fused_triton import FP32_TINY, _norm_rope, _quant_fp8_groups, _rope
 
 
 @triton.jit
@@ -197,11 +200,15 @@ def _decode_keys_on_m(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, start, end, sm
 
 
 @triton.jit
-def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, sm_scale,
-                        s_qb, s_qh, s_tb, s_ob, s_oh,
+def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, c_ptr, cs_ptr,
+                        sm_scale, s_qb, s_qh, s_tb, s_ob, s_oh, s_cb, s_csg,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
                         G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
-                        FP8: tl.constexpr, IEEE: tl.constexpr, KEYS_ON_M: tl.constexpr):
+                        FP8: tl.constexpr, IEEE: tl.constexpr, KEYS_ON_M: tl.constexpr, QUANT_OUT: tl.constexpr):
+    """Program (sequence, KV head, split). QUANT_OUT (D = 128, one split): the output is
+    handed to a block-FP8 o_proj already quantized, each head one 1x128 group: E4M3 codes
+    at ``c_ptr`` [B, H * D] and scales at ``cs_ptr`` (sequence b, head h at b + h * s_csg),
+    bit for bit what act_quant_fp8_kernel makes of the BF16 output, which is not stored."""
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -236,8 +243,13 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
                                                  D, BLOCK_SIZE, COMPUTE, FP8, IEEE, False)
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
-        tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
-                 mask=out_ok)
+        out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
+        if QUANT_OUT:
+            codes, scales = _quant_fp8_groups(tl.where(out_ok, out.to(tl.float32), 0.0), G_PAD)
+            tl.store(c_ptr + b * s_cb + heads[:, None] * D + offs_d[None, :], codes, mask=out_ok)
+            tl.store(cs_ptr + b + heads * s_csg, scales, mask=g_ok)
+        else:
+            tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], out, mask=out_ok)
     else:
         # partials [B, H, SPLITS, D] (acc / l) and [B, H, SPLITS, 2] (m, l); an empty split stores l = 0
         row = (b * (HKV * GROUP) + heads) * SPLITS + split
@@ -248,9 +260,11 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
 
 
 @triton.jit
-def merge_splits_kernel(po_ptr, pml_ptr, o_ptr, s_ob, s_oh, H: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                        SPLITS: tl.constexpr, S_PAD: tl.constexpr):
-    """Program (sequence, query head): the log-sum-exp weighted mean of the splits."""
+def merge_splits_kernel(po_ptr, pml_ptr, o_ptr, c_ptr, cs_ptr, s_ob, s_oh, s_cb, s_csg, H: tl.constexpr,
+                        D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+                        QUANT_OUT: tl.constexpr):
+    """Program (sequence, query head): the log-sum-exp weighted mean of the splits; with
+    QUANT_OUT stored as the decode kernel's quantized output (D = 128: one group)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, S_PAD)
@@ -263,8 +277,13 @@ def merge_splits_kernel(po_ptr, pml_ptr, o_ptr, s_ob, s_oh, H: tl.constexpr, D: 
     m_all = tl.max(m, axis=0)
     w = tl.where(l > 0, l * tl.exp(m - m_all), 0.0)
     o = tl.load(po_ptr + row[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
-    tl.store(o_ptr + b * s_ob + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
+    out = (tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)).to(o_ptr.dtype.element_ty)
+    if QUANT_OUT:
+        codes, scales = _quant_fp8_groups(tl.where(offs_d < D, out.to(tl.float32), 0.0), 1)
+        tl.store(c_ptr + b * s_cb + h * D + offs_d[None, :], codes, mask=(offs_d < D)[None, :])
+        tl.store(cs_ptr + b + h * s_csg + tl.arange(0, 1), scales)
+    else:
+        tl.store(o_ptr + b * s_ob + h * s_oh + offs_d, out, mask=offs_d < D)
 
 
 @triton.jit

@@ -90,6 +90,44 @@ def check_silu_mul(device: str, inter: int, shape: tuple[int, ...]) -> None:
     check_quantized_output(act, y)
 
 
+def check_decode_attention(device: str) -> None:
+    """Paged decode attention handing o_proj its input quantized (heads of 128: one group
+    each), in one split (the decode kernel's epilogue) and in three (the merge kernel), over
+    a BF16 and an FP8 cache; heads of 64 are refused. Interpreted by
+    test_paged_attention_interpreted.py (Triton 3.8's interpreter runs the key loops)."""
+    import dataclasses
+
+    from quantroll.bench.shapes import shape_config
+    from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache
+    from quantroll.kernels import paged_attention
+
+    cfg = dataclasses.replace(shape_config("qwen3-8b", 1), num_attention_heads=8, num_key_value_heads=2, head_dim=128)
+    contexts = [5, 40, 1]
+    g = torch.Generator().manual_seed(3)
+    for kv_dtype in ("bf16", "fp8_e4m3"):
+        cache = PagedKVCache(cfg, 8, 16, torch.bfloat16, kv_dtype, device, gpu_kernels=False)
+        table = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 0, 0]], dtype=torch.int32, device=device)
+        slots = [table[i, p // 16].item() * 16 + p % 16 for i, c in enumerate(contexts) for p in range(c)]
+        cache.batch = AttentionBatch(torch.tensor(slots, device=device), table,
+                                     torch.tensor(contexts, dtype=torch.int32, device=device), None)
+        kv = torch.randn(2, len(slots), 2, 128, generator=g).to(torch.bfloat16).to(device)
+        cache.write(0, kv[0], kv[1] * torch.logspace(-2, 2, 128).to(torch.bfloat16).to(device))
+        q = torch.randn(len(contexts), 8, 128, generator=g).to(torch.bfloat16).to(device)
+        for splits in (1, 3):
+            tiles = paged_attention.PagedTiles(decode_block_s=16, max_splits=splits)
+            y = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
+            act = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits, quantize=True)
+            check_quantized_output(act, y.reshape(len(contexts), 8 * 128))
+    small = dataclasses.replace(cfg, head_dim=64)
+    cache = PagedKVCache(small, 8, 16, torch.bfloat16, "bf16", device, gpu_kernels=False)
+    with pytest.raises(ValueError, match="heads of 128 only"):
+        paged_attention.decode_attention(torch.zeros(1, 8, 64, dtype=torch.bfloat16, device=device), cache, 0,
+                                         AttentionBatch(torch.zeros(1, dtype=torch.long, device=device),
+                                                        torch.ones(1, 1, dtype=torch.int32, device=device),
+                                                        torch.ones(1, dtype=torch.int32, device=device), None),
+                                         quantize=True)
+
+
 def check_kernels(device: str) -> None:
     for hidden in (256, 384):  # 384: the norm's power-of-two block holds a group past the row
         check_add_rmsnorm(device, hidden, (3,), with_delta=True)
@@ -207,6 +245,7 @@ def test_kernels_on_gpu():
     for hidden in (4096, 5120):  # real widths; 5120 in a block of 8192
         check_add_rmsnorm("cuda", hidden, (16,), with_delta=True)
     check_silu_mul("cuda", 12288, (64,))
+    check_decode_attention("cuda")
 
 
 @gpu
@@ -241,9 +280,10 @@ def test_fp8_engine_same_bits_with_and_without_fused_quantization(graphs, monkey
     for a, b in zip(results[False], results[True]):
         assert a.tokens == b.tokens
         assert a.logprobs == b.logprobs
-    if not graphs:  # per forward and layer: 4 linears quantize, fused only o_proj (the decode steps run in
-        # chunks of SchedulerConfig.decode_steps, 8 on a GPU: 16 steps for these 11 tokens)
-        assert launches == {False: forwards * 2 * 4, True: forwards * 2 * 1}, launches
+    if not graphs:  # per forward and layer: 4 linears quantize; fused, only the prefill's o_proj (a decode
+        # step's attention hands it over quantized). Decode steps run in chunks of SchedulerConfig.decode_steps,
+        # 8 on a GPU: 16 steps for these 11 tokens
+        assert launches == {False: forwards * 2 * 4, True: 1 * 2 * 1}, launches
 
 
 def main() -> int:

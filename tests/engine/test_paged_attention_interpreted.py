@@ -1,7 +1,8 @@
 """The paged attention kernels' indexing on a CPU, under Triton's interpreter (this file
 run as a script, in float32 so the dots are exact enough to compare tightly): decode with
 and without split-KV, prefill over cached prefixes with GQA and a head size that is not a
-power of two, an FP8 cache's layout and scales, the decode store kernel, the batch-invariant attention (engine side equal
+power of two, an FP8 cache's layout and scales, the decode store kernel, the output quantized for a
+block-FP8 o_proj (test_fused_quant.check_decode_attention), the batch-invariant attention (engine side equal
 to the trainer side, bit for bit), and a whole engine whose cache runs the kernels
 against one that runs the reference. The device runs them compiled
 (test_paged_attention_gpu.py); the interpreter cannot check FP8 bits."""
@@ -202,5 +203,8 @@ if __name__ == "__main__":
     check_fp8()
     check_invariant()
     check_engine()
+    from tests.engine.test_fused_quant import check_decode_attention
+
+    check_decode_attention("cpu")  # the output handed to a block-FP8 o_proj already quantized
     print("paged kernels ok")
     sys.exit(0)

@@ -6,7 +6,7 @@ order inside the RMS mean:
 
 - ``add_rmsnorm``: residual = x + delta (rounded), y = weight * bf16(r * rsqrt(mean r^2 + eps))
 - ``_norm_rope``: RMSNorm of one q or k head and its rotary embedding (rotate-half
-  form), for the paged cache's store kernel (paged_attention_triton.py)
+  form), for the paged cache's store kernel (kv_store_triton.py)
 - ``silu_mul``: bf16(silu(gate)) * up, rounded
 
 ``add_rmsnorm`` and ``silu_mul`` have a ``QUANT`` variant for when their output feeds a

@@ -190,7 +190,7 @@ def decode_from_qkv(qkv: torch.Tensor, q_norm_w, k_norm_w, eps: float, cos, sin,
     added): the per-head QK-norms (none where ``q_norm_w`` is None: a family without them),
     rotary and the key/value store in one launch, then attention -> [B, H, D] (``quantize``:
     decode_attention's Fp8Activation for a block-FP8 o_proj)."""
-    from quantroll.kernels.paged_attention_triton import store_kv_kernel
+    from quantroll.kernels.kv_store_triton import store_kv_kernel
 
     b = qkv.shape[0]
     h, hkv, d = cache.heads, cache.kv_heads, cache.head_dim

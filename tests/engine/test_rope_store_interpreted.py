@@ -1,4 +1,4 @@
-"""The decode store kernel with its QK-norm off (paged_attention_triton.store_kv_kernel,
+"""The decode store kernel with its QK-norm off (kv_store_triton.store_kv_kernel,
 QK_NORM False: the families without QK-norm) on a CPU, under Triton's interpreter (this file run as a script, float32): rotary and the k/v
 store bit for bit against the model's apply_rotary, and whole Llama / Qwen2 engines (the
 latter with q/k/v biases in the fused projection) whose cache runs the kernels against

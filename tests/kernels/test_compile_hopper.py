@@ -50,10 +50,15 @@ CASES = [
        dict(QUANT=quant, BLOCK=1024, RELEASE=quant), {}) for quant in (False, True)],
     *[("paged_attention_triton", "paged_decode_kernel",
        {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",
-        "len_ptr": "i32", "o_ptr": "bf16", "po_ptr": "fp32", "pml_ptr": "fp32"},
-       dict(HKV=8, D=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_S=64 if kv == "bf16" else 128,
-            SPLITS=splits, FP8=kv == "fp8e4nv", IEEE=False), dict(num_warps=4, num_stages=3))  # the engine's tiles
-      for kv in ("bf16", "fp8e4nv") for splits in (1, 8)],
+        "len_ptr": "i32", "o_ptr": "bf16", "po_ptr": "fp32", "pml_ptr": "fp32", "c_ptr": "fp8e4nv", "cs_ptr": "fp32"},
+       dict(HKV=8, D=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_S=keys or (64 if kv == "bf16" else 128),
+            SPLITS=splits, FP8=kv == "fp8e4nv", IEEE=False, KEYS_ON_M=keys_on_m, QUANT_OUT=quant),
+       dict(num_warps=8 if keys == 256 else 4, num_stages=3))  # the engine's tiles, then the keys-on-M candidates
+      for kv in ("bf16", "fp8e4nv") for splits in (1, 8) for keys_on_m, keys in ((False, 0), (True, 128), (True, 256))
+      for quant in ((False, True) if splits == 1 and not keys_on_m else (False,))],
+    *[("paged_attention_triton", "merge_splits_kernel",
+       {"po_ptr": "fp32", "pml_ptr": "fp32", "o_ptr": "bf16", "c_ptr": "fp8e4nv", "cs_ptr": "fp32"},
+       dict(H=32, D=128, D_PAD=128, SPLITS=8, S_PAD=8, QUANT_OUT=quant), {}) for quant in (False, True)],
     *[("paged_attention_triton", "paged_prefill_kernel",
        {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",
         "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},
@@ -79,7 +84,7 @@ CASES = [
       "start_ptr": "i32", "ctx_ptr": "i32", "o_ptr": "bf16"},
      dict(HKV=8, D=128, D_PAD=128, GROUP=2, BLOCK_SIZE=16, BLOCK_M=16, BLOCK_N=64, FP8=False, IEEE=False),
      dict(num_warps=4, num_stages=2)),
-    *[("paged_attention_triton", "store_kv_kernel",  # QK_NORM False: the families without QK-norm
+    *[("kv_store_triton", "store_kv_kernel",  # QK_NORM False: the families without QK-norm
        {p: "bf16" for p in ("qkv_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
        | {"k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "slot_ptr": "i64"},
        dict(HQ=32, HKV=8, D=128, FP8=kv == "fp8e4nv", BLOCK_SIZE=16, QK_NORM=qk_norm), dict(num_warps=1))

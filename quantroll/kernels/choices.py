@@ -31,7 +31,8 @@ class EngineKernels:
     its values positions-minor, 128 keys / 3 stages at 1.5x (2026-12-03: 100 us at 64 x 2048,
     197 at 256 x 1024; 150 and 235 with 2 stages). early_launch: the CUDA
     decode GEMM requests its first weight bytes while the kernel before it finishes
-    (programmatic dependent launch), and ``releasing_producers`` let it start at theirs."""
+    (programmatic dependent launch), and ``releasing_producers`` let it start at theirs; the
+    CUTLASS GEMMs are launched the same way (their loads wait for the kernel before them)."""
 
     fp8_gemms: GemmPlan = FP8_GEMMS
     fuse_activation_quant: bool = True

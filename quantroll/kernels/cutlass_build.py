@@ -45,7 +45,7 @@ STEM = "cutlass_fp8_gemm"
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"  # wgmma and setmaxnreg exist only on sm_90a
 FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", ARCH, "-DNDEBUG", "-Xcompiler=-fPIC", "-Xptxas=-v")
 OUT_TYPES = ("bf16", "f32")  # QR_OUT values: the engine's BF16 output, float32 for the numerics rule
-ABI_VERSION = 1  # bump with any change of the extern "C" signatures
+ABI_VERSION = 2  # bump with any change of the extern "C" signatures (2: qr_cutlass_fp8_gemm's pdl)
 
 
 class CutlassUnavailable(RuntimeError):
@@ -181,7 +181,7 @@ class Library:
         lib = ctypes.CDLL(str(path))
         i, ll, p, sz = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_size_t
         problem = [i, i, i, p, ll, p, ll, i, p, ll, p, ll, p, ll, i, i]  # m, n, k, a.., y, ldy, splits, device
-        lib.qr_cutlass_fp8_gemm.argtypes = [i, i, *problem, p, sz, p]
+        lib.qr_cutlass_fp8_gemm.argtypes = [i, i, *problem, p, sz, p, i]
         lib.qr_cutlass_can_implement.argtypes = [i, i, *problem]
         lib.qr_cutlass_workspace_size.argtypes = [i, i, i, i, i, ll, ll, i, ll, ll, ll, i, i, ctypes.POINTER(sz)]
         lib.qr_cutlass_status_string.argtypes = [i]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from quantroll.kernels import cutlass_build
-from quantroll.kernels.cuda_jit import CompileError
+from quantroll.kernels.cuda_jit import CompileError, early_launch_accepted
 
 log = logging.getLogger(__name__)
 
@@ -205,11 +205,14 @@ def can_implement(m: int, n: int, k: int, which=0, out_dtype=torch.bfloat16, spl
 
 
 def cutlass_fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, which=0, splits: int = 0,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
     """y [M, N] = (aq * a_s) @ (wq * w_s)^T in ``out_dtype`` (bf16, or float32 for checks)
     by CUTLASS config ``which`` (id, name or CutlassGemmConfig); ``splits`` for stream-K
     configs: 0 CUTLASS's heuristic (stream-K where it pays), 1 none, s > 1 split-K.
-    ``out``: a contiguous [M, N] tensor of ``out_dtype`` to write (else a new one)."""
+    ``out``: a contiguous [M, N] tensor of ``out_dtype`` to write (else a new one). ``early``:
+    a programmatic dependent launch (EngineKernels.early_launch) where the device and driver
+    take one (cuda_jit.early_launch_accepted): the kernel may be scheduled while the kernel
+    before it finishes, its loads waiting for that kernel's writes."""
     cfg = config(which)
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"CUTLASS FP8 GEMM: out_dtype {out_dtype} not built (bfloat16 or float32)")
@@ -237,7 +240,7 @@ def cutlass_fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, which=0, splits
         workspace = torch.empty(max(need.value, 1), dtype=torch.uint8, device=aq.device)
         stream = torch.cuda.current_stream(aq.device).cuda_stream
         status = lib.lib.qr_cutlass_fp8_gemm(*args, ctypes.c_void_p(workspace.data_ptr()), need.value,
-                                             ctypes.c_void_p(stream))
+                                             ctypes.c_void_p(stream), int(early and early_launch_accepted(device)))
     if status != 0:
         raise CutlassGemmError(f"CUTLASS FP8 GEMM {cfg.name} on M={m} N={n} K={k} (splits {splits}): "
                                f"{lib.status_string(status)} (status {status})")

@@ -129,8 +129,8 @@ def gemm_path(m: int, n: int, k: int, device: torch.device, out_dtype: torch.dty
 
 def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GEMMS, early: bool = True
              ) -> torch.Tensor:
-    """The FP8 GEMM for an activation of M rows, by ``plan``; ``early``: the CUDA decode
-    kernel's programmatic dependent launch (EngineKernels.early_launch)."""
+    """The FP8 GEMM for an activation of M rows, by ``plan``; ``early``: the CUDA decode and
+    CUTLASS kernels' programmatic dependent launch (EngineKernels.early_launch)."""
     m, k = aq.shape
     n = wq.shape[0]
     if m == 0:  # an empty batch: no launch (a grid dimension of 0 is not launchable)
@@ -143,7 +143,7 @@ def fp8_gemm(aq, a_s, wq, w_s, out_dtype=torch.bfloat16, plan: GemmPlan = FP8_GE
     if row.kernel == "cutlass":
         from quantroll.kernels.cutlass_gemm import cutlass_fp8_gemm
 
-        return cutlass_fp8_gemm(aq, a_s, wq, w_s, out_dtype, row.tiles.config, row.tiles.splits)
+        return cutlass_fp8_gemm(aq, a_s, wq, w_s, out_dtype, row.tiles.config, row.tiles.splits, early=early)
     if row.kernel == "triton decode":
         return fp8_gemm_decode(aq, a_s, wq, w_s, out_dtype, row.tiles)
     if row.kernel == "cublas":

@@ -286,6 +286,45 @@ def test_graph_replay_matches_eager(cfg):
 
 @gpu
 @needs_hopper
+@pytest.mark.parametrize("cfg", cutlass_gemm.CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [16, 48, 200])
+def test_early_launch_reads_what_the_releasing_norm_wrote(cfg, m):
+    """The engine's pattern: the fused RMSNorm quantizes the activation and releases its
+    dependents at its start (griddepcontrol.launch_dependents); the GEMM launched early
+    (programmatic dependent launch) must still read the codes and scales the norm wrote: bit
+    for bit the ordinary launch's output, eagerly and replayed from a CUDA graph."""
+    from quantroll.kernels.fused import add_rmsnorm
+
+    hidden, n = 4096, 6144
+    torch.manual_seed(m)
+    x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
+    weight = torch.ones(hidden, device="cuda", dtype=torch.bfloat16)
+    w = _gpu_case(8, n, hidden, seed=3).quantized[0]
+
+    def step(early: bool):
+        _, act = add_rmsnorm(x, None, weight, 1e-6, quantize=True)
+        return cutlass_gemm.cutlass_fp8_gemm(act.codes, act.scales, w.data, w.scale, torch.bfloat16, cfg, early=early)
+
+    ordinary = step(False)
+    assert torch.equal(step(True), ordinary)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step(True)
+    for _ in range(3):
+        y.fill_(float("nan"))
+        x.mul_(-1)  # new inputs each replay: a read of the previous replay's codes would show
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, step(False))
+
+
+@gpu
+@needs_hopper
 def test_a_refused_shape_raises_with_cutlass_status():
     case = _gpu_case(16, 256, 2048)
     w = case.quantized[0]

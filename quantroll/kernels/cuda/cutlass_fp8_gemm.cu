@@ -35,6 +35,15 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+// Programmatic dependent launch (qr_cutlass_fp8_gemm's `pdl`): the kernels' producer warps wait
+// (griddepcontrol.wait) before their first global load. Enabled here for the sm_90a device pass
+// rather than with CUTLASS_ENABLE_GDC_FOR_SM90, which also compiles an early-release hint that
+// CUTLASS 4.2's stream-K scheduler does not compile (is_last_tile binds a const member to a
+// non-const reference); without that hint the kernels only release their dependents at exit.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CUTLASS_GDC_ENABLED
+#endif
+
 #include "cutlass/cutlass.h"
 #include "cutlass/numeric_types.h"
 
@@ -75,6 +84,7 @@ struct Problem {
   int splits;  // stream-K configs: 0 heuristic, 1 data-parallel, > 1 split-K into that many
   int device;
   int sm_count;
+  int pdl;  // launch with programmatic stream serialization (the kernels wait on the grid before them)
 };
 
 enum class Action : int { kRun = 0, kCanImplement = 1, kWorkspace = 2 };
@@ -240,7 +250,7 @@ struct Blockwise {
     Gemm gemm;
     status = gemm.initialize(args, workspace, stream);
     if (status != cutlass::Status::kSuccess) return int(status);
-    status = gemm.run(stream);
+    status = gemm.run(stream, nullptr, p.pdl != 0);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return kCudaErrorBase + int(err);
     return int(status);
@@ -339,7 +349,7 @@ static int call(int config, int out, Action action, Problem& p, void* workspace,
 static Problem problem(int m, int n, int k, const void* a, long long lda, const float* a_s, long long ld_as,
                        int as_rows, const void* w, long long ldw, const float* w_s, long long ld_ws, void* y,
                        long long ldy, int splits, int device) {
-  return Problem{m, n, k, a, lda, a_s, ld_as, as_rows, w, ldw, w_s, ld_ws, y, ldy, splits, device, 0};
+  return Problem{m, n, k, a, lda, a_s, ld_as, as_rows, w, ldw, w_s, ld_ws, y, ldy, splits, device, 0, 0};
 }
 
 }  // namespace qr
@@ -352,12 +362,15 @@ int qr_cutlass_num_configs() { return qr::kNumConfigs; }
 int qr_cutlass_abi_version() { return QR_ABI; }
 unsigned long long qr_cutlass_source_key() { return QR_SOURCE_KEY; }
 
-// y = (a * a_s) @ (w * w_s)^T on `stream`; 0 or a status (qr_cutlass_status_string).
+// y = (a * a_s) @ (w * w_s)^T on `stream`; 0 or a status (qr_cutlass_status_string). `pdl`: a programmatic
+// dependent launch (built with CUTLASS_ENABLE_GDC_FOR_SM90, the kernel's loads wait for the grid before it, so it
+// may be scheduled while that grid finishes; without a prerequisite grid the wait returns at once).
 int qr_cutlass_fp8_gemm(int config, int out, int m, int n, int k, const void* a, long long lda, const float* a_s,
                         long long ld_as, int as_rows, const void* w, long long ldw, const float* w_s,
                         long long ld_ws, void* y, long long ldy, int splits, int device, void* workspace,
-                        size_t workspace_bytes, void* stream) {
+                        size_t workspace_bytes, void* stream, int pdl) {
   qr::Problem p = qr::problem(m, n, k, a, lda, a_s, ld_as, as_rows, w, ldw, w_s, ld_ws, y, ldy, splits, device);
+  p.pdl = pdl;
   return qr::call(config, out, qr::Action::kRun, p, workspace, workspace_bytes, static_cast<cudaStream_t>(stream),
                   nullptr);
 }

@@ -67,7 +67,8 @@ def _rel_err(a, b):
                                    paged_attention.PagedTiles(decode_block_s=128, decode_stages=2),
                                    paged_attention.PagedTiles(decode_block_s=64, decode_keys_on_m=True),
                                    paged_attention.PagedTiles(decode_block_s=128, decode_keys_on_m=True),
-                                   paged_attention.PagedTiles(decode_block_s=256, decode_keys_on_m=True, decode_warps=8)],
+                                   paged_attention.PagedTiles(decode_block_s=256, decode_keys_on_m=True,
+                                                              decode_warps=8)],
                          ids=["default", "bs64", "bs128", "keys-on-m-64", "keys-on-m-128", "keys-on-m-256"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("contexts", [[1], [8191], [3, 4097], [1, 17, 300, 2049, 33, 64, 65, 5000]])

@@ -3,7 +3,7 @@ graph replay: BF16 vs FP8 caches, per batch and context, against the bytes it mu
 (each sequence's keys and values once, FP8 scales included) at the copy bandwidth.
 
     python bench/paged_attention.py [--shape qwen3-1.7b] [--cases 1x4096,16x2048,64x2048,256x1024]
-        [--sweep [--sweep-kv fp8_e4m3] [--sweep-layouts rows,keys-on-m] [--sweep-keys 64,128,256]]
+        [--sweep [--sweep-kv fp8_e4m3] [--sweep-layouts rows,keys-on-m,cuda] [--sweep-keys 64,128,256]]
 """
 
 from __future__ import annotations
@@ -62,6 +62,21 @@ def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None, splits=
     return us, nbytes
 
 
+def sweep_variants(args) -> list[tuple[str, int, int, int]]:
+    """(layout, keys per tile, warps, stages) of --sweep: the Triton layouts over the grid,
+    the CUDA FP8 kernel (its own 32-key chunks and 2 stages) at each of its warp counts."""
+    from quantroll.kernels.paged_decode_cuda import WARPS
+
+    out = []
+    for lay in args.sweep_layouts.split(","):
+        if lay == "cuda":
+            out += [("cuda", 32, w, 2) for w in WARPS]
+        else:
+            out += [(lay, int(bs), w, int(st)) for bs, w, st in
+                    itertools.product(args.sweep_keys.split(","), (4, 8), args.sweep_stages.split(","))]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-1.7b")
@@ -70,7 +85,8 @@ def main() -> None:
                     help="also time decode tile variants (dot layout, keys per tile, warps, stages)")
     ap.add_argument("--sweep-kv", default="bf16,fp8_e4m3", help="the cache dtypes --sweep covers")
     ap.add_argument("--sweep-layouts", default="rows,keys-on-m",
-                    help="the decode dot layouts --sweep covers: rows (query group on the MMA's M side), keys-on-m")
+                    help="the decode kernels --sweep covers: rows (Triton, query group on the MMA's M side), keys-on-m "
+                         "(Triton, swap-AB), cuda (the CUDA FP8-cache kernel, kernels/paged_decode_cuda.py)")
     ap.add_argument("--sweep-keys", default="64,128", help="keys per decode tile --sweep covers")
     ap.add_argument("--sweep-stages", default="2,3,4", help="pipeline stages --sweep covers")
     ap.add_argument("--splits", default=None, help="also time these split counts (comma-separated) at the default tiles")
@@ -96,12 +112,10 @@ def main() -> None:
                 us, _ = case(cfg, kv, b, c, splits=n, check=check)
                 print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep and kv in args.sweep_kv.split(","):
-                layouts = args.sweep_layouts.split(",")
-                keys = [int(x) for x in args.sweep_keys.split(",")]
-                stages = [int(x) for x in args.sweep_stages.split(",")]
-                for lay, bs, w, st in itertools.product(layouts, keys, (4, 8), stages):
+                for lay, bs, w, st in sweep_variants(args):
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
-                                                decode_stages=st, decode_keys_on_m=lay == "keys-on-m")
+                                                decode_stages=st, decode_keys_on_m=lay == "keys-on-m",
+                                                decode_kernel="cuda" if lay == "cuda" else "triton")
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles, check=check)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result

@@ -80,10 +80,12 @@ def describe_attention(plan: ForwardPlan, device: torch.device, kv_cache_dtype: 
         from quantroll.kernels.paged_attention import PROGRAMS_PER_SM
 
         t = kernels.gpu.attention_tiles(kv_cache_dtype != "bf16")
-        return (f"Triton paged attention over the {kv_cache_dtype} cache: decode tiles of {t.decode_block_s} keys, "
-                f"{t.decode_stages} stages, {t.decode_warps} warps, sequences split until ~{PROGRAMS_PER_SM} programs "
-                f"per SM; prefill tiles {t.prefill_block_m} x {t.prefill_block_n} (the measured table: "
-                "kernels/choices.py)")
+        decode = (f"CUDA FP8-cache decode kernel (kernels/paged_decode_cuda.py), {t.decode_warps} warps"
+                  if t.decode_kernel == "cuda" else
+                  f"decode tiles of {t.decode_block_s} keys, {t.decode_stages} stages, {t.decode_warps} warps")
+        return (f"Triton paged attention over the {kv_cache_dtype} cache: {decode}, sequences split until "
+                f"~{PROGRAMS_PER_SM} programs per SM; prefill tiles {t.prefill_block_m} x {t.prefill_block_n} (the "
+                "measured table: kernels/choices.py)")
     return f"torch reference attention over the {kv_cache_dtype} cache ({_no_gpu_kernels_reason(device)})"
 
 

@@ -21,10 +21,15 @@ class PagedTiles:
     decode_warps: int = 4
     decode_stages: int = 3
     decode_keys_on_m: bool = False  # swap-AB decode dots: keys on the MMA's M side (paged_attention_triton)
+    decode_kernel: str = "triton"  # or "cuda": paged_decode_cuda.py (FP8 caches; its own tiles, these unused)
     prefill_block_m: int = 64
     prefill_block_n: int = 64
     prefill_warps: int = 4
     max_splits: int = 16
+
+    def __post_init__(self):
+        if self.decode_kernel not in ("triton", "cuda"):
+            raise ValueError(f"PagedTiles.decode_kernel must be 'triton' or 'cuda', got {self.decode_kernel!r}")
 
 
 def _tiles(cache) -> PagedTiles:
@@ -97,6 +102,9 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     else:
         part_o = part_ml = out  # placeholders (never stored to)
     tables = batch.block_tables
+    if tiles.decode_kernel == "cuda":
+        return _decode_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize,
+                            tiles.decode_warps)
     paged_decode_kernel[(b, hkv, splits)](
         q, k, v, ks, vs, tables, batch.context_lens, out, part_o, part_ml, codes, scales, d**-0.5,
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1), codes.stride(0), scales.stride(-1),
@@ -108,6 +116,34 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
                                     scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
                                     S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
+    if quantize:
+        return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
+    return out
+
+
+def _decode_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
+                 warps: int):
+    """decode_attention on the CUDA FP8-cache kernel; its splits merged (and the result
+    quantized) by the Triton merge kernel, one split quantized by o_proj's own launch."""
+    from quantroll.kernels import paged_decode_cuda
+    from quantroll.kernels.paged_attention_triton import merge_splits_kernel
+
+    reason = paged_decode_cuda.unsupported_reason(cache, q)
+    if reason is not None:
+        raise ValueError(f"decode_kernel 'cuda' cannot read this cache: {reason}")
+    b, h, d = q.shape
+    if splits == 1 and quantize:
+        out = torch.empty_like(q)
+    paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
+                                 warps=warps if warps in paged_decode_cuda.WARPS else paged_decode_cuda.WARPS[0])
+    if splits > 1:
+        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
+                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
+                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
+    elif quantize:
+        from quantroll.kernels.fp8_linear import quantize_activation_fp8
+
+        codes, scales = quantize_activation_fp8(out.view(b, h * d))
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
     return out

@@ -4,6 +4,7 @@ FP8 caches; the decode store kernel against the model's own ops; and the engine'
 graphs across buckets and weight loads. Run on the device (skipped without CUDA)."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from quantroll.bench.shapes import random_model, shape_config  # noqa: E402
 from quantroll.engine import CacheConfig, Engine, SamplingParams  # noqa: E402
 from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache  # noqa: E402
 from quantroll.formats.kv_fp8 import quantize_kv  # noqa: E402
-from quantroll.kernels import paged_attention  # noqa: E402
+from quantroll.kernels import cuda_jit, paged_attention  # noqa: E402
 
 DEV = "cuda"
 
@@ -85,6 +86,77 @@ def test_paged_decode_matches_the_reference(kv_dtype, contexts, tiles):
     assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)  # P rounded to bf16 for the PV dot
 
 
+CUDA_DECODE = cuda_jit.unavailable_reason() is None
+needs_cuda_decode = pytest.mark.skipif(not CUDA_DECODE, reason=f"CUDA kernels: {cuda_jit.unavailable_reason()}")
+
+
+@needs_cuda_decode
+@pytest.mark.parametrize("heads,kv_heads", [(32, 8), (16, 8), (28, 4), (12, 2), (8, 8), (64, 4)],
+                         ids=["group4", "group2", "group7", "group6", "group1", "group16"])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("contexts", [[1], [31, 33], [1, 17, 300, 2049, 33, 64, 65, 5000]])
+def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_heads, splits, contexts):
+    """The CUDA FP8-cache decode kernel (paged_decode_cuda.py) against float32 attention over
+    the same dequantized cache, and against the Triton kernel (both round q and P' to
+    float16; their sums run in other orders): GQA groups 1-16, partial chunks and blocks,
+    one split (its own output) and several (the Triton merge)."""
+    cfg = _cfg(heads, kv_heads, 128)
+    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts)
+    b = len(contexts)
+    q = torch.randn(b, heads, 128, device=DEV, dtype=torch.bfloat16)
+    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
+    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
+                                 max_context=max(contexts))
+    got = paged_attention.decode_attention(q, cache, 0, cache.batch, paged_attention.PagedTiles(decode_kernel="cuda"),
+                                           splits=splits)
+    ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)
+    assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)
+    triton = paged_attention.decode_attention(q, cache, 0, cache.batch, splits=splits)
+    assert _rel_err(got, triton) < 5e-3, _rel_err(got, triton)
+
+
+@needs_cuda_decode
+def test_cuda_fp8_decode_refuses_what_it_cannot_read_and_quantizes_for_o_proj():
+    """A BF16 cache or heads of 64 are refused with the reason (no silent Triton fall back);
+    the quantized output (one split: o_proj's own quantization; splits: the merge kernel's)
+    equals quantize_activation_fp8 of the BF16 result; the CUDA-graph replay equals eager."""
+    from quantroll.kernels.fp8_linear import quantize_activation_fp8
+
+    tiles = paged_attention.PagedTiles(decode_kernel="cuda")
+    for kv_dtype, head_dim, match in (("bf16", 128, "FP8"), ("fp8_e4m3", 64, "head_dim 128")):
+        cfg = _cfg(8, 2, head_dim)
+        cache, tables = _filled_cache(cfg, kv_dtype, [5])
+        cache.batch = AttentionBatch(torch.zeros(1, dtype=torch.long, device=DEV), tables,
+                                     torch.tensor([5], dtype=torch.int32, device=DEV), None, max_context=5)
+        q = torch.randn(1, 8, head_dim, device=DEV, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=match):
+            paged_attention.decode_attention(q, cache, 0, cache.batch, tiles)
+    cfg = _cfg()
+    contexts = [7, 300, 4100]
+    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts)
+    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
+    cache.batch = AttentionBatch(torch.zeros(3, dtype=torch.long, device=DEV), tables, ctx, None,
+                                 max_context=max(contexts))
+    q = torch.randn(3, 32, 128, device=DEV, dtype=torch.bfloat16)
+    for splits in (1, 4):
+        y = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
+        act = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits, quantize=True)
+        codes, scales = quantize_activation_fp8(y.reshape(3, 32 * 128))
+        assert torch.equal(act.codes.view(torch.uint8), codes.view(torch.uint8)) and torch.equal(act.scales, scales)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            replayed = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
+        replayed.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, y), splits
+
+
 def test_fp8_cache_ignores_stale_codes_and_scales_past_each_sequence():
     """Every code byte of the pool 448 (0x7E, the largest) and every scale NaN before the
     sequences' keys are written, as freed blocks keep what they held (never a NaN code: the
@@ -100,9 +172,10 @@ def test_fp8_cache_ignores_stale_codes_and_scales_past_each_sequence():
     cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
                                  max_context=max(contexts))
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)  # gathers the written positions only
-    for splits in (1, 4):
-        got = paged_attention.decode_attention(q, cache, 0, cache.batch, splits=splits)
-        assert torch.isfinite(got).all() and _rel_err(got, ref) < 1e-2, splits
+    kernels = [paged_attention.PagedTiles()] + ([paged_attention.PagedTiles(decode_kernel="cuda")] if CUDA_DECODE else [])
+    for splits, tiles in itertools.product((1, 4), kernels):
+        got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
+        assert torch.isfinite(got).all() and _rel_err(got, ref) < 1e-2, (splits, tiles.decode_kernel)
     starts = torch.arange(b + 1, dtype=torch.int32, device=DEV)
     cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, starts, max_query=1,
                                  max_context=max(contexts))

@@ -1,0 +1,398 @@
+// Paged decode attention over an FP8 (E4M3) KV cache: one query token per sequence, the
+// query heads of one KV head (a GQA group of at most 16) on the 16 rows of mma.sync.
+//
+// Why CUDA and not Triton: the Triton kernel (paged_attention_triton.py) reads an FP8 cache
+// at 1.22-1.32x its bytes' time where a BF16 cache reads at 1.0x. Compiled, its 128-key FP8
+// tile takes twice the instructions per byte of the BF16 tile (a register -> shared ->
+// register round trip of every widened operand, 12 barriers). Here each lane reads the E4M3
+// codes it multiplies, in 16- or 8-byte words, from a shared-memory stage that cp.async
+// filled, widens them to float16 (exact) in the registers mma.sync reads, and no operand is
+// rearranged after that: the order of a dot product's terms is free, so the keys and dims
+// each lane holds are chosen to be contiguous bytes of the cache as it is laid out.
+//
+// Cache layout (engine/paged_cache.py, FP8): keys [blocks, 16, HKV, 128] (a key's 128 dims
+// contiguous), values [blocks, HKV, 128, 16] (a block's 16 positions of one dim contiguous),
+// scales [blocks, HKV, 16] float32 per position and KV head for keys and for values.
+//
+// Work: block (sequence b, KV head, split) of WARPS warps; the split's keys in chunks of 32
+// (two cache blocks), chunk c to warp c % WARPS. Per chunk a warp computes
+//   S = Q K^T (M = 16 head rows, N = 32 keys in 4 n-tiles, K = 128 dims in 8 steps) and
+//   O += P V (M = 16, N = 128 dims in 16 n-tiles, K = 32 keys in 2 steps),
+// with lane (r, t) = (lane / 4, lane % 4):
+//   - dims: mma K step j takes dims 32t + 4j + {0, 1} in A/B slots (2t, 2t + 1) and
+//     32t + 4j + {2, 3} in slots (2t + 8, 2t + 9): a lane's 32 contiguous bytes of a key;
+//   - keys: lane t's keys are block t / 2 of the chunk, positions 8 (t % 2) + 0..7. S's
+//     n-tile 2s + h, column 2t + i holds position 8 (t % 2) + 4s + 2h + i, so the S fragment
+//     a lane holds is the P fragment (A operand) of the P V step s, and the value bytes it
+//     multiplies, positions 8 (t % 2) + 4s + 0..3 of one dim, are one 4-byte word.
+// Scales: a key's scale multiplies its column of S; a value's scale, divided by the chunk's
+// largest (`top`, so P stays in [0, 1] where float16 is fine), its column of P; the
+// accumulator is kept in units of the last chunk's `top` and rescaled with the softmax.
+// Softmax in float32 and base 2 (ex2.approx, as Triton's exp), the running sum per lane,
+// summed at the end. The WARPS partial results meet in shared memory; with SPLITS > 1 the
+// block writes (O / l, m, l) per head for paged_attention_triton.merge_splits_kernel (m in
+// natural-log units, as the Triton decode kernel writes it).
+
+#include <math.h>
+
+#include "gemv_fragments.cuh"
+
+namespace {
+
+using namespace quantroll_gemv;
+
+constexpr int D = 128;           // head_dim
+constexpr int BLOCK = 16;        // positions per cache block
+constexpr int CHUNK = 32;        // keys per warp step (two cache blocks)
+constexpr int KEY_STAGE = CHUNK * D;                 // 4 KB of key codes
+constexpr int VALUE_PAGE = D * BLOCK + 64;           // 2 KB of value codes + 64 B (second block's bank shift)
+constexpr int VALUE_STAGE = 2 * VALUE_PAGE;
+constexpr int SCALE_STAGE = 2 * 2 * BLOCK * 4;       // key and value scales of two blocks
+constexpr int STAGE = KEY_STAGE + VALUE_STAGE + SCALE_STAGE;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two float32 -> one f16x2 register: `lo` in the lower half (the mma slot of the lower column).
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
+
+// The 4 E4M3 codes of `word` as two f16x2 registers: bytes 0-1 into `lo`, bytes 2-3 into `hi`
+// (the halves taken as 16-bit registers: no shift before the conversion).
+__device__ __forceinline__ void widen4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  uint16_t a, b;
+  asm("mov.b32 {%0, %1}, %2;" : "=h"(a), "=h"(b) : "r"(word));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"(a));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"(b));
+}
+
+// Byte offset of 16-byte piece `c` of key row `row` in a key stage: pieces XOR-swizzled by
+// the row, so that the 8 rows a quarter warp reads at once fall in distinct banks.
+__device__ __forceinline__ int key_piece(int row, int c) { return row * D + ((c ^ (row & 7)) << 4); }
+
+struct Chunk {
+  int first_key;   // absolute position of the chunk's first key
+  int blocks[2];   // cache blocks of its two halves (0, in bounds, past the sequence)
+};
+
+__device__ __forceinline__ Chunk chunk_at(const int* table_row, int first_key, int length) {
+  Chunk c;
+  c.first_key = first_key;
+  const int pages = (length + BLOCK - 1) / BLOCK;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int page = first_key / BLOCK + h;
+    c.blocks[h] = page < pages ? table_row[page] : 0;
+  }
+  return c;
+}
+
+// One warp's cp.async of a chunk into `stage`: 32 key rows (8 pieces each), two value blocks
+// (128 pieces each), and the 4 x 16 scales (4 pieces each).
+__device__ __forceinline__ void load_chunk(char* stage, const Chunk& c, const uint8_t* k_pool, const uint8_t* v_pool,
+                                           const float* k_scale, const float* v_scale, int kvh, int hkv, int lane) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int piece = lane + 32 * i;  // 256 pieces: row = piece / 8
+    const int row = piece >> 3, c16 = piece & 7;
+    const long long slot = static_cast<long long>(c.blocks[row >> 4]) * BLOCK + (row & 15);
+    cp_async16(stage + key_piece(row, c16), k_pool + (slot * hkv + kvh) * D + c16 * 16);
+  }
+  char* values = stage + KEY_STAGE;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int piece = lane + 32 * i;  // 2 blocks x 128 pieces
+    const int h = piece >> 7, p = piece & 127;
+    const long long base = (static_cast<long long>(c.blocks[h]) * hkv + kvh) * (D * BLOCK);
+    cp_async16(values + h * VALUE_PAGE + p * 16, v_pool + base + p * 16);
+  }
+  if (lane < 16) {  // key scales of block 0, 1, then value scales of block 0, 1: 4 pieces each
+    const int which = lane >> 3, h = (lane >> 2) & 1, p = lane & 3;
+    const long long block = h ? c.blocks[1] : c.blocks[0];  // (an indexed c.blocks[h] would live in local memory)
+    const float* src = (which ? v_scale : k_scale) + (block * hkv + kvh) * BLOCK + p * 4;
+    cp_async16(stage + KEY_STAGE + VALUE_STAGE + ((which * 2 + h) * BLOCK + p * 4) * 4, src);
+  }
+}
+
+// One warp's running state: o holds the attention-weighted values (not yet divided by the
+// softmax sum) divided by `unit`, the power of two at or above the largest value scale seen
+// (0 before any), so that P' = p * value scale / unit stays in [0, 1] where float16 is fine,
+// and o is rescaled only when the running max or `unit` changes; m, l: running max (base 2)
+// and this lane's part of the running sum of rows r and r + 8.
+struct Accumulator {
+  float o[16][4];
+  float m[2];
+  float l[2];
+  float unit;
+  __device__ __forceinline__ Accumulator() : m{-INFINITY, -INFINITY}, l{0.0f, 0.0f}, unit(0.0f) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  }
+};
+
+// The power of two at or above x > 0 (a normal float32).
+__device__ __forceinline__ float pow2_at_least(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x007fffffu) & 0xff800000u);
+}
+
+// One chunk of 32 keys from its shared-memory stage into `acc`. FULL: every key of the chunk
+// is in the split (no masking).
+template <bool FULL>
+__device__ __forceinline__ void chunk_step(Accumulator& acc, const uint32_t (&qa)[8][4], const char* stage, int first,
+                                           int end, int r, int t, float scale2) {
+  const int block_of_t = t >> 1, pos0 = 8 * (t & 1);  // lane t's keys: block t / 2, positions pos0 + 0..7
+  const int first_of_t = first + block_of_t * BLOCK + pos0;
+  const float* scales = reinterpret_cast<const float*>(stage + KEY_STAGE + VALUE_STAGE);
+  float ks[8], vs[8];
+  {
+    const float4* kq = reinterpret_cast<const float4*>(scales + block_of_t * BLOCK + pos0);
+    const float4* vq = reinterpret_cast<const float4*>(scales + (2 + block_of_t) * BLOCK + pos0);
+    const float4 k0 = kq[0], k1 = kq[1], v0 = vq[0], v1 = vq[1];
+    const float kk[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+    const float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      ks[i] = kk[i] * scale2;
+      vs[i] = FULL || first_of_t + i < end ? vv[i] : 0.0f;  // a stale scale past the sequence may be NaN
+    }
+  }
+  // S = Q K^T: n-tile 2s + h; lane (r, t) supplies key column r: block r / 4, position
+  // 8 ((r / 2) % 2) + 4s + 2h + r % 2, its bytes 32t .. 32t + 31.
+  float s[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int key_row = (r >> 2) * BLOCK + 8 * ((r >> 1) & 1) + 4 * (nt >> 1) + 2 * (nt & 1) + (r & 1);
+    const uint4 w0 = *reinterpret_cast<const uint4*>(stage + key_piece(key_row, 2 * t));
+    const uint4 w1 = *reinterpret_cast<const uint4*>(stage + key_piece(key_row, 2 * t + 1));
+    const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t b0, b1;
+      widen4(words[j], b0, b1);
+      mma_16816(s[nt], qa[j][0], qa[j][1], qa[j][2], qa[j][3], b0, b1);
+    }
+  }
+  // lane (r, t) holds S rows r (s[.][0..1]) and r + 8 (s[.][2..3]); column 2t + i of n-tile
+  // 2s + h is its key pos0 + 4s + 2h + i
+  float rowmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = 4 * (nt >> 1) + 2 * (nt & 1) + (e & 1);
+      s[nt][e] = FULL || first_of_t + k < end ? s[nt][e] * ks[k] : -INFINITY;
+      rowmax[e >> 1] = fmaxf(rowmax[e >> 1], s[nt][e]);
+    }
+  }
+  float top = fmaxf(fmaxf(fmaxf(vs[0], vs[1]), fmaxf(vs[2], vs[3])), fmaxf(fmaxf(vs[4], vs[5]), fmaxf(vs[6], vs[7])));
+#pragma unroll
+  for (int x = 1; x < 32; x <<= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, x));
+  const float unit = top > acc.unit ? pow2_at_least(top) : acc.unit;
+  const float to_unit = unit > 0.0f ? 1.0f / unit : 0.0f;  // exact: a power of two (0: no value yet)
+  float rescale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rowmax[h] = fmaxf(rowmax[h], __shfl_xor_sync(0xffffffffu, rowmax[h], 1));
+    rowmax[h] = fmaxf(rowmax[h], __shfl_xor_sync(0xffffffffu, rowmax[h], 2));
+    const float m_new = fmaxf(acc.m[h], rowmax[h]);
+    const float alpha = m_new == -INFINITY ? 1.0f : ex2(acc.m[h] - m_new);
+    acc.m[h] = m_new;
+    acc.l[h] *= alpha;
+    rescale[h] = alpha * (acc.unit * to_unit);
+  }
+  acc.unit = unit;
+  uint32_t pa[2][4];  // P' = p * value scale / unit: A fragments of the two key steps
+#pragma unroll
+  for (int st = 0; st < 2; ++st) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mm = acc.m[e >> 1];
+        const float pe = mm == -INFINITY ? 0.0f : ex2(s[2 * st + h][e] - mm);
+        acc.l[e >> 1] += pe;
+        p[e] = pe * (vs[4 * st + 2 * h + (e & 1)] * to_unit);
+      }
+      pa[st][h * 2] = pack_f16x2(p[0], p[1]);      // a0 / a2: row r, slots (2t, 2t+1) / (2t+8, 2t+9)
+      pa[st][h * 2 + 1] = pack_f16x2(p[2], p[3]);  // a1 / a3: row r + 8
+    }
+  }
+  if (!__all_sync(0xffffffffu, rescale[0] == 1.0f && rescale[1] == 1.0f)) {  // most chunks: the max held
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      acc.o[n][0] *= rescale[0];
+      acc.o[n][1] *= rescale[0];
+      acc.o[n][2] *= rescale[1];
+      acc.o[n][3] *= rescale[1];
+    }
+  }
+  const char* values = stage + KEY_STAGE + block_of_t * VALUE_PAGE + pos0;
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    const uint2 w = *reinterpret_cast<const uint2*>(values + (8 * n + r) * BLOCK);  // dim 8n + r
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      uint32_t b0, b1;
+      widen4(st ? w.y : w.x, b0, b1);  // positions pos0 + 4 st + 0..3
+      mma_16816(acc.o[n], pa[st][0], pa[st][1], pa[st][2], pa[st][3], b0, b1);
+    }
+  }
+}
+
+template <int WARPS>
+__device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long s_qb, long long s_qh,
+                                       const uint8_t* __restrict__ k_pool, const uint8_t* __restrict__ v_pool,
+                                       const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+                                       const int* __restrict__ tables, long long s_tb,
+                                       const int* __restrict__ lengths, uint16_t* __restrict__ out, long long s_ob,
+                                       long long s_oh, float* __restrict__ part_o, float* __restrict__ part_ml,
+                                       long long hkv, long long group, long long splits) {
+  extern __shared__ __align__(16) char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, t = lane & 3;
+  const long long b = blockIdx.x;
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int length = lengths[b];
+  const int per_split = ((length + splits - 1) / splits + CHUNK - 1) / CHUNK * CHUNK;
+  const int start = split * per_split;
+  const int end = min(start + per_split, length);
+  const int* table_row = tables + b * s_tb;
+  const int g = static_cast<int>(group), heads = static_cast<int>(hkv * group);
+
+  // Q rows r and r + 8 of the group (zeros past it), float16, A fragments of the 8 dim steps.
+  uint32_t qa[8][4];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = r + 8 * half;
+    const uint16_t* src = q + b * s_qb + (static_cast<long long>(kvh) * g + min(row, g - 1)) * s_qh + 32 * t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = row < g ? bf16_to_f32(src[4 * j + i]) : 0.0f;
+      qa[j][half] = pack_f16x2(x[0], x[1]);      // slots (2t, 2t + 1): dims 32t + 4j + {0, 1}
+      qa[j][half + 2] = pack_f16x2(x[2], x[3]);  // slots (2t + 8, 2t + 9): dims 32t + 4j + {2, 3}
+    }
+  }
+  const float scale2 = rsqrtf(static_cast<float>(D)) * LOG2E;
+
+  Accumulator acc;
+
+  char* stages = smem + warp * 2 * STAGE;
+  const int chunks = end > start ? (end - start + CHUNK - 1) / CHUNK : 0;
+  int c = warp;
+  if (c < chunks) load_chunk(stages, chunk_at(table_row, start + c * CHUNK, length), k_pool, v_pool, k_scale,
+                             v_scale, kvh, static_cast<int>(hkv), lane);
+  cp_async_commit();
+  for (int it = 0; c < chunks; c += WARPS, ++it) {
+    const int next = c + WARPS;
+    if (next < chunks) load_chunk(stages + ((it + 1) & 1) * STAGE, chunk_at(table_row, start + next * CHUNK, length),
+                                  k_pool, v_pool, k_scale, v_scale, kvh, static_cast<int>(hkv), lane);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncwarp();
+    const char* stage = stages + (it & 1) * STAGE;
+    const int first = start + c * CHUNK;
+    if (first + CHUNK <= end) {
+      chunk_step<true>(acc, qa, stage, first, end, r, t, scale2);
+    } else {
+      chunk_step<false>(acc, qa, stage, first, end, r, t, scale2);
+    }
+    __syncwarp();  // the stage is refilled two chunks on
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // The warps' (m, l, o * unit) meet in shared memory (the stages are free now).
+  float* red_o = reinterpret_cast<float*>(smem);                // [WARPS][16][D]
+  float* red_ml = red_o + WARPS * 16 * D;                        // [WARPS][16][2]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    acc.l[h] += __shfl_xor_sync(0xffffffffu, acc.l[h], 1);
+    acc.l[h] += __shfl_xor_sync(0xffffffffu, acc.l[h], 2);
+  }
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = r + 8 * (e >> 1), col = 8 * n + 2 * t + (e & 1);
+      red_o[(warp * 16 + row) * D + col] = acc.o[n][e] * acc.unit;
+    }
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      red_ml[(warp * 16 + r + 8 * h) * 2] = acc.m[h];
+      red_ml[(warp * 16 + r + 8 * h) * 2 + 1] = acc.l[h];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+    const int row = idx / D, col = idx % D;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, red_ml[(w * 16 + row) * 2]);
+    float l_all = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const float mw = red_ml[(w * 16 + row) * 2];
+      const float f = mw == -INFINITY ? 0.0f : ex2(mw - m_all);
+      l_all += red_ml[(w * 16 + row) * 2 + 1] * f;
+      acc += red_o[(w * 16 + row) * D + col] * f;
+    }
+    const long long head = static_cast<long long>(kvh) * g + row;
+    if (splits == 1) {
+      out[b * s_ob + head * s_oh + col] = f32_to_bf16_rne(acc / l_all);
+    } else {  // partials [B, H, SPLITS, D] and [B, H, SPLITS, 2]; an empty split stores l = 0
+      const long long at = (b * heads + head) * splits + split;
+      part_o[at * D + col] = l_all > 0.0f ? acc / l_all : 0.0f;
+      if (col == 0) {
+        part_ml[at * 2] = m_all * LN2;  // natural-log units, as the Triton decode kernel's
+        part_ml[at * 2 + 1] = l_all;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Shared memory: 2 stages of STAGE bytes per warp (the reduction reuses them).
+#define QUANTROLL_PAGED_DECODE_FP8(WARPS)                                                                       \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_w##WARPS(                          \
+      const uint16_t* q, long long s_qb, long long s_qh, const uint8_t* k_pool, const uint8_t* v_pool,         \
+      const float* k_scale, const float* v_scale, const int* tables, long long s_tb, const int* lengths,       \
+      uint16_t* out, long long s_ob, long long s_oh, float* part_o, float* part_ml, long long hkv,             \
+      long long group, long long splits) {                                                                     \
+    decode<WARPS>(q, s_qb, s_qh, k_pool, v_pool, k_scale, v_scale, tables, s_tb, lengths, out, s_ob, s_oh,     \
+                  part_o, part_ml, hkv, group, splits);                                                        \
+  }
+
+QUANTROLL_PAGED_DECODE_FP8(4)
+QUANTROLL_PAGED_DECODE_FP8(2)

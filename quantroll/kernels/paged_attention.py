@@ -123,8 +123,8 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
 
 def _decode_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
                  warps: int):
-    """decode_attention on the CUDA FP8-cache kernel; its splits merged (and the result
-    quantized) by the Triton merge kernel, one split quantized by o_proj's own launch."""
+    """decode_attention on the CUDA FP8-cache kernel: one split stores the output (quantized
+    for o_proj where asked) itself, several are merged (and quantized) by the Triton merge."""
     from quantroll.kernels import paged_decode_cuda
     from quantroll.kernels.paged_attention_triton import merge_splits_kernel
 
@@ -132,18 +132,14 @@ def _decode_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, sca
     if reason is not None:
         raise ValueError(f"decode_kernel 'cuda' cannot read this cache: {reason}")
     b, h, d = q.shape
-    if splits == 1 and quantize:
-        out = torch.empty_like(q)
+    own_quant = quantize and splits == 1
     paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
-                                 warps=warps if warps in paged_decode_cuda.WARPS else paged_decode_cuda.WARPS[0])
+                                 warps=warps if warps in paged_decode_cuda.WARPS else paged_decode_cuda.WARPS[0],
+                                 codes=codes if own_quant else None, code_scales=scales if own_quant else None)
     if splits > 1:
         merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
                                     scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
                                     S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
-    elif quantize:
-        from quantroll.kernels.fp8_linear import quantize_activation_fp8
-
-        codes, scales = quantize_activation_fp8(out.view(b, h * d))
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
     return out

@@ -31,7 +31,9 @@
 // Softmax in float32 and base 2 (ex2.approx, as Triton's exp), the running sum per lane,
 // summed at the end. The WARPS partial results meet in shared memory; with SPLITS > 1 the
 // block writes (O / l, m, l) per head for paged_attention_triton.merge_splits_kernel (m in
-// natural-log units, as the Triton decode kernel writes it).
+// natural-log units, as the Triton decode kernel writes it); with one split the BF16 output,
+// or (`codes` not null) its E4M3 codes and per-head scale for a block-FP8 o_proj, bit for bit
+// what act_quant_fp8_kernel makes of that BF16 output.
 
 #include <math.h>
 
@@ -89,6 +91,15 @@ __device__ __forceinline__ void widen4(uint32_t word, uint32_t& lo, uint32_t& hi
   asm("mov.b32 {%0, %1}, %2;" : "=h"(a), "=h"(b) : "r"(word));
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"(a));
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"(b));
+}
+
+constexpr float FP32_TINY = 1.1754943508222875e-38f;  // the smallest normal float32, as the Triton quantize uses
+
+// float32 -> E4M3 code (round to nearest even; the caller has clamped to +-448)
+__device__ __forceinline__ uint8_t e4m3_of(float x) {
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+  return static_cast<uint8_t>(pair & 0xff);
 }
 
 // Byte offset of 16-byte piece `c` of key row `row` in a key stage: pieces XOR-swizzled by
@@ -273,7 +284,8 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
                                        const int* __restrict__ tables, long long s_tb,
                                        const int* __restrict__ lengths, uint16_t* __restrict__ out, long long s_ob,
                                        long long s_oh, float* __restrict__ part_o, float* __restrict__ part_ml,
-                                       long long hkv, long long group, long long splits) {
+                                       long long hkv, long long group, long long splits, uint8_t* __restrict__ codes,
+                                       float* __restrict__ code_scales, long long s_cb, long long s_csg) {
   extern __shared__ __align__(16) char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t = lane & 3;
@@ -354,19 +366,59 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
-    const int row = idx / D, col = idx % D;
-    float m_all = -INFINITY;
+  // (sum of the warps' weighted values, their softmax sum, the max) of head `row`, dim `col`
+  auto combined = [&](int row, int col, float& l_all, float& m_all) {
+    m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) m_all = fmaxf(m_all, red_ml[(w * 16 + row) * 2]);
-    float l_all = 0.0f, acc = 0.0f;
+    float sum = 0.0f;
+    l_all = 0.0f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) {
       const float mw = red_ml[(w * 16 + row) * 2];
       const float f = mw == -INFINITY ? 0.0f : ex2(mw - m_all);
       l_all += red_ml[(w * 16 + row) * 2 + 1] * f;
-      acc += red_o[(w * 16 + row) * D + col] * f;
+      sum += red_o[(w * 16 + row) * D + col] * f;
     }
+    return sum;
+  };
+  if (codes != nullptr) {  // one split, handed to a block-FP8 o_proj: each head one 1x128 group
+    float* red_amax = red_ml + WARPS * 16 * 2;
+    constexpr int PER_THREAD = D / (WARPS * 32);
+    for (int row = 0; row < g; ++row) {
+      float v[PER_THREAD], amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < PER_THREAD; ++k) {
+        float l_all, m_all;
+        const float sum = combined(row, threadIdx.x + k * WARPS * 32, l_all, m_all);
+        v[k] = bf16_to_f32(f32_to_bf16_rne(sum / l_all));  // the BF16 output the linear would quantize
+        amax = fmaxf(amax, fabsf(v[k]));
+      }
+#pragma unroll
+      for (int x = 16; x > 0; x >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, x));
+      if (lane == 0) red_amax[warp] = amax;
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) amax = fmaxf(amax, red_amax[w]);
+      __syncthreads();  // red_amax is rewritten for the next head
+      // act_quant_fp8_kernel's math, op for op (fused_triton._quant_fp8_groups)
+      float scale = fmaxf(__fdiv_rn(amax, 448.0f), FP32_TINY);
+      scale = amax > 0.0f ? scale : 0.0f;
+      const float divisor = scale > 0.0f ? scale : 1.0f;
+      const long long head = static_cast<long long>(kvh) * g + row;
+#pragma unroll
+      for (int k = 0; k < PER_THREAD; ++k) {
+        const float x = fminf(fmaxf(__fdiv_rn(v[k], divisor), -448.0f), 448.0f);
+        codes[b * s_cb + head * D + threadIdx.x + k * WARPS * 32] = e4m3_of(x);
+      }
+      if (threadIdx.x == 0) code_scales[b + head * s_csg] = scale;
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+    const int row = idx / D, col = idx % D;
+    float l_all, m_all;
+    const float acc = combined(row, col, l_all, m_all);
     const long long head = static_cast<long long>(kvh) * g + row;
     if (splits == 1) {
       out[b * s_ob + head * s_oh + col] = f32_to_bf16_rne(acc / l_all);
@@ -389,9 +441,9 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
       const uint16_t* q, long long s_qb, long long s_qh, const uint8_t* k_pool, const uint8_t* v_pool,         \
       const float* k_scale, const float* v_scale, const int* tables, long long s_tb, const int* lengths,       \
       uint16_t* out, long long s_ob, long long s_oh, float* part_o, float* part_ml, long long hkv,             \
-      long long group, long long splits) {                                                                     \
+      long long group, long long splits, uint8_t* codes, float* code_scales, long long s_cb, long long s_csg) { \
     decode<WARPS>(q, s_qb, s_qh, k_pool, v_pool, k_scale, v_scale, tables, s_tb, lengths, out, s_ob, s_oh,     \
-                  part_o, part_ml, hkv, group, splits);                                                        \
+                  part_o, part_ml, hkv, group, splits, codes, code_scales, s_cb, s_csg);                       \
   }
 
 QUANTROLL_PAGED_DECODE_FP8(4)

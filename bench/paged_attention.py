@@ -62,17 +62,19 @@ def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None, splits=
     return us, nbytes
 
 
-def sweep_variants(args) -> list[tuple[str, int, int, int]]:
-    """(layout, keys per tile, warps, stages) of --sweep: the Triton layouts over the grid,
-    the CUDA FP8 kernel (its own 32-key chunks and 2 stages) at each of its warp counts."""
+def sweep_variants(args) -> list[tuple[str, int, int, int, int | None]]:
+    """(layout, keys per tile, warps, stages, splits) of --sweep: the Triton layouts over the
+    grid at the default splits; the CUDA FP8 kernel (its own 32-key chunks, 2 stages) at each
+    of its warp counts and at the default, 2, 3, 4 and 8 splits (its blocks per SM differ from
+    the Triton kernel's, so the waves do too)."""
     from quantroll.kernels.paged_decode_cuda import WARPS
 
     out = []
     for lay in args.sweep_layouts.split(","):
         if lay == "cuda":
-            out += [("cuda", 32, w, 2) for w in WARPS]
+            out += [("cuda", 32, w, 2, s) for w in WARPS for s in (None, 2, 3, 4, 8)]
         else:
-            out += [(lay, int(bs), w, int(st)) for bs, w, st in
+            out += [(lay, int(bs), w, int(st), None) for bs, w, st in
                     itertools.product(args.sweep_keys.split(","), (4, 8), args.sweep_stages.split(","))]
     return out
 
@@ -112,16 +114,17 @@ def main() -> None:
                 us, _ = case(cfg, kv, b, c, splits=n, check=check)
                 print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep and kv in args.sweep_kv.split(","):
-                for lay, bs, w, st in sweep_variants(args):
+                for lay, bs, w, st, n in sweep_variants(args):
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
                                                 decode_stages=st, decode_keys_on_m=lay == "keys-on-m",
                                                 decode_kernel="cuda" if lay == "cuda" else "triton")
                     try:
-                        us, _ = case(cfg, kv, b, c, tiles=tiles, check=check)
+                        us, _ = case(cfg, kv, b, c, tiles=tiles, splits=n, check=check)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
-                        print(f"      {lay} {bs=} {w=} {st=}: {type(exc).__name__}: {str(exc)[:120]}")
+                        print(f"      {lay} {bs=} {w=} {st=} splits={n}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    print(f"      {lay:9s} bs{bs:<3d} w{w} st{st} {us:8.1f} {us / floor:7.2f}", flush=True)
+                    print(f"      {lay:9s} bs{bs:<3d} w{w} st{st} splits {n or 'default':<7} {us:8.1f} "
+                          f"{us / floor:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

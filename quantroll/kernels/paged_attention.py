@@ -83,11 +83,10 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     (where quantizes_output(D)): an Fp8Activation of shape [B, H * D] instead, bit for bit
     quantize_activation_fp8 of the BF16 result, for a block-FP8 o_proj (one launch fewer)."""
     tiles = tiles or _tiles(cache)
-    from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
+    from quantroll.kernels.paged_attention_triton import merge_splits_kernel
 
     b, h, d = q.shape
     hkv = cache.kv_heads
-    group = h // hkv
     _check_value_tiles(cache, tiles.decode_block_s)
     if quantize and not quantizes_output(d):
         raise ValueError(f"decode attention quantizes its output for heads of {FP8_GROUP} only, got head_dim {d}")
@@ -101,10 +100,28 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         part_ml = torch.empty(b, h, splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_o = part_ml = out  # placeholders (never stored to)
-    tables = batch.block_tables
     if tiles.decode_kernel == "cuda":
-        return _decode_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize,
-                            tiles.decode_warps)
+        _launch_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize,
+                     tiles.decode_warps)
+    else:
+        _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, cache, tiles)
+    if splits > 1:
+        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
+                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
+                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
+    if quantize:
+        return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
+    return out
+
+
+def _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool, cache,
+                   tiles: PagedTiles) -> None:
+    from quantroll.kernels.paged_attention_triton import paged_decode_kernel
+
+    b, h, d = q.shape
+    hkv = cache.kv_heads
+    group = h // hkv
+    tables = batch.block_tables
     paged_decode_kernel[(b, hkv, splits)](
         q, k, v, ks, vs, tables, batch.context_lens, out, part_o, part_ml, codes, scales, d**-0.5,
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1), codes.stride(0), scales.stride(-1),
@@ -112,37 +129,21 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
         KEYS_ON_M=tiles.decode_keys_on_m, QUANT_OUT=quantize, num_warps=tiles.decode_warps,
         num_stages=tiles.decode_stages)
-    if splits > 1:
-        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
-                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
-                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
-    if quantize:
-        return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
-    return out
 
 
-def _decode_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
-                 warps: int):
-    """decode_attention on the CUDA FP8-cache kernel: one split stores the output (quantized
-    for o_proj where asked) itself, several are merged (and quantized) by the Triton merge."""
+def _launch_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
+                 warps: int) -> None:
+    """The CUDA FP8-cache kernel: with one split it stores the output (quantized for o_proj
+    where asked) itself; several are merged (and quantized) by the Triton merge after it."""
     from quantroll.kernels import paged_decode_cuda
-    from quantroll.kernels.paged_attention_triton import merge_splits_kernel
 
     reason = paged_decode_cuda.unsupported_reason(cache, q)
     if reason is not None:
         raise ValueError(f"decode_kernel 'cuda' cannot read this cache: {reason}")
-    b, h, d = q.shape
     own_quant = quantize and splits == 1
     paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
                                  warps=warps if warps in paged_decode_cuda.WARPS else paged_decode_cuda.WARPS[0],
                                  codes=codes if own_quant else None, code_scales=scales if own_quant else None)
-    if splits > 1:
-        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
-                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
-                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
-    if quantize:
-        return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
-    return out
 
 
 def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None) -> torch.Tensor:

@@ -54,7 +54,7 @@ def test_rope_store_kernel_matches_the_model_rotary(monkeypatch):
                                      (pos + 1).to(torch.int32), None)
         grabbed = []
         with monkeypatch.context() as m:
-            m.setattr(paged_attention, "decode_attention", lambda q, *_: grabbed.append(q) or q)
+            m.setattr(paged_attention, "decode_attention", lambda q, *_, **__: grabbed.append(q) or q)
             paged_attention.decode_from_qkv(qkv, None, None, 0.0, cos, sin, cache, 0, cache.batch)
         stored[kv_dtype] = (cache, grabbed[0])
     qr, kr, vr = qkv.split([heads * dim, kv * dim, kv * dim], -1)
@@ -93,7 +93,7 @@ def test_engine_fused_paths_match_the_unfused_engine(model_type, fmt, monkeypatc
     calls = []
     real = paged_attention.decode_from_qkv
     monkeypatch.setattr(paged_attention, "decode_from_qkv",
-                        lambda qkv, q_w, *a: calls.append(q_w is None) or real(qkv, q_w, *a))
+                        lambda qkv, q_w, *a, **kw: calls.append(q_w is None) or real(qkv, q_w, *a, **kw))
     engine = Engine.from_model(build(), form, DEV, fused_kernels=True, cuda_graphs=False)
     attn = engine.model.model.layers[0].self_attn
     assert attn.qkv_proj is not None and attn.q_norm is None

@@ -206,7 +206,7 @@ def _store_only(qkv, qn, kn, cos, sin, cache):
     """decode_from_qkv's store kernel alone (its attention replaced): returns the queries."""
     q_out = []
 
-    def grab(q, *_):
+    def grab(q, *_, **__):
         q_out.append(q)
         return q
     orig = paged_attention.decode_attention

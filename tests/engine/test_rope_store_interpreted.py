@@ -45,7 +45,7 @@ def check_store() -> None:
                                  None)
     grabbed = []
     real = paged_attention.decode_attention
-    paged_attention.decode_attention = lambda q, *_: grabbed.append(q) or q
+    paged_attention.decode_attention = lambda q, *_, **__: grabbed.append(q) or q
     try:
         paged_attention.decode_from_qkv(qkv, None, None, 0.0, cos, sin, cache, 0, cache.batch)
     finally:

@@ -104,7 +104,9 @@ class WorkloadResult:
 
 
 def run_workload(shape: str, layers: int | None, w: Workload, precisions: list[str], kv_dtypes: list[str],
-                 policies: tuple[str, ...], memory_gb: float | None, device: str = "cuda") -> tuple[Peaks, list[WorkloadResult]]:
+                 policies: tuple[str, ...], memory_gb: float | None, device: str = "cuda",
+                 kernels=None) -> tuple[Peaks, list[WorkloadResult]]:
+    """``kernels``: the engines' KernelConfig (None: the engine's default)."""
     cfg = shape_config(shape, layers)
     peaks = measure_peaks(device)
     lengths = draw_lengths(w)
@@ -118,7 +120,7 @@ def run_workload(shape: str, layers: int | None, w: Workload, precisions: list[s
         for kv in kv_dtypes:
             for policy in policies:
                 engine = Engine.from_model(model, fmt, device, cache=CacheConfig(kv_cache_dtype=kv, memory_gb=memory_gb),
-                                           scheduler=SchedulerConfig(policy=policy))
+                                           scheduler=SchedulerConfig(policy=policy), kernels=kernels)
                 engine.generate(prompts[: 2 * w.samples], params, [min(64, n) for n in lengths[: 2 * w.samples]])
                 engine.capture_decode_graphs(params)
                 torch.cuda.synchronize()

@@ -42,8 +42,8 @@ def register(subparsers) -> None:
                    "static (sub-batches reserving the maximum length, each run to its longest row), at the same KV "
                    "budget (default: continuous)")
     r.add_argument("--fp8-kv-attention", default="triton", choices=["triton", "cuda"],
-                   help="rl: the decode attention over an FP8 KV cache: the Triton kernel (the engine's default) or "
-                        "the CUDA kernel (kernels/paged_decode_cuda.py), to time it in the workload (default: triton)")
+                   help="rl: the decode attention over an FP8 KV cache: the Triton kernel the engine runs, or the "
+                        "CUDA kernel (kernels/paged_decode_cuda.py), to time it in the workload (default: triton)")
     r.add_argument("--kv-cache-memory-gb", type=float, default=None, help="rl: the KV pool (default: 85%% of the "
                    "free GPU memory)")
     r.add_argument("--repeats", type=int, default=3, help="timed repeats per point, median reported (default: 3)")

@@ -59,3 +59,41 @@ def test_unsupported_caches_name_the_reason():
 def test_decode_kernel_is_triton_or_cuda():
     with pytest.raises(ValueError, match="decode_kernel must be 'triton' or 'cuda'"):
         paged_attention.PagedTiles(decode_kernel="flash")
+
+
+def test_launch_passes_every_kernel_parameter_in_order(monkeypatch):
+    """The launcher's argument list against the kernel's C signature (parsed from the source):
+    the same count, pointers where the kernel takes pointers (a tensor or 0), integers where it
+    takes long long. A mismatch would only show on the device, as garbage."""
+    source = (cuda_jit.SOURCE_DIR / paged_decode_cuda.SOURCE).read_text()
+    signature = re.search(r"paged_decode_fp8_w##WARPS\((.*?)\)\s*\{", source, re.S).group(1)
+    params = [p.replace("\\", " ").split()[-1] for p in signature.split(",")]
+    pointer = ["*" in p for p in signature.replace("\\", " ").split(",")]
+    launched = {}
+
+    class Module:
+        def launch(self, name, grid, block, *args, shared_bytes=0):
+            launched.update(name=name, grid=grid, block=block, args=args, shared=shared_bytes)
+
+    monkeypatch.setattr(cuda_jit, "load", lambda source_name, device: Module())
+    b, h, hkv = 3, 32, 8
+    q = torch.zeros(b, h, 128, dtype=torch.bfloat16)
+    k = torch.zeros(4, 16, hkv, 128, dtype=torch.uint8)
+    v = torch.zeros(4, hkv, 128, 16, dtype=torch.uint8)
+    ks, vs = torch.zeros(4, hkv, 16), torch.zeros(4, hkv, 16)
+    tables, lengths = torch.zeros(b, 2, dtype=torch.int32), torch.ones(b, dtype=torch.int32)
+    out = torch.zeros_like(q)
+    for codes in (None, torch.zeros(b, h * 128, dtype=torch.uint8)):
+        scales = None if codes is None else torch.zeros(b, h)
+        paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, 1, warps=2, codes=codes,
+                                     code_scales=scales)
+        args = launched["args"]
+        assert launched["name"] == "paged_decode_fp8_w2" and launched["grid"] == (b, hkv, 1)
+        assert len(args) == len(params), (len(args), params)
+        for name, is_pointer, arg in zip(params, pointer, args):
+            if is_pointer:
+                assert isinstance(arg, torch.Tensor) or arg == 0, (name, arg)
+            else:
+                assert isinstance(arg, int), (name, arg)
+        assert args[params.index("group")] == h // hkv and args[params.index("splits")] == 1
+    assert launched["shared"] == paged_decode_cuda.shared_bytes(2)

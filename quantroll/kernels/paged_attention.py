@@ -21,7 +21,7 @@ class PagedTiles:
     decode_warps: int = 4
     decode_stages: int = 3
     decode_keys_on_m: bool = False  # swap-AB decode dots: keys on the MMA's M side (paged_attention_triton)
-    decode_kernel: str = "triton"  # or "cuda": paged_decode_cuda.py (FP8 caches; its own tiles, these unused)
+    decode_kernel: str = "triton"  # or "cuda": paged_decode_cuda.py (FP8 caches; decode_warps 4 or 2, the rest unused)
     prefill_block_m: int = 64
     prefill_block_n: int = 64
     prefill_warps: int = 4
@@ -142,7 +142,7 @@ def _launch_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, sca
         raise ValueError(f"decode_kernel 'cuda' cannot read this cache: {reason}")
     own_quant = quantize and splits == 1
     paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
-                                 warps=warps if warps in paged_decode_cuda.WARPS else paged_decode_cuda.WARPS[0],
+                                 warps=warps,
                                  codes=codes if own_quant else None, code_scales=scales if own_quant else None)
 
 

@@ -92,16 +92,20 @@ def _load_scales(scales, slots, ok, kvh, HKV: tl.constexpr, BLOCK_SIZE: tl.const
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE: tl.constexpr,
                  HKV: tl.constexpr, D: tl.constexpr, COMPUTE: tl.constexpr, FP8: tl.constexpr, IEEE: tl.constexpr):
     """(the tile's slots, q.k over its keys) before masking and scaling: the step the decode
     and prefill kernels share (an FP8 cache's key scales multiply their columns)."""
     slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
     k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(k))
+    qk = _dot(q, tl.trans(k), IEEE)
     if FP8:
         qk = qk * _load_scales(ks_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)[None, :]
     return slots, qk
@@ -121,10 +125,7 @@ def _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, H
         v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)
         top = tl.max(v_scale, axis=0)
         p = p * (v_scale / tl.where(top > 0, top, 1.0))[None, :]
-    if IEEE:
-        pv = tl.dot(p.to(COMPUTE), v, input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(COMPUTE), v)
+    pv = _dot(p.to(COMPUTE), v, IEEE)
     if FP8:
         pv = pv * top
     return acc * alpha[:, None] + pv
@@ -148,13 +149,6 @@ def _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_
     acc = _accumulate_pv(acc, alpha, p, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE, FP8,
                          IEEE)
     return acc, m_new, l_i
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit

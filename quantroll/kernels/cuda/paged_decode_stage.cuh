@@ -74,13 +74,11 @@ __device__ __forceinline__ uint8_t e4m3_of(float x) {
 __device__ __forceinline__ int key_piece(int row, int c) { return row * D + ((c ^ (row & 7)) << 4); }
 
 struct Chunk {
-  int first_key;   // absolute position of the chunk's first key
-  int blocks[2];   // cache blocks of its two halves (0, in bounds, past the sequence)
+  int blocks[2];  // cache blocks of its two halves (0, in bounds, past the sequence)
 };
 
 __device__ __forceinline__ Chunk chunk_at(const int* table_row, int first_key, int length) {
   Chunk c;
-  c.first_key = first_key;
   const int pages = (length + BLOCK - 1) / BLOCK;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

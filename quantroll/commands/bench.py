@@ -122,7 +122,7 @@ def workload_kernels(fp8_kv_attention: str):
     from quantroll.kernels.paged_attention import PagedTiles
     from quantroll.model.kernel_config import KernelConfig
 
-    tiles = dataclasses.replace(DEFAULT_ENGINE_KERNELS.attention_fp8, decode_kernel="cuda", decode_warps=4)
+    tiles = dataclasses.replace(DEFAULT_ENGINE_KERNELS.attention_fp8, decode_kernel="cuda")
     return KernelConfig(gpu=dataclasses.replace(DEFAULT_ENGINE_KERNELS, attention_fp8=tiles))
 
 

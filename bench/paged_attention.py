@@ -3,7 +3,10 @@ graph replay: BF16 vs FP8 caches, per batch and context, against the bytes it mu
 (each sequence's keys and values once, FP8 scales included) at the copy bandwidth.
 
     python bench/paged_attention.py [--shape qwen3-1.7b] [--cases 1x4096,16x2048,64x2048,256x1024]
-        [--sweep [--sweep-kv fp8_e4m3] [--sweep-layouts rows,keys-on-m,cuda] [--sweep-keys 64,128,256]]
+        [--sweep [--sweep-kv fp8_e4m3] [--sweep-layouts triton,cuda] [--sweep-keys 64,128,256]]
+
+The first rows of each case are the engine's defaults (kernels/choices.py: an FP8 cache's
+decode on the CUDA kernel, its warps and splits by its rule; its column says which).
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ def case(cfg, kv_dtype, batch, ctx, block_size=16, copies=4, tiles=None, splits=
 
 
 def sweep_variants(args) -> list[tuple[str, int, int, int, int | None]]:
-    """(layout, keys per tile, warps, stages, splits) of --sweep: the Triton layouts over the
+    """(kernel, keys per tile, warps, stages, splits) of --sweep: the Triton tiles over the
     grid at the default splits; the CUDA FP8 kernel (its own 32-key chunks, 2 stages) at each
-    of its warp counts and at the default, 2, 3, 4 and 8 splits (its blocks per SM differ from
+    of its warp counts and at its rule's, 2, 3, 4 and 8 splits (its blocks per SM differ from
     the Triton kernel's, so the waves do too)."""
     from quantroll.kernels.paged_decode_cuda import WARPS
 
@@ -73,10 +76,24 @@ def sweep_variants(args) -> list[tuple[str, int, int, int, int | None]]:
     for lay in args.sweep_layouts.split(","):
         if lay == "cuda":
             out += [("cuda", 32, w, 2, s) for w in WARPS for s in (None, 2, 3, 4, 8)]
-        else:
+        elif lay == "triton":
             out += [(lay, int(bs), w, int(st), None) for bs, w, st in
                     itertools.product(args.sweep_keys.split(","), (4, 8), args.sweep_stages.split(","))]
+        else:
+            raise SystemExit(f"--sweep-layouts: unknown kernel {lay!r}; use triton and/or cuda")
     return out
+
+
+def default_launch(kv_dtype: str, batch: int, kv_heads: int) -> str:
+    """The defaults' splits (and for the CUDA kernel its warps), as the engine launches them."""
+    from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
+    from quantroll.kernels.paged_decode_cuda import launch_shape
+
+    tiles = DEFAULT_ENGINE_KERNELS.attention_tiles(kv_dtype != "bf16")
+    if tiles.decode_kernel == "cuda":
+        warps, splits = launch_shape(batch, kv_heads, torch.device("cuda"), tiles.decode_warps, None, tiles.max_splits)
+        return f"{splits} cuda w{warps}"
+    return f"{paged_attention.decode_splits(batch, kv_heads, torch.device('cuda'), tiles)} triton"
 
 
 def main() -> None:
@@ -86,9 +103,9 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true",
                     help="also time decode tile variants (dot layout, keys per tile, warps, stages)")
     ap.add_argument("--sweep-kv", default="bf16,fp8_e4m3", help="the cache dtypes --sweep covers")
-    ap.add_argument("--sweep-layouts", default="rows,keys-on-m",
-                    help="the decode kernels --sweep covers: rows (Triton, query group on the MMA's M side), keys-on-m "
-                         "(Triton, swap-AB), cuda (the CUDA FP8-cache kernel, kernels/paged_decode_cuda.py)")
+    ap.add_argument("--sweep-layouts", default="triton,cuda",
+                    help="the decode kernels --sweep covers: triton (its tiles), cuda (the CUDA FP8-cache kernel, "
+                         "kernels/paged_decode_cuda.py; FP8 caches only)")
     ap.add_argument("--sweep-keys", default="64,128", help="keys per decode tile --sweep covers")
     ap.add_argument("--sweep-stages", default="2,3,4", help="pipeline stages --sweep covers")
     ap.add_argument("--splits", default=None, help="also time these split counts (comma-separated) at the default tiles")
@@ -102,28 +119,29 @@ def main() -> None:
     cfg = dataclasses.replace(shape_config(args.shape), num_hidden_layers=1)
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {args.shape} heads {cfg.num_attention_heads}/{cfg.num_key_value_heads}")
-    print(f"{'batch':>5s} {'ctx':>6s} {'kv':9s} {'splits':>6s} {'us':>8s} {'floor us':>8s} {'x floor':>7s}")
+    print(f"{'batch':>5s} {'ctx':>6s} {'kv':9s} {'splits kernel':>15s} {'us':>8s} {'floor us':>8s} {'x floor':>7s}")
     for spec in args.cases.split(","):
         b, c = (int(x) for x in spec.split("x"))
         for kv in ("bf16", "fp8_e4m3"):
             us, nbytes = case(cfg, kv, b, c, check=check)
             floor = nbytes / bw * 1e6
-            splits = paged_attention.decode_splits(b, cfg.num_key_value_heads, torch.device("cuda"))
-            print(f"{b:5d} {c:6d} {kv:9s} {splits:6d} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
+            launch = default_launch(kv, b, cfg.num_key_value_heads)
+            print(f"{b:5d} {c:6d} {kv:9s} {launch:>15s} {us:8.1f} {floor:8.1f} {us / floor:7.2f}", flush=True)
             for n in (int(x) for x in args.splits.split(",")) if args.splits else ():
                 us, _ = case(cfg, kv, b, c, splits=n, check=check)
                 print(f"      splits {n:<3d} {us:8.1f} {us / floor:7.2f}", flush=True)
             if args.sweep and kv in args.sweep_kv.split(","):
                 for lay, bs, w, st, n in sweep_variants(args):
+                    if lay == "cuda" and kv == "bf16":
+                        continue  # the CUDA kernel reads FP8 caches only
                     tiles = dataclasses.replace(paged_attention.PagedTiles(), decode_block_s=bs, decode_warps=w,
-                                                decode_stages=st, decode_keys_on_m=lay == "keys-on-m",
-                                                decode_kernel="cuda" if lay == "cuda" else "triton")
+                                                decode_stages=st, decode_kernel=lay)
                     try:
                         us, _ = case(cfg, kv, b, c, tiles=tiles, splits=n, check=check)
                     except Exception as exc:  # a tile the compiler refuses (shared memory), or a wrong result
                         print(f"      {lay} {bs=} {w=} {st=} splits={n}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    print(f"      {lay:9s} bs{bs:<3d} w{w} st{st} splits {n or 'default':<7} {us:8.1f} "
+                    print(f"      {lay:6s} bs{bs:<3d} w{w} st{st} splits {n or 'default':<7} {us:8.1f} "
                           f"{us / floor:7.2f}", flush=True)
 
 

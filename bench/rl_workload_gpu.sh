@@ -4,7 +4,7 @@
 # Logs and JSON go to $OUT. One part per call (each within the device tool's 10 minutes):
 #   bash bench/rl_workload_gpu.sh 8b-bf16  # Qwen3-8B: bf16 + bf16 KV (~3 min of ~4 with set-up)
 #   bash bench/rl_workload_gpu.sh 8b-fp8   # Qwen3-8B: fp8 + fp8 KV
-#   bash bench/rl_workload_gpu.sh 8b-fp8-cuda  # the same, the FP8 cache's decode on the CUDA kernel
+#   bash bench/rl_workload_gpu.sh 8b-fp8-triton  # the same, the FP8 cache's decode on the Triton tiles
 #   bash bench/rl_workload_gpu.sh 16k      # Qwen3-8B: 64 sequences of 16K tokens resident (fp8 + fp8 KV)
 #   bash bench/rl_workload_gpu.sh 1.7b     # Qwen3-1.7B: the four weight x KV precision pairs
 #   bash bench/rl_workload_gpu.sh static   # Qwen3-1.7B, bf16 + bf16 KV, the static policy (continuous: 1.7b)
@@ -22,8 +22,8 @@ case "${1:-}" in
     rl 8b-bf16 --shape qwen3-8b --precisions bf16 --kv-cache-dtypes bf16 ;;
   8b-fp8)
     rl 8b-fp8 --shape qwen3-8b --precisions fp8 --kv-cache-dtypes fp8_e4m3 ;;
-  8b-fp8-cuda)
-    rl 8b-fp8-cuda --shape qwen3-8b --precisions fp8 --kv-cache-dtypes fp8_e4m3 --fp8-kv-attention cuda ;;
+  8b-fp8-triton)
+    rl 8b-fp8-triton --shape qwen3-8b --precisions fp8 --kv-cache-dtypes fp8_e4m3 --fp8-kv-attention triton ;;
   16k)
     rl 8b-16k --shape qwen3-8b --precisions fp8 --kv-cache-dtypes fp8_e4m3 --prompts 64 --samples 1 \
       --new-tokens 16384 --mean-len 16384 ;;
@@ -31,5 +31,5 @@ case "${1:-}" in
     rl 1.7b --shape qwen3-1.7b --precisions bf16,fp8 --kv-cache-dtypes bf16,fp8_e4m3 ;;
   static)
     rl 1.7b-static --shape qwen3-1.7b --precisions bf16 --kv-cache-dtypes bf16 --policies static ;;
-  *) echo "usage: bash bench/rl_workload_gpu.sh 8b-bf16|8b-fp8|8b-fp8-cuda|16k|1.7b|static" >&2; exit 2 ;;
+  *) echo "usage: bash bench/rl_workload_gpu.sh 8b-bf16|8b-fp8|8b-fp8-triton|16k|1.7b|static" >&2; exit 2 ;;
 esac

@@ -55,9 +55,9 @@ def test_bad_arguments_are_refused_before_any_work(capsys, tmp_path):
         (["--workload", "rl", "--samples", "0"], "--samples must be >= 1"),
         (["--workload", "rl", "--kv-cache-dtypes", "bf16,int4"], "unknown KV cache dtype 'int4'"),
         (["--workload", "rl", "--policies", "continuous,paged"], "--policies continuous,paged: each must be"),
-        (["--fp8-kv-attention", "cuda"], "--fp8-kv-attention cuda changes only the RL workload's FP8 KV cache runs"),
-        (["--workload", "rl", "--kv-cache-dtypes", "bf16", "--fp8-kv-attention", "cuda"],
-         "--fp8-kv-attention cuda changes only the RL workload's FP8 KV cache runs"),
+        (["--fp8-kv-attention", "triton"], "--fp8-kv-attention triton changes only the RL workload's FP8 KV cache runs"),
+        (["--workload", "rl", "--kv-cache-dtypes", "bf16", "--fp8-kv-attention", "triton"],
+         "--fp8-kv-attention triton changes only the RL workload's FP8 KV cache runs"),
     ]
     for extra, message in cases:
         assert main(["bench", "rollout", *extra]) == 2, extra
@@ -154,15 +154,16 @@ def test_fixed_roofline_averages_the_steps_of_the_fixed_workload():
 
 
 def test_fp8_kv_attention_swaps_only_the_fp8_cache_decode_kernel():
-    """--fp8-kv-attention cuda: the default kernels with the FP8 cache's decode on the CUDA
-    kernel (BF16 caches, prefill and every other choice as the engine's default); triton: the
-    engine's own default (None)."""
+    """--fp8-kv-attention cuda: the engine's own default (None), whose FP8 cache decodes on the
+    CUDA kernel; triton: the default kernels with the FP8 cache's decode on the Triton tiles
+    (BF16 caches, prefill and every other choice unchanged)."""
     import dataclasses
 
     from quantroll.commands.bench import workload_kernels
     from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
 
-    assert workload_kernels("triton") is None
-    gpu = workload_kernels("cuda").gpu
-    assert gpu.attention_fp8.decode_kernel == "cuda" and gpu.attention_bf16 == DEFAULT_ENGINE_KERNELS.attention_bf16
+    assert workload_kernels("cuda") is None and DEFAULT_ENGINE_KERNELS.attention_fp8.decode_kernel == "cuda"
+    gpu = workload_kernels("triton").gpu
+    assert gpu.attention_fp8 == DEFAULT_ENGINE_KERNELS.attention_fp8_triton
+    assert gpu.attention_fp8.decode_kernel == "triton" and gpu.attention_bf16 == DEFAULT_ENGINE_KERNELS.attention_bf16
     assert dataclasses.replace(gpu, attention_fp8=DEFAULT_ENGINE_KERNELS.attention_fp8) == DEFAULT_ENGINE_KERNELS

@@ -101,6 +101,7 @@ class WorkloadResult:
     peak_kv_gb: float
     kv_cache_gb: float
     graph_captures: int
+    decode_attention: str  # the decode attention kernel that ran: "cuda" or "triton" (engine/plan.resolve_attention)
 
 
 def run_workload(shape: str, layers: int | None, w: Workload, precisions: list[str], kv_dtypes: list[str],
@@ -136,7 +137,8 @@ def run_workload(shape: str, layers: int | None, w: Workload, precisions: list[s
                                    st["decode_steps"], roof, st["decode_ms"] / roof, st["preemptions"],
                                    st["prefill_tokens"], st["prefill_tokens_saved"], st["peak_blocks_used"],
                                    st["num_blocks"], st["peak_blocks_used"] * st["block_size"] * kv_token / 2**30,
-                                   st["kv_cache_gb"], st["graph_captures"])
+                                   st["kv_cache_gb"], st["graph_captures"],
+                                   engine.kernels.gpu.attention_tiles(kv != "bf16").decode_kernel)
                 print(json.dumps(asdict(r)), flush=True)
                 results.append(r)
                 del engine

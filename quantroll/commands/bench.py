@@ -41,9 +41,9 @@ def register(subparsers) -> None:
     r.add_argument("--policies", default="continuous", help="rl: comma-separated batching policies: continuous, "
                    "static (sub-batches reserving the maximum length, each run to its longest row), at the same KV "
                    "budget (default: continuous)")
-    r.add_argument("--fp8-kv-attention", default="triton", choices=["triton", "cuda"],
-                   help="rl: the decode attention over an FP8 KV cache: the Triton kernel the engine runs, or the "
-                        "CUDA kernel (kernels/paged_decode_cuda.py), to time it in the workload (default: triton)")
+    r.add_argument("--fp8-kv-attention", default="cuda", choices=["cuda", "triton"],
+                   help="rl: the decode attention over an FP8 KV cache: the CUDA kernel the engine runs where it can "
+                        "(kernels/paged_decode_cuda.py), or the Triton tiles, to compare (default: cuda)")
     r.add_argument("--kv-cache-memory-gb", type=float, default=None, help="rl: the KV pool (default: 85%% of the "
                    "free GPU memory)")
     r.add_argument("--repeats", type=int, default=3, help="timed repeats per point, median reported (default: 3)")
@@ -103,7 +103,7 @@ def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[s
         unknown = [p for p in args.policies if p not in ("continuous", "static")]
         if unknown or not args.policies:
             raise QuantrollError(f"--policies {','.join(args.policies)}: each must be continuous or static")
-    if args.fp8_kv_attention != "triton" and not (rl and "fp8_e4m3" in args.kv_cache_dtypes):
+    if args.fp8_kv_attention != "cuda" and not (rl and "fp8_e4m3" in args.kv_cache_dtypes):
         raise QuantrollError(f"--fp8-kv-attention {args.fp8_kv_attention} changes only the RL workload's FP8 KV cache "
                              "runs: add --workload rl with fp8_e4m3 in --kv-cache-dtypes, or leave it out")
     if args.json:
@@ -112,18 +112,14 @@ def rollout_plan(args: argparse.Namespace) -> tuple[dict[str, list[int]], list[s
 
 
 def workload_kernels(fp8_kv_attention: str):
-    """The engines' KernelConfig for --fp8-kv-attention: None (the default) for triton, else
-    the default kernels with the FP8 cache's decode on the CUDA kernel."""
-    if fp8_kv_attention == "triton":
+    """The engines' KernelConfig for --fp8-kv-attention: None (the engine's default) for cuda,
+    else the default kernels with the FP8 cache's decode on the Triton tiles."""
+    if fp8_kv_attention == "cuda":
         return None
-    import dataclasses
-
     from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
-    from quantroll.kernels.paged_attention import PagedTiles
     from quantroll.model.kernel_config import KernelConfig
 
-    tiles = dataclasses.replace(DEFAULT_ENGINE_KERNELS.attention_fp8, decode_kernel="cuda")
-    return KernelConfig(gpu=dataclasses.replace(DEFAULT_ENGINE_KERNELS, attention_fp8=tiles))
+    return KernelConfig(gpu=DEFAULT_ENGINE_KERNELS.without_cuda_attention())
 
 
 def run_rollout(args: argparse.Namespace) -> int:
@@ -139,7 +135,9 @@ def run_rollout(args: argparse.Namespace) -> int:
         peaks, results = run_workload(args.shapes[0], args.layers, w, precisions, args.kv_cache_dtypes, args.policies,
                                       args.kv_cache_memory_gb, kernels=workload_kernels(args.fp8_kv_attention))
         print(format_workload_table(peaks, w, results))
-        print(f"FP8 KV decode attention: {args.fp8_kv_attention}")
+        ran = sorted({r.decode_attention for r in results if r.kv_cache_dtype != "bf16"})
+        if ran:  # what the engines ran (the CUDA kernel's absence is logged with its reason)
+            print(f"FP8 KV decode attention: {', '.join(ran)} (asked: {args.fp8_kv_attention})")
         if args.json:
             write_report("--json", args.json, {"peaks": asdict(peaks), "workload": asdict(w),
                                                "fp8_kv_attention": args.fp8_kv_attention,

@@ -33,7 +33,8 @@ import torch
 
 from quantroll.engine.block_manager import BlockManager, blocks_for
 from quantroll.engine.model_runner import ModelRunner
-from quantroll.engine.plan import describe_attention, describe_linears, engine_plan, runs_gpu_kernels
+from quantroll.engine.plan import (describe_attention, describe_linears, engine_plan, resolve_attention,
+                                   runs_gpu_kernels)
 from quantroll.engine.paged_cache import CacheConfig, PagedKVCache, kv_bytes_per_token
 from quantroll.engine.request import check_request
 from quantroll.engine.sampling import SamplingParams
@@ -141,6 +142,8 @@ class Engine:
         # (without Triton the invariant attention's torch form reads host-side lengths: eager)
         self.use_cuda_graphs = cuda_graphs and self.device.type == "cuda" and (not invariant or triton_available())
         self.cache_config = cache or CacheConfig()
+        self.kernels, cuda_refused = resolve_attention(self.kernels, self.config, self.cache_config.kv_cache_dtype,
+                                                       self.cache_config.block_size, dtype, self.device)
         if self.gpu_kernels and self.cache_config.kv_cache_dtype == "fp8_e4m3":
             tiles = self.kernels.gpu.attention_tiles(True)
             keys = math.gcd(tiles.decode_block_s, tiles.prefill_block_n)
@@ -160,7 +163,8 @@ class Engine:
         self.plan = engine_plan(self.kernels, self.config, fmt, self.device, fp8_kernels=fp8_kernels,
                                 fused_kernels=fused_kernels)
         self.model.prepare_(self.plan)
-        log.info("attention: %s", describe_attention(self.plan, self.device, self.cache_config.kv_cache_dtype))
+        (log.warning if cuda_refused else log.info)(
+            "attention: %s", describe_attention(self.plan, self.device, self.cache_config.kv_cache_dtype, cuda_refused))
         log.info("linears: %s", describe_linears(self.plan, fmt, self.device, fp8_kernels))
         if self.plan.linear_backend != "emulated":
             self._log_gemm_choices()

@@ -6,6 +6,8 @@ engine's options (real FP8 GEMMs, fused kernels). ``Engine`` hands it to its mod
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from quantroll.kernels import triton_available
@@ -62,12 +64,36 @@ def engine_plan(kernels: KernelConfig, config: ModelConfig, fmt, device: torch.d
         stack_experts=gpu)
 
 
+def resolve_attention(kernels: KernelConfig, config: ModelConfig, kv_cache_dtype: str, block_size: int,
+                      dtype: torch.dtype, device: torch.device) -> tuple[KernelConfig, str | None]:
+    """The kernels an engine runs over its cache, and why they differ from those asked for
+    (None: they do not). Where the chosen FP8-cache decode is the CUDA kernel and it cannot
+    serve this model, cache or device (head size, block size, group, dtype, no nvcc, a failed
+    build), the FP8 cache's decode takes the Triton tiles: decided here once, logged with
+    the reason, and recorded in the engine's stats, never switched while the engine runs."""
+    device = torch.device(device)
+    if (kv_cache_dtype != "fp8_e4m3" or not runs_gpu_kernels(device, kernels)
+            or kernels.gpu.attention_fp8.decode_kernel != "cuda"):
+        return kernels, None
+    from quantroll.kernels import paged_decode_cuda
+
+    reason = paged_decode_cuda.unsupported_reason(
+        kv_cache_dtype=kv_cache_dtype, head_dim=config.head_dim, block_size=block_size,
+        heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, dtype=dtype, device=device)
+    reason = reason or paged_decode_cuda.build_reason(device)
+    if reason is None:
+        return kernels, None
+    return dataclasses.replace(kernels, gpu=kernels.gpu.without_cuda_attention()), reason
+
+
 def _no_gpu_kernels_reason(device: torch.device) -> str:
     return "no CUDA device" if device.type != "cuda" else "Triton is not installed"
 
 
-def describe_attention(plan: ForwardPlan, device: torch.device, kv_cache_dtype: str) -> str:
-    """Which attention an engine runs over its KV cache, and why (logged once at build)."""
+def describe_attention(plan: ForwardPlan, device: torch.device, kv_cache_dtype: str,
+                       cuda_refused: str | None = None) -> str:
+    """Which attention an engine runs over its KV cache, and why (logged once at build);
+    ``cuda_refused``: why the CUDA FP8-cache decode kernel does not serve (resolve_attention)."""
     kernels, device = plan.kernels, torch.device(device)
     if kernels.batch_invariant:
         if device.type == "cuda" and triton_available():
@@ -77,15 +103,21 @@ def describe_attention(plan: ForwardPlan, device: torch.device, kv_cache_dtype: 
         return (f"batch-invariant torch attention in fixed chunks (true on-policy; "
                 f"{_no_gpu_kernels_reason(device)})")
     if runs_gpu_kernels(device, kernels):
+        from quantroll.kernels import paged_decode_cuda
         from quantroll.kernels.paged_attention import PROGRAMS_PER_SM
 
         t = kernels.gpu.attention_tiles(kv_cache_dtype != "bf16")
-        decode = (f"CUDA FP8-cache decode kernel (kernels/paged_decode_cuda.py), {t.decode_warps} warps"
-                  if t.decode_kernel == "cuda" else
-                  f"decode tiles of {t.decode_block_s} keys, {t.decode_stages} stages, {t.decode_warps} warps")
-        return (f"Triton paged attention over the {kv_cache_dtype} cache: {decode}, sequences split until "
-                f"~{PROGRAMS_PER_SM} programs per SM; prefill tiles {t.prefill_block_m} x {t.prefill_block_n} (the "
-                "measured table: kernels/choices.py)")
+        if t.decode_kernel == "cuda":
+            warps = "2 or 4 warps by its waves" if t.decode_warps is None else f"{t.decode_warps} warps"
+            decode = (f"decode on the CUDA FP8-cache kernel (kernels/paged_decode_cuda.py), {warps}, sequences split "
+                      f"until ~{paged_decode_cuda.PROGRAMS_PER_SM} programs per SM")
+        else:
+            decode = (f"Triton decode tiles of {t.decode_block_s} keys, {t.decode_stages} stages, {t.decode_warps} "
+                      f"warps, sequences split until ~{PROGRAMS_PER_SM} programs per SM")
+            if cuda_refused:
+                decode += f" (the CUDA FP8-cache kernel cannot serve: {cuda_refused})"
+        return (f"paged attention over the {kv_cache_dtype} cache: {decode}; Triton prefill tiles {t.prefill_block_m} "
+                f"x {t.prefill_block_n} (the measured table: kernels/choices.py)")
     return f"torch reference attention over the {kv_cache_dtype} cache ({_no_gpu_kernels_reason(device)})"
 
 

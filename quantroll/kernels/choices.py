@@ -11,6 +11,7 @@ which value it ran (``describe``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from quantroll.kernels.gemm_plan import FP8_GEMMS, GemmPlan
@@ -27,9 +28,12 @@ class EngineKernels:
     reduction order follows them; H200, 2026-12-01, a bench now in git history: FP8 out
     3.71 -> 3.28 us at 16 rows with 16 warps instead of 8, BF16 a tie). attention_bf16 /
     attention_fp8: paged-attention tiles per KV cache dtype (bench/paged_attention.py
-    --sweep, H200: BF16 64 keys / 3 stages at 1.0x its bytes from batch 64 (2026-12-02); FP8,
-    its values positions-minor, 128 keys / 3 stages at 1.5x (2026-12-03: 100 us at 64 x 2048,
-    197 at 256 x 1024; 150 and 235 with 2 stages). early_launch: the CUDA
+    --sweep, H200: BF16 64 keys / 3 stages at 1.0x its bytes from batch 64 (2026-12-02); FP8:
+    the CUDA kernel (paged_decode_cuda.py), its warps and splits by its rule per batch: on 8B
+    heads 1.08-1.15x its bytes from batch 64 where the Triton tiles read 1.23-1.33x, 1.49x
+    against 1.77x at 16 x 2048 (H100, 2026-12-06). attention_fp8_triton: the Triton tiles the
+    FP8 cache takes where the CUDA kernel cannot run (``without_cuda_attention``; 128 keys, 3
+    stages, values positions-minor: 1.5x on an H200, 2026-12-03). early_launch: the CUDA
     decode GEMM requests its first weight bytes while the kernel before it finishes
     (programmatic dependent launch), and ``releasing_producers`` let it start at theirs; the
     CUTLASS GEMMs are launched the same way (their loads wait for the kernel before them)."""
@@ -38,7 +42,9 @@ class EngineKernels:
     fuse_activation_quant: bool = True
     norm_warps: int = 16
     attention_bf16: PagedTiles = PagedTiles()
-    attention_fp8: PagedTiles = PagedTiles(decode_block_s=128, decode_stages=3)
+    attention_fp8: PagedTiles = PagedTiles(decode_kernel="cuda", decode_warps=None, decode_block_s=128,
+                                           decode_stages=3)
+    attention_fp8_triton: PagedTiles = PagedTiles(decode_block_s=128, decode_stages=3)
     early_launch: bool = True
     releasing_producers: frozenset = field(default_factory=lambda: frozenset(PRODUCERS))
 
@@ -48,6 +54,13 @@ class EngineKernels:
             raise ValueError(f"EngineKernels.releasing_producers: unknown {sorted(unknown)}; known: {PRODUCERS}")
         if self.norm_warps not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"EngineKernels.norm_warps must be a power of two up to 32, got {self.norm_warps}")
+        if self.attention_fp8_triton.decode_kernel != "triton":
+            raise ValueError("EngineKernels.attention_fp8_triton must be Triton tiles (the CUDA kernel's fallback)")
+
+    def without_cuda_attention(self) -> "EngineKernels":
+        """These choices with the FP8 cache's decode on the Triton tiles (where the CUDA kernel
+        cannot run, or to compare against it)."""
+        return dataclasses.replace(self, attention_fp8=self.attention_fp8_triton)
 
     def attention_tiles(self, fp8_cache: bool) -> PagedTiles:
         return self.attention_fp8 if fp8_cache else self.attention_bf16
@@ -64,6 +77,7 @@ class EngineKernels:
                               for r in self.fp8_gemms.rows],
                 "fuse_activation_quant": self.fuse_activation_quant, "norm_warps": self.norm_warps,
                 "attention_bf16": vars(self.attention_bf16), "attention_fp8": vars(self.attention_fp8),
+                "attention_fp8_triton": vars(self.attention_fp8_triton),
                 "early_launch": self.early_launch, "releasing_producers": sorted(self.releasing_producers)}
 
 

@@ -123,8 +123,9 @@ class _Driver:
         lib.cuGetErrorString.argtypes = [i, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuFuncSetAttribute.argtypes = [p, i, i]
         lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(i)]
+        lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(i), p, i, ctypes.c_size_t]
         for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx", "cuCtxGetCurrent",
-                     "cuFuncSetAttribute", "cuDriverGetVersion"):
+                     "cuFuncSetAttribute", "cuDriverGetVersion", "cuOccupancyMaxActiveBlocksPerMultiprocessor"):
             getattr(lib, name).restype = i
 
     def check(self, result: int, what: str) -> None:
@@ -199,6 +200,17 @@ class CudaModule:
             driver().check(driver().lib.cuFuncSetAttribute(self.function(name), MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                            shared_bytes), f"raising {name}'s shared memory")
             self._shared_limits[name] = shared_bytes
+
+    def resident_blocks(self, name: str, threads: int, shared_bytes: int) -> int:
+        """How many blocks of kernel ``name`` (``threads`` each, ``shared_bytes`` of dynamic
+        shared memory) an SM holds at once: the driver's answer from the kernel's registers
+        and shared memory, which a launch rule needs to count its waves."""
+        if shared_bytes > 48 * 1024:
+            self.allow_shared(name, shared_bytes)
+        blocks = ctypes.c_int()
+        driver().check(driver().lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), self.function(name), threads, shared_bytes), f"occupancy of {name}")
+        return blocks.value
 
     def launch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], *args,
                early: bool = False, shared_bytes: int = 0) -> None:

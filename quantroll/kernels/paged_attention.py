@@ -18,10 +18,10 @@ class PagedTiles:
     """Launch shapes: keys per decode tile, prefill query and key tiles, warps."""
 
     decode_block_s: int = 64
-    decode_warps: int = 4
+    decode_warps: int | None = 4  # None (the CUDA kernel only): by its rule per batch (paged_decode_cuda.launch_shape)
     decode_stages: int = 3
-    decode_keys_on_m: bool = False  # swap-AB decode dots: keys on the MMA's M side (paged_attention_triton)
-    decode_kernel: str = "triton"  # or "cuda": paged_decode_cuda.py (FP8 caches; decode_warps 4 or 2, the rest unused)
+    decode_kernel: str = "triton"  # or "cuda": paged_decode_cuda.py (FP8 caches; decode_warps 4, 2 or None; block_s
+                                   # and stages unused)
     prefill_block_m: int = 64
     prefill_block_n: int = 64
     prefill_warps: int = 4
@@ -30,6 +30,9 @@ class PagedTiles:
     def __post_init__(self):
         if self.decode_kernel not in ("triton", "cuda"):
             raise ValueError(f"PagedTiles.decode_kernel must be 'triton' or 'cuda', got {self.decode_kernel!r}")
+        if self.decode_warps is None and self.decode_kernel != "cuda":
+            raise ValueError("PagedTiles.decode_warps None (chosen per batch) is the CUDA decode kernel's rule; the "
+                             "Triton kernel takes a warp count")
 
 
 def _tiles(cache) -> PagedTiles:
@@ -79,7 +82,8 @@ def quantizes_output(head_dim: int) -> bool:
 def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None,
                      splits: int | None = None, quantize: bool = False) -> torch.Tensor | Fp8Activation:
     """q [B, H, D] (one token per sequence) -> [B, H, D]; ``tiles`` default: the cache
-    dtype's (EngineKernels.attention_tiles); ``splits`` default: decode_splits. ``quantize``
+    dtype's (EngineKernels.attention_tiles); ``splits`` default: decode_splits (the CUDA
+    kernel: paged_decode_cuda.launch_shape, which also picks its warps). ``quantize``
     (where quantizes_output(D)): an Fp8Activation of shape [B, H * D] instead, bit for bit
     quantize_activation_fp8 of the BF16 result, for a block-FP8 o_proj (one launch fewer)."""
     tiles = tiles or _tiles(cache)
@@ -90,7 +94,13 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     _check_value_tiles(cache, tiles.decode_block_s)
     if quantize and not quantizes_output(d):
         raise ValueError(f"decode attention quantizes its output for heads of {FP8_GROUP} only, got head_dim {d}")
-    if splits is None:
+    warps = tiles.decode_warps
+    if tiles.decode_kernel == "cuda":
+        _check_cuda(cache, q)
+        from quantroll.kernels.paged_decode_cuda import launch_shape
+
+        warps, splits = launch_shape(b, hkv, q.device, warps, splits, tiles.max_splits)
+    elif splits is None:
         splits = decode_splits(b, hkv, q.device, tiles)
     out = q if quantize else torch.empty_like(q)  # quantized: a placeholder the kernels never store to
     codes, scales = fp8_activation_buffers(b, h * d, q.device) if quantize else (out, out)
@@ -101,8 +111,7 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     else:
         part_o = part_ml = out  # placeholders (never stored to)
     if tiles.decode_kernel == "cuda":
-        _launch_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize,
-                     tiles.decode_warps)
+        _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, warps)
     else:
         _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, cache, tiles)
     if splits > 1:
@@ -127,19 +136,24 @@ def _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, 
         q.stride(0), q.stride(1), tables.stride(0), out.stride(0), out.stride(1), codes.stride(0), scales.stride(-1),
         HKV=hkv, D=d, D_PAD=next_pow2(d, 16), GROUP=group, G_PAD=next_pow2(group, 16), BLOCK_SIZE=cache.block_size,
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
-        KEYS_ON_M=tiles.decode_keys_on_m, QUANT_OUT=quantize, num_warps=tiles.decode_warps,
+        QUANT_OUT=quantize, num_warps=tiles.decode_warps,
         num_stages=tiles.decode_stages)
 
 
-def _launch_cuda(q, cache, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
+def _check_cuda(cache, q) -> None:
+    from quantroll.kernels.paged_decode_cuda import cache_unsupported_reason
+
+    reason = cache_unsupported_reason(cache, q)
+    if reason is not None:
+        raise ValueError(f"decode_kernel 'cuda' cannot read this cache: {reason}")
+
+
+def _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
                  warps: int) -> None:
     """The CUDA FP8-cache kernel: with one split it stores the output (quantized for o_proj
     where asked) itself; several are merged (and quantized) by the Triton merge after it."""
     from quantroll.kernels import paged_decode_cuda
 
-    reason = paged_decode_cuda.unsupported_reason(cache, q)
-    if reason is not None:
-        raise ValueError(f"decode_kernel 'cuda' cannot read this cache: {reason}")
     own_quant = quantize and splits == 1
     paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
                                  warps=warps,

@@ -14,8 +14,8 @@ for that one indirection per tile.
   of the sequence's positions (whole tiles) and writes a partial result, which
   ``merge_splits_kernel`` combines (flash-decoding): that is what fills the GPU when
   batch x KV heads is small and contexts are long. Lengths come from device memory, so
-  the kernels are CUDA-graph safe while sequences grow. Two forms of its key loop: the
-  query group on the MMA's M side (rows), or the keys (``_decode_keys_on_m``, swap-AB).
+  the kernels are CUDA-graph safe while sequences grow. The query group sits on the MMA's
+  M side (a keys-on-M form, swap-AB, lost: docs/history.md).
   Its output can leave already quantized for a block-FP8 o_proj (QUANT_OUT: heads of 128
   are one 1x128 group each), which saves that linear its activation-quantize launch.
 - ``paged_prefill_kernel``: any number of query tokens per sequence (new prompts, chunks
@@ -152,51 +152,11 @@ def _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_
 
 
 @triton.jit
-def _decode_keys_on_m(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, start, end, sm_scale, kvh, offs_d, d_ok,
-                      HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr, FP8: tl.constexpr,
-                      IEEE: tl.constexpr):
-    """The decode key loop with the keys on the MMA's M side (swap-AB): scores^T = K q^T
-    [BLOCK_S, G_PAD] and acc^T += V^T P^T [D_PAD, G_PAD], so the large operand of both dots
-    is the key or value tile as loaded (an FP8 cache's positions-minor values are V^T
-    already: no transpose) and the query group is the narrow N side. Returns (acc [G_PAD,
-    D_PAD], running max, running sum) as the rows form does."""
-    q_t = tl.trans(q)
-    m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
-    acc_t = tl.zeros((D_PAD, G_PAD), dtype=tl.float32)
-    for s0 in range(start, end, BLOCK_S):
-        offs = s0 + tl.arange(0, BLOCK_S)
-        ok = offs < end
-        slots = _tile_slots(table_row, offs, ok, BLOCK_SIZE)
-        k = _load_tile(k_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)
-        s = _dot(k, q_t, IEEE)
-        if FP8:
-            s = s * _load_scales(ks_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)[:, None]
-        s = tl.where(ok[:, None], s * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        p = tl.exp(s - m_new[None, :])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        if FP8:
-            v_t = _load_values_positions_minor(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, BLOCK_SIZE, COMPUTE)
-            v_scale = _load_scales(vs_ptr, slots, ok, kvh, HKV, BLOCK_SIZE)
-            top = tl.max(v_scale, axis=0)
-            p = p * (v_scale / tl.where(top > 0, top, 1.0))[:, None]
-            pv = _dot(v_t, p.to(COMPUTE), IEEE) * top
-        else:
-            pv = _dot(tl.trans(_load_tile(v_ptr, slots, ok, kvh, offs_d, d_ok, HKV, D, COMPUTE)), p.to(COMPUTE), IEEE)
-        acc_t = acc_t * alpha[None, :] + pv
-        m_i = m_new
-    return tl.trans(acc_t), m_i, l_i
-
-
-@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr, o_ptr, po_ptr, pml_ptr, c_ptr, cs_ptr,
                         sm_scale, s_qb, s_qh, s_tb, s_ob, s_oh, s_cb, s_csg,
                         HKV: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr,
                         G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
-                        FP8: tl.constexpr, IEEE: tl.constexpr, KEYS_ON_M: tl.constexpr, QUANT_OUT: tl.constexpr):
+                        FP8: tl.constexpr, IEEE: tl.constexpr, QUANT_OUT: tl.constexpr):
     """Program (sequence, KV head, split). QUANT_OUT (D = 128, one split): the output is
     handed to a block-FP8 o_proj already quantized, each head one 1x128 group: E4M3 codes
     at ``c_ptr`` [B, H * D] and scales at ``cs_ptr`` (sequence b, head h at b + h * s_csg),
@@ -218,21 +178,17 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, len_ptr,
     COMPUTE = tl.float16 if FP8 else q.dtype  # E4M3 widens to float16 in one instruction, to BF16 in several
     q = q.to(COMPUTE)
     table_row = table_ptr + b * s_tb
-    if KEYS_ON_M:
-        acc, m_i, l_i = _decode_keys_on_m(q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, start, end, sm_scale, kvh, offs_d,
-                                          d_ok, HKV, D, D_PAD, G_PAD, BLOCK_SIZE, BLOCK_S, COMPUTE, FP8, IEEE)
-    else:
-        m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((G_PAD,), dtype=tl.float32)
-        acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
-        for s0 in range(start, end, BLOCK_S):
-            offs = s0 + tl.arange(0, BLOCK_S)
-            ok = offs < end
-            slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D,
-                                     COMPUTE, FP8, IEEE)
-            qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
-            acc, m_i, l_i = _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV,
-                                                 D, BLOCK_SIZE, COMPUTE, FP8, IEEE, False)
+    m_i = tl.full((G_PAD,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((G_PAD,), dtype=tl.float32)
+    acc = tl.zeros((G_PAD, D_PAD), dtype=tl.float32)
+    for s0 in range(start, end, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        ok = offs < end
+        slots, qk = _tile_scores(q, k_ptr, ks_ptr, table_row, offs, ok, kvh, offs_d, d_ok, BLOCK_SIZE, HKV, D,
+                                 COMPUTE, FP8, IEEE)
+        qk = tl.where(ok[None, :], qk * sm_scale, float("-inf"))
+        acc, m_i, l_i = _online_softmax_tile(acc, m_i, l_i, qk, v_ptr, vs_ptr, slots, ok, kvh, offs_d, d_ok, HKV,
+                                             D, BLOCK_SIZE, COMPUTE, FP8, IEEE, False)
     out_ok = g_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
         out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)

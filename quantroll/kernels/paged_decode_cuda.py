@@ -1,9 +1,14 @@
 """The CUDA decode attention over an FP8 KV cache (cuda/paged_decode_fp8.cu): where it
-applies, and its launch. Chosen by ``PagedTiles.decode_kernel = "cuda"``; why it exists
-and how it lays out the work: the source's header. A cache it cannot read is refused with
-the reason (never a silent fall back to the Triton kernel: the two round differently)."""
+applies, its launch shape, and its launch. Why it exists and how it lays out the work: the
+source's header. It is the engine's decode over an FP8 cache (``PagedTiles.decode_kernel =
+"cuda"``, kernels/choices.py) where ``unsupported_reason`` says None when the engine is
+built; elsewhere the engine takes the Triton kernel and logs why (engine/plan.py). A launch
+for a cache it cannot read is refused with the reason, never switched to the Triton kernel
+mid-run (the two round differently)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -26,24 +31,92 @@ def shared_bytes(warps: int) -> int:
     return max(warps * 2 * STAGE_BYTES, warps * 16 * HEAD_DIM * 4 + warps * 16 * 2 * 4 + warps * 4)
 
 
-def unsupported_reason(cache, q: torch.Tensor) -> str | None:
-    """None when the kernel reads this cache for these queries, else why not (one line)."""
-    if not cache.quantized:
+def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, heads: int, kv_heads: int,
+                       dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when the kernel serves this cache and these queries, else why not (one line).
+    Asked when an engine is built (engine/plan.py: the Triton kernel serves where this is
+    not None, and the engine logs why) and again by each launch."""
+    if kv_cache_dtype != "fp8_e4m3":
         return "it reads an FP8 (E4M3) cache only"
-    if cache.head_dim != HEAD_DIM:
-        return f"it is compiled for head_dim {HEAD_DIM}, the cache has {cache.head_dim}"
-    if cache.block_size != BLOCK_SIZE:
-        return f"it is compiled for cache blocks of {BLOCK_SIZE} positions, the cache has {cache.block_size}"
-    if not cache.values_positions_minor:
-        return "it reads values stored positions-minor ([blocks, Hkv, D, block_size])"
-    group = q.shape[1] // cache.kv_heads
-    if group > MAX_GROUP or q.shape[1] % cache.kv_heads:
-        return f"it serves up to {MAX_GROUP} query heads per KV head, got {q.shape[1]} over {cache.kv_heads}"
-    if q.dtype != torch.bfloat16 or q.stride(-1) != 1:
-        return f"it takes BF16 queries with contiguous heads, got {q.dtype}"
-    if q.device.type != "cuda":
+    if head_dim != HEAD_DIM:
+        return f"it is compiled for head_dim {HEAD_DIM}, the cache has {head_dim}"
+    if block_size != BLOCK_SIZE:
+        return f"it is compiled for cache blocks of {BLOCK_SIZE} positions, the cache has {block_size}"
+    if heads % kv_heads or heads // kv_heads > MAX_GROUP:
+        return f"it serves up to {MAX_GROUP} query heads per KV head, got {heads} over {kv_heads}"
+    if dtype != torch.bfloat16:
+        return f"it takes BF16 queries, the engine computes in {dtype}"
+    if torch.device(device).type != "cuda":
         return "it runs on a CUDA device"
-    return cuda_jit.unavailable_reason(q.device)
+    return cuda_jit.unavailable_reason(device)
+
+
+def build_reason(device: torch.device) -> str | None:
+    """None when the kernel compiles and loads on ``device`` (once per process), else why
+    not, in one line (the compiler's whole output is in the exception's log)."""
+    try:
+        cuda_jit.load(SOURCE, torch.device(device))
+    except (RuntimeError, OSError) as err:  # CompileError is a RuntimeError
+        return " ".join(f"building {SOURCE} failed: {err}".split())[:300]
+    return None
+
+
+def cache_unsupported_reason(cache, q: torch.Tensor) -> str | None:
+    """unsupported_reason for a paged cache (values positions-minor: its FP8 layout) and a
+    query tensor [B, H, D] with contiguous heads."""
+    if cache.quantized and not cache.values_positions_minor:
+        return "it reads values stored positions-minor ([blocks, Hkv, D, block_size])"
+    if q.stride(-1) != 1:
+        return "it takes queries with contiguous heads"
+    return unsupported_reason(kv_cache_dtype="fp8_e4m3" if cache.quantized else "bf16", head_dim=cache.head_dim,
+                              block_size=cache.block_size, heads=q.shape[1], kv_heads=cache.kv_heads, dtype=q.dtype,
+                              device=q.device)
+
+
+# (sequence, KV head, split) programs per SM the split rule aims at: measured on an H100
+# (bench/paged_attention.py --shape qwen3-8b --sweep-layouts cuda, 2026-12-06), 16 sequences x 8
+# KV heads over 2048 positions took 34.2 us in 2 splits (4 warps), 40.7 in 4; over 16384, 204 and 222.
+PROGRAMS_PER_SM = 2
+
+
+def wave_efficiency(programs: int, slots: int) -> float:
+    """The share of the launch's block slots (SMs x resident blocks, times its waves) that
+    hold a program: 1 when the programs fill their last wave."""
+    return programs / (slots * -(-programs // slots))
+
+
+def choose_warps(programs: int, slots_by_warps: dict[int, int]) -> int:
+    """The warp count whose waves are fullest (wave_efficiency), the fewer warps on a tie
+    (within 1%): more blocks resident per SM, the same bytes in flight. On an H100 (167
+    registers: 3 blocks per SM at 4 warps, 6 at 2) it chose the measured best at every
+    shape of the 8B sweep (2026-12-06): 2 warps for 512 and 2048 programs, 4 for 256 and 1024."""
+    eff = {w: wave_efficiency(programs, slots) for w, slots in slots_by_warps.items()}
+    best = max(eff.values())
+    return min(w for w, e in eff.items() if e >= best - 0.01)
+
+
+@functools.cache
+def _slots(device_index: int) -> dict[int, int]:
+    """Block slots of the whole GPU per compiled warp count (driver occupancy x SMs)."""
+    device = torch.device("cuda", device_index)
+    module = cuda_jit.load(SOURCE, device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return {w: sms * module.resident_blocks(f"paged_decode_fp8_w{w}", 32 * w, shared_bytes(w)) for w in WARPS}
+
+
+def launch_shape(batch: int, kv_heads: int, device: torch.device, warps: int | None = None,
+                 splits: int | None = None, max_splits: int = 16) -> tuple[int, int]:
+    """(warps, splits) of a decode launch, each as given or by rule: splits until
+    ``PROGRAMS_PER_SM`` programs per SM, then the warps by choose_warps. Fixed per batch size
+    (a captured graph keeps its grid as contexts grow)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if splits is None:
+        sms = torch.cuda.get_device_properties(index).multi_processor_count
+        splits = max(1, min(max_splits, PROGRAMS_PER_SM * sms // max(batch * kv_heads, 1)))
+    if warps is None:
+        warps = choose_warps(batch * kv_heads * splits, _slots(index))
+    return warps, splits
 
 
 def decode_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
@@ -55,7 +128,7 @@ def decode_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch
     fp8_activation_buffers) to those, quantized as a block-FP8 linear quantizes that BF16
     output (each head one 1x128 group); with several, the per-split partials (O / l, and
     (m, l) in natural-log units) go to ``part_o`` [B, H, splits, D] and ``part_ml``
-    [B, H, splits, 2], for the Triton merge. ``unsupported_reason`` must have said None."""
+    [B, H, splits, 2], for the Triton merge. ``cache_unsupported_reason`` must have said None."""
     if warps not in WARPS:
         raise ValueError(f"CUDA decode attention: warps must be one of {WARPS}, got {warps}")
     if codes is not None and splits != 1:

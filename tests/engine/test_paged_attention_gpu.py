@@ -19,6 +19,7 @@ from quantroll.engine import CacheConfig, Engine, SamplingParams  # noqa: E402
 from quantroll.engine.paged_cache import AttentionBatch, PagedKVCache  # noqa: E402
 from quantroll.formats.kv_fp8 import quantize_kv  # noqa: E402
 from quantroll.kernels import cuda_jit, paged_attention  # noqa: E402
+from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS  # noqa: E402
 
 DEV = "cuda"
 
@@ -65,12 +66,8 @@ def _rel_err(a, b):
 
 
 @pytest.mark.parametrize("tiles", [None, paged_attention.PagedTiles(decode_block_s=64, decode_stages=2),
-                                   paged_attention.PagedTiles(decode_block_s=128, decode_stages=2),
-                                   paged_attention.PagedTiles(decode_block_s=64, decode_keys_on_m=True),
-                                   paged_attention.PagedTiles(decode_block_s=128, decode_keys_on_m=True),
-                                   paged_attention.PagedTiles(decode_block_s=256, decode_keys_on_m=True,
-                                                              decode_warps=8)],
-                         ids=["default", "bs64", "bs128", "keys-on-m-64", "keys-on-m-128", "keys-on-m-256"])
+                                   paged_attention.PagedTiles(decode_block_s=128, decode_stages=2)],
+                         ids=["default", "bs64", "bs128"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("contexts", [[1], [8191], [3, 4097], [1, 17, 300, 2049, 33, 64, 65, 5000]])
 def test_paged_decode_matches_the_reference(kv_dtype, contexts, tiles):
@@ -111,8 +108,11 @@ def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_h
                                            splits=splits)
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)
     assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)
-    triton = paged_attention.decode_attention(q, cache, 0, cache.batch, splits=splits)
+    triton = paged_attention.decode_attention(q, cache, 0, cache.batch, DEFAULT_ENGINE_KERNELS.attention_fp8_triton,
+                                              splits=splits)
     assert _rel_err(got, triton) < 5e-3, _rel_err(got, triton)
+    by_rule = paged_attention.decode_attention(q, cache, 0, cache.batch)  # the engine's default: warps by its rule
+    assert _rel_err(by_rule, ref) < 1e-2, _rel_err(by_rule, ref)
 
 
 @needs_cuda_decode
@@ -418,3 +418,32 @@ def test_fp8_kv_block_larger_than_the_attention_tiles_is_refused_when_the_engine
     with pytest.raises(QuantrollError, match="--kv-cache-block-size 128 with --kv-cache-dtype fp8_e4m3"):
         Engine.from_model(model, None, DEV, cache=CacheConfig(kv_cache_dtype="fp8_e4m3", block_size=128))
     Engine.from_model(model, None, DEV, cache=CacheConfig(kv_cache_dtype="fp8_e4m3", block_size=32))  # divides 64
+
+
+def test_the_engine_decodes_an_fp8_cache_on_the_cuda_kernel_where_it_can(caplog):
+    """Heads of 128 on a GPU with nvcc: the CUDA kernel, its warps by the rule (the driver's
+    occupancy: more blocks of 2 warps resident than of 4); heads of 64: the Triton tiles, and
+    the engine's log says why. Either engine samples the same tokens eagerly and replayed."""
+    import logging
+
+    from quantroll.kernels import paged_decode_cuda
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(), seed=5)
+    prompts = [list(range(3, 11)), list(range(20, 33))]
+    for head_dim, want in ((128, "cuda" if CUDA_DECODE else "triton"), (64, "triton")):
+        cfg = dataclasses.replace(_small(), head_dim=head_dim)
+        model = random_model(cfg, DEV)
+        with caplog.at_level(logging.INFO, logger="quantroll"):
+            engine = Engine.from_model(model, None, DEV, cache=CacheConfig(kv_cache_dtype="fp8_e4m3", memory_gb=1))
+        assert engine.kernels.gpu.attention_fp8.decode_kernel == want
+        graph = engine.generate(prompts, params)
+        eager = Engine.from_model(model, None, DEV, cuda_graphs=False,
+                                  cache=CacheConfig(kv_cache_dtype="fp8_e4m3", memory_gb=1)).generate(prompts, params)
+        assert [r.tokens[:1] for r in graph] == [r.tokens[:1] for r in eager]
+        assert engine.last_stats["kernels"]["attention_fp8"]["decode_kernel"] == want
+    assert "cannot serve: it is compiled for head_dim 128, the cache has 64" in caplog.text
+    if CUDA_DECODE:
+        slots = paged_decode_cuda._slots(torch.cuda.current_device())
+        assert slots[2] >= slots[4] > 0, slots
+        warps, splits = paged_decode_cuda.launch_shape(16, 8, torch.device(DEV))
+        assert warps in paged_decode_cuda.WARPS and splits >= 2

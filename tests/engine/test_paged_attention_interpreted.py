@@ -64,8 +64,8 @@ def check_decode() -> None:
     from quantroll.engine.paged_cache import AttentionBatch
     from quantroll.kernels import paged_attention
 
-    for splits, keys_on_m in ((1, False), (4, False), (1, True), (4, True)):
-        tiles = paged_attention.PagedTiles(decode_block_s=16, max_splits=splits, decode_keys_on_m=keys_on_m)
+    for splits in (1, 4):
+        tiles = paged_attention.PagedTiles(decode_block_s=16, max_splits=splits)
         for contexts in ([1], [3, 97], [1, 17, 300, 33]):
             cache, table = _filled(_cfg(8, 2, 32), contexts)
             b = len(contexts)
@@ -74,7 +74,7 @@ def check_decode() -> None:
                                          torch.tensor(contexts, dtype=torch.int32), None, max_context=max(contexts))
             got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
             err = _rel(got, cache.reference_attend(0, q))
-            assert err < 1e-5, (splits, keys_on_m, contexts, err)
+            assert err < 1e-5, (splits, contexts, err)
 
 
 def check_prefill() -> None:
@@ -138,11 +138,11 @@ def check_fp8() -> None:
         q = torch.randn(b, 8, 32)
         cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long), table, torch.tensor(contexts, dtype=torch.int32),
                                      None, max_context=max(contexts))
-        for splits, keys_on_m in ((1, False), (3, False), (1, True), (3, True)):
-            tiles = paged_attention.PagedTiles(decode_block_s=32, max_splits=splits, decode_keys_on_m=keys_on_m)
+        for splits in (1, 3):
+            tiles = paged_attention.PagedTiles(decode_block_s=32, max_splits=splits)
             got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=splits)
             err = _rel(got, cache.reference_attend(0, q))
-            assert err < 1e-2, (block_size, splits, keys_on_m, err)
+            assert err < 1e-2, (block_size, splits, err)
         starts = torch.tensor([0, 3, 43, 63], dtype=torch.int32)  # all of seq 0, the last 40 of 1, the last 20 of 2
         qp = torch.randn(63, 8, 32)
         cache.batch = AttentionBatch(torch.zeros(63, dtype=torch.long), table, torch.tensor(contexts, dtype=torch.int32),

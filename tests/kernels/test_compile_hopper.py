@@ -51,13 +51,11 @@ CASES = [
     *[("paged_attention_triton", "paged_decode_kernel",
        {"q_ptr": "bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "fp32", "vs_ptr": "fp32", "table_ptr": "i32",
         "len_ptr": "i32", "o_ptr": "bf16", "po_ptr": "fp32", "pml_ptr": "fp32", "c_ptr": "fp8e4nv", "cs_ptr": "fp32"},
-       dict(HKV=8, D=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_S=keys or (64 if kv == "bf16" else 128),
-            SPLITS=splits, FP8=kv == "fp8e4nv", IEEE=False, KEYS_ON_M=keys_on_m, QUANT_OUT=quant),
-       dict(num_warps=8 if keys == 256 else 4, num_stages=3))  # the engine's tiles, then the keys-on-M candidates
+       dict(HKV=8, D=128, D_PAD=128, GROUP=4, G_PAD=16, BLOCK_SIZE=16, BLOCK_S=64 if kv == "bf16" else 128,
+            SPLITS=splits, FP8=kv == "fp8e4nv", IEEE=False, QUANT_OUT=quant),
+       dict(num_warps=4, num_stages=3))  # the engine's tiles
       for kv in ("bf16", "fp8e4nv") for splits in (1, 8)
-      for keys_on_m, keys in ((False, 0), (True, 64), (True, 128), (True, 256))
-      if not (kv == "bf16" and keys == 256)  # 275 KB of shared memory: more than an SM has
-      for quant in ((False, True) if splits == 1 and not keys_on_m else (False,))],
+      for quant in ((False, True) if splits == 1 else (False,))],
     *[("paged_attention_triton", "merge_splits_kernel",
        {"po_ptr": "fp32", "pml_ptr": "fp32", "o_ptr": "bf16", "c_ptr": "fp8e4nv", "cs_ptr": "fp32"},
        dict(H=32, D=128, D_PAD=128, SPLITS=8, S_PAD=8, QUANT_OUT=quant), {}) for quant in (False, True)],

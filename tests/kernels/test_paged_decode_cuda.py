@@ -45,20 +45,62 @@ def test_source_builds_for_ada_and_hopper_without_spills(capability, tmp_path, m
 
 def test_unsupported_caches_name_the_reason():
     q = torch.zeros(2, 32, 128, dtype=torch.bfloat16)
-    assert "FP8" in paged_decode_cuda.unsupported_reason(_cache("bf16"), q)
-    assert "head_dim 128" in paged_decode_cuda.unsupported_reason(_cache(head_dim=64), torch.zeros(2, 32, 64,
-                                                                                                    dtype=torch.bfloat16))
-    assert "blocks of 16" in paged_decode_cuda.unsupported_reason(_cache(block_size=32), q)
-    assert "up to 16 query heads" in paged_decode_cuda.unsupported_reason(_cache(heads=64, kv_heads=2),
-                                                                           torch.zeros(2, 64, 128,
-                                                                                       dtype=torch.bfloat16))
-    assert "BF16 queries" in paged_decode_cuda.unsupported_reason(_cache(), q.float())
-    assert "CUDA device" in paged_decode_cuda.unsupported_reason(_cache(), q)  # everything else fits: the device
+    reason = paged_decode_cuda.cache_unsupported_reason
+    assert "FP8" in reason(_cache("bf16"), q)
+    assert "head_dim 128" in reason(_cache(head_dim=64), torch.zeros(2, 32, 64, dtype=torch.bfloat16))
+    assert "blocks of 16" in reason(_cache(block_size=32), q)
+    assert "up to 16 query heads" in reason(_cache(heads=64, kv_heads=2), torch.zeros(2, 64, 128, dtype=torch.bfloat16))
+    assert "BF16 queries" in reason(_cache(), q.float())
+    assert "contiguous heads" in reason(_cache(), torch.zeros(2, 128, 32, dtype=torch.bfloat16).transpose(1, 2))
+    assert "CUDA device" in reason(_cache(), q)  # everything else fits: the device
+    # the engine asks before any cache exists, from the model's facts: groups of 6 and 7 fit
+    for heads, kv_heads in ((28, 4), (12, 2), (64, 4)):
+        assert "CUDA device" in paged_decode_cuda.unsupported_reason(
+            kv_cache_dtype="fp8_e4m3", head_dim=128, block_size=16, heads=heads, kv_heads=kv_heads,
+            dtype=torch.bfloat16, device=torch.device("cpu"))
 
 
 def test_decode_kernel_is_triton_or_cuda():
     with pytest.raises(ValueError, match="decode_kernel must be 'triton' or 'cuda'"):
         paged_attention.PagedTiles(decode_kernel="flash")
+    with pytest.raises(ValueError, match="the Triton kernel takes a warp count"):
+        paged_attention.PagedTiles(decode_warps=None)
+    paged_attention.PagedTiles(decode_kernel="cuda", decode_warps=None)  # the CUDA kernel's rule
+
+
+# the H100's block slots of the compiled kernel (132 SMs; 167 registers: 3 blocks of 4 warps, 6 of 2)
+H100_SLOTS = {4: 132 * 3, 2: 132 * 6}
+
+
+@pytest.mark.parametrize("programs,warps", [(256, 4), (512, 2), (1024, 4), (2048, 2)],
+                         ids=["16x8x2splits", "64x8", "128x8", "256x8"])
+def test_warps_by_waves_pick_the_h100_sweeps_best(programs, warps):
+    """The 8B sweep on an H100 (2026-12-06, docs/PERFORMANCE.md): 16 sequences in 2 splits
+    fastest at 4 warps (34.2 us against 34.4), 64 at 2 (106 against 115), 128 at 4 (206
+    against 216), 256 a tie (208.0 / 207.5). Hand-worked: 1024 programs fill 1024 / (396 x 3)
+    = 86% of 4 warps' slots and 1024 / (792 x 2) = 65% of 2 warps'."""
+    assert paged_decode_cuda.choose_warps(programs, H100_SLOTS) == warps
+
+
+def test_wave_efficiency_by_hand():
+    assert paged_decode_cuda.wave_efficiency(396, 396) == 1.0
+    assert paged_decode_cuda.wave_efficiency(397, 396) == 397 / 792
+    assert paged_decode_cuda.wave_efficiency(1024, 396) == 1024 / 1188
+    assert paged_decode_cuda.choose_warps(100, {4: 100, 2: 200}) == 4  # one full wave beats half a wave
+    assert paged_decode_cuda.choose_warps(200, {4: 100, 2: 200}) == 2  # both full: the fewer warps
+
+
+def test_engine_takes_the_triton_tiles_where_the_cuda_kernel_cannot_serve():
+    """The fallback resolve_attention applies (it asks the device only on a CUDA machine):
+    only the FP8 cache's decode changes, and to the Triton tiles the choices name."""
+    from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
+
+    moved = DEFAULT_ENGINE_KERNELS.without_cuda_attention()
+    assert moved.attention_fp8 == DEFAULT_ENGINE_KERNELS.attention_fp8_triton
+    assert moved.attention_fp8.decode_kernel == "triton" and moved.attention_fp8.decode_warps == 4
+    assert dataclasses.replace(moved, attention_fp8=DEFAULT_ENGINE_KERNELS.attention_fp8) == DEFAULT_ENGINE_KERNELS
+    with pytest.raises(ValueError, match="must be Triton tiles"):
+        dataclasses.replace(DEFAULT_ENGINE_KERNELS, attention_fp8_triton=DEFAULT_ENGINE_KERNELS.attention_fp8)
 
 
 def test_launch_passes_every_kernel_parameter_in_order(monkeypatch):

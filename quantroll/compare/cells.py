@@ -23,6 +23,9 @@ LEGEND = {
     "train_rollout_prob_abs_diff_mean": "mean |p_train - p_rollout| of the sampled tokens",
     "train_rollout_prob_pearson": "Pearson correlation of p_train and p_rollout over tokens",
     "n": "seeds (runs) aggregated; values are mean ± std over seeds (ddof=1)",
+    "entropy": ("the trainer's mean per-token entropy over the sampled responses (nats, at the sampling temperature; "
+                "metrics.jsonl key entropy): a gap is read beside it, more entropy, more room for the two "
+                "precisions to part"),
     "reward": "mean reward over all steps of a run (a built-in task's reward is 1 for a right answer, 0 otherwise)",
     "reward, last k steps": ("mean reward over the last k steps of a run (k in the header; one step's batch "
                              "reward is too noisy to compare), then mean ± std over seeds"),

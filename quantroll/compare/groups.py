@@ -98,6 +98,8 @@ def aggregate(key: tuple, runs: list[RunData]) -> dict:
         "rollout_precision": _distinct(v["rollout_precision"] for v in vals),
         "gap_step0": {k: stats(v["gap_step0"][k] for v in vals) for k in GAP_METRICS},
         "gap_mean": {k: stats(v["gap_mean"][k] for v in vals) for k in GAP_METRICS},
+        "entropy": {"gap_step0": stats(v["step0"].get("entropy") for v in vals),
+                    "gap_mean": stats(v["means"].get("entropy") for v in vals)},
         "metrics_mean": {k: stats(v["means"].get(k) for v in vals) for k in metric_names},
         "curves": {k: curve([r.steps for r in runs], k) for k in CURVES},
         "reward": {"mean": stats(v["means"].get("reward_mean") for v in vals),

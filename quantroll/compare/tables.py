@@ -16,11 +16,12 @@ from quantroll.compare.speed import update_over_copy
 def _gap_table(summary: dict, key: str, title: str, field_name: str, compact: bool, explain: bool) -> Table:
     """``explain``: the first gap table carries the metric legend, the later ones point back to it."""
     metrics = COMPACT_GAP if compact else summary["gap_metrics"]
-    rows = [[g["label"], g["correction"], str(g["gap_step0"][MAIN_GAP]["n"])]
+    rows = [[g["label"], g["correction"], str(g["gap_step0"][MAIN_GAP]["n"]),
+             cell((g.get("entropy") or {}).get(field_name))]  # (a summary.json from before the column: n/a)
             + [cell(g[field_name][m]) for m in metrics] for g in summary["groups"]]
     notes = ([] if explain else [SEE_ABOVE]) + ([CHI2_NEGATIVE] if chi2_negative(summary, field_name) else [])
-    return Table(key, title, ["group", "correction", "n"] + [SHORT.get(m, m) for m in metrics], rows,
-                 legend("n", *metrics) if explain else [], notes)
+    return Table(key, title, ["group", "correction", "n", "entropy"] + [SHORT.get(m, m) for m in metrics], rows,
+                 legend("n", "entropy", *metrics) if explain else [], notes)
 
 
 def groups_table(summary: dict) -> Table:

@@ -110,14 +110,15 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         part_ml = torch.empty(b, h, splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_o = part_ml = out  # placeholders (never stored to)
-    if tiles.decode_kernel == "cuda":
-        _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, warps)
+    if tiles.decode_kernel == "cuda":  # it merges its splits itself
+        _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, warps,
+                     cache.split_counters)
     else:
         _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, cache, tiles)
-    if splits > 1:
-        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
-                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
-                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
+        if splits > 1:
+            merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1),
+                                        codes.stride(0), scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16),
+                                        SPLITS=splits, S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
     return out
@@ -149,15 +150,14 @@ def _check_cuda(cache, q) -> None:
 
 
 def _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
-                 warps: int) -> None:
-    """The CUDA FP8-cache kernel: with one split it stores the output (quantized for o_proj
-    where asked) itself; several are merged (and quantized) by the Triton merge after it."""
+                 warps: int, counters) -> None:
+    """The CUDA FP8-cache kernel: it stores the output (quantized for o_proj where asked)
+    itself, merging its splits in the last block of each (sequence, KV head) to finish."""
     from quantroll.kernels import paged_decode_cuda
 
-    own_quant = quantize and splits == 1
     paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
-                                 warps=warps,
-                                 codes=codes if own_quant else None, code_scales=scales if own_quant else None)
+                                 warps=warps, codes=codes if quantize else None,
+                                 code_scales=scales if quantize else None, counters=counters)
 
 
 def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ OTHER_KEYS = (
     "reward_mean", "reward_std", "accuracy", "response_len_mean", "loss", "pg_clipfrac", "grad_norm", "train_time",
     "tis", "tis_clipfrac", "tis_abs", "ess_ratio", "masked_fraction", "tis_count", "rollout_time",
     "rollout_tokens_per_s", "weight_quantize_time", "weight_load_time", "weight_copy_time", "peak_memory_gib",
+    "entropy",
 )
 BUCKET_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "chi2_token", "log_ppl_diff", "ppl_ratio",
                "chi2_seq")

@@ -106,6 +106,22 @@ def test_gap_at_step0_and_over_steps(matrix):
         for key in GAP_KEYS:
             check(groups[gid]["gap_step0"][key], [steps[0][key] for _, steps in members])
             check(groups[gid]["gap_mean"][key], [np.mean([s[key] for s in steps]) for _, steps in members])
+        # the entropy beside each gap table: step 0's, and the mean over steps
+        check(groups[gid]["entropy"]["gap_step0"], [steps[0]["entropy"] for _, steps in members])
+        check(groups[gid]["entropy"]["gap_mean"], [np.mean([s["entropy"] for s in steps]) for _, steps in members])
+
+
+def test_gap_tables_show_the_entropy_beside_the_gap(matrix):
+    from quantroll.compare.cells import cell
+    from quantroll.compare.tables import build_tables
+
+    _, summary, _ = matrix
+    tables = {t.key: t for t in build_tables(summary)}
+    for key in ("gap_step0", "gap_mean"):
+        t = tables[key]
+        at = t.headers.index("entropy")
+        assert at == 3 and [row[at] for row in t.rows] == [cell(g["entropy"][key]) for g in summary["groups"]]
+    assert "entropy" in dict(tables["gap_step0"].legend)
 
 
 def test_reward_curve_last_k_and_mean(matrix):

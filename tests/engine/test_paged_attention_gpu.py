@@ -96,7 +96,7 @@ def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_h
     """The CUDA FP8-cache decode kernel (paged_decode_cuda.py) against float32 attention over
     the same dequantized cache, and against the Triton kernel (both round q and P' to
     float16; their sums run in other orders): GQA groups 1-16, partial chunks and blocks,
-    one split (its own output) and several (the Triton merge)."""
+    one split and several (merged by the last block of each (sequence, KV head) to finish)."""
     cfg = _cfg(heads, kv_heads, 128)
     cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts)
     b = len(contexts)
@@ -108,6 +108,7 @@ def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_h
                                            splits=splits)
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)
     assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)
+    assert int(cache.split_counters.abs().sum()) == 0  # the merging blocks left their counters at rest
     triton = paged_attention.decode_attention(q, cache, 0, cache.batch, DEFAULT_ENGINE_KERNELS.attention_fp8_triton,
                                               splits=splits)
     assert _rel_err(got, triton) < 5e-3, _rel_err(got, triton)
@@ -118,8 +119,8 @@ def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_h
 @needs_cuda_decode
 def test_cuda_fp8_decode_refuses_what_it_cannot_read_and_quantizes_for_o_proj():
     """A BF16 cache or heads of 64 are refused with the reason (no silent Triton fall back);
-    the quantized output (one split: o_proj's own quantization; splits: the merge kernel's)
-    equals quantize_activation_fp8 of the BF16 result; the CUDA-graph replay equals eager."""
+    the quantized output (one split or several, merged in the kernel) equals
+    quantize_activation_fp8 of the BF16 result; the CUDA-graph replay equals eager."""
     from quantroll.kernels.fp8_linear import quantize_activation_fp8
 
     tiles = paged_attention.PagedTiles(decode_kernel="cuda")

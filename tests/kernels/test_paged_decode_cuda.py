@@ -125,17 +125,24 @@ def test_launch_passes_every_kernel_parameter_in_order(monkeypatch):
     ks, vs = torch.zeros(4, hkv, 16), torch.zeros(4, hkv, 16)
     tables, lengths = torch.zeros(b, 2, dtype=torch.int32), torch.ones(b, dtype=torch.int32)
     out = torch.zeros_like(q)
-    for codes in (None, torch.zeros(b, h * 128, dtype=torch.uint8)):
+    counters = torch.zeros(b * hkv, dtype=torch.int32)
+    for codes, splits in ((None, 1), (torch.zeros(b, h * 128, dtype=torch.uint8), 1), (None, 3),
+                          (torch.zeros(b, h * 128, dtype=torch.uint8), 3)):
         scales = None if codes is None else torch.zeros(b, h)
-        paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, 1, warps=2, codes=codes,
-                                     code_scales=scales)
+        paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, splits, warps=2, codes=codes,
+                                     code_scales=scales, counters=counters)
         args = launched["args"]
-        assert launched["name"] == "paged_decode_fp8_w2" and launched["grid"] == (b, hkv, 1)
+        assert launched["name"] == "paged_decode_fp8_w2" and launched["grid"] == (b, hkv, splits)
         assert len(args) == len(params), (len(args), params)
         for name, is_pointer, arg in zip(params, pointer, args):
             if is_pointer:
                 assert isinstance(arg, torch.Tensor) or arg == 0, (name, arg)
             else:
                 assert isinstance(arg, int), (name, arg)
-        assert args[params.index("group")] == h // hkv and args[params.index("splits")] == 1
+        assert args[params.index("group")] == h // hkv and args[params.index("splits")] == splits
+        assert (args[params.index("counters")] is counters) == (splits > 1)
+        assert (args[params.index("codes")] is codes) if codes is not None else args[params.index("codes")] == 0
+    for bad in (None, torch.zeros(b * hkv - 1, dtype=torch.int32), torch.zeros(b * hkv)):
+        with pytest.raises(ValueError, match="needs int32 counters"):
+            paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, 2, warps=2, counters=bad)
     assert launched["shared"] == paged_decode_cuda.shared_bytes(2)

@@ -30,11 +30,12 @@
 // float16 is fine), its column of P; the accumulator is kept in units of `unit` and rescaled
 // only when the running max or `unit` changes.
 // Softmax in float32 and base 2 (ex2.approx, as Triton's exp), the running sum per lane,
-// summed at the end. The WARPS partial results meet in shared memory; with SPLITS > 1 the
-// block writes (O / l, m, l) per head for paged_attention_triton.merge_splits_kernel (m in
-// natural-log units, as the Triton decode kernel writes it); with one split the BF16 output,
-// or (`codes` not null) its E4M3 codes and per-head scale for a block-FP8 o_proj, bit for bit
-// what act_quant_fp8_kernel makes of that BF16 output.
+// summed at the end. The WARPS partial results meet in shared memory. With SPLITS > 1 each
+// block writes (O / l, m, l) per head (m in natural-log units, as the Triton decode kernel
+// writes it) and counts itself done on its (sequence, KV head)'s counter (zero at rest); the
+// last of the splits to finish merges them all and resets the counter, so no second launch
+// is needed. The output: BF16, or (`codes` not null) its E4M3 codes and per-head scale for a
+// block-FP8 o_proj, bit for bit what act_quant_fp8_kernel makes of that BF16 output.
 
 #include "gemv_fragments.cuh"
 #include "paged_decode_stage.cuh"
@@ -171,6 +172,51 @@ __device__ __forceinline__ void chunk_step(Accumulator& acc, const uint32_t (&qa
   }
 }
 
+// The attention output of the block's heads: value(row, col) is head row's dim col before
+// rounding; stored as BF16, or (`codes` not null) handed to a block-FP8 o_proj, each head one
+// 1x128 group: E4M3 codes and one scale, bit for bit what act_quant_fp8_kernel makes of the
+// BF16 output. red_amax: WARPS floats of shared memory.
+template <int WARPS, typename Value>
+__device__ __forceinline__ void emit(const Value& value, int g, int kvh, long long b, int lane, int warp,
+                                     float* red_amax, uint16_t* __restrict__ out, long long s_ob, long long s_oh,
+                                     uint8_t* __restrict__ codes, float* __restrict__ code_scales, long long s_cb,
+                                     long long s_csg) {
+  if (codes == nullptr) {
+    for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+      const int row = idx / D, col = idx % D;
+      out[b * s_ob + (static_cast<long long>(kvh) * g + row) * s_oh + col] = f32_to_bf16_rne(value(row, col));
+    }
+    return;
+  }
+  constexpr int PER_THREAD = D / (WARPS * 32);
+  for (int row = 0; row < g; ++row) {
+    float v[PER_THREAD], amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+      v[k] = bf16_to_f32(f32_to_bf16_rne(value(row, threadIdx.x + k * WARPS * 32)));  // the BF16 output
+      amax = fmaxf(amax, fabsf(v[k]));
+    }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, x));
+    if (lane == 0) red_amax[warp] = amax;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) amax = fmaxf(amax, red_amax[w]);
+    __syncthreads();  // red_amax is rewritten for the next head
+    // act_quant_fp8_kernel's math, op for op (fused_triton._quant_fp8_groups)
+    float scale = fmaxf(__fdiv_rn(amax, 448.0f), FP32_TINY);
+    scale = amax > 0.0f ? scale : 0.0f;
+    const float divisor = scale > 0.0f ? scale : 1.0f;
+    const long long head = static_cast<long long>(kvh) * g + row;
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+      const float x = fminf(fmaxf(__fdiv_rn(v[k], divisor), -448.0f), 448.0f);
+      codes[b * s_cb + head * D + threadIdx.x + k * WARPS * 32] = e4m3_of(x);
+    }
+    if (threadIdx.x == 0) code_scales[b + head * s_csg] = scale;
+  }
+}
+
 template <int WARPS>
 __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long s_qb, long long s_qh,
                                        const uint8_t* __restrict__ k_pool, const uint8_t* __restrict__ v_pool,
@@ -179,7 +225,8 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
                                        const int* __restrict__ lengths, uint16_t* __restrict__ out, long long s_ob,
                                        long long s_oh, float* __restrict__ part_o, float* __restrict__ part_ml,
                                        long long hkv, long long group, long long splits, uint8_t* __restrict__ codes,
-                                       float* __restrict__ code_scales, long long s_cb, long long s_csg) {
+                                       float* __restrict__ code_scales, long long s_cb, long long s_csg,
+                                       int* __restrict__ counters) {
   extern __shared__ __align__(16) char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t = lane & 3;
@@ -276,68 +323,71 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
     }
     return sum;
   };
-  if (codes != nullptr) {  // one split, handed to a block-FP8 o_proj: each head one 1x128 group
-    float* red_amax = red_ml + WARPS * 16 * 2;
-    constexpr int PER_THREAD = D / (WARPS * 32);
-    for (int row = 0; row < g; ++row) {
-      float v[PER_THREAD], amax = 0.0f;
-#pragma unroll
-      for (int k = 0; k < PER_THREAD; ++k) {
-        float l_all, m_all;
-        const float sum = combined(row, threadIdx.x + k * WARPS * 32, l_all, m_all);
-        v[k] = bf16_to_f32(f32_to_bf16_rne(sum / l_all));  // the BF16 output the linear would quantize
-        amax = fmaxf(amax, fabsf(v[k]));
-      }
-#pragma unroll
-      for (int x = 16; x > 0; x >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, x));
-      if (lane == 0) red_amax[warp] = amax;
-      __syncthreads();
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) amax = fmaxf(amax, red_amax[w]);
-      __syncthreads();  // red_amax is rewritten for the next head
-      // act_quant_fp8_kernel's math, op for op (fused_triton._quant_fp8_groups)
-      float scale = fmaxf(__fdiv_rn(amax, 448.0f), FP32_TINY);
-      scale = amax > 0.0f ? scale : 0.0f;
-      const float divisor = scale > 0.0f ? scale : 1.0f;
-      const long long head = static_cast<long long>(kvh) * g + row;
-#pragma unroll
-      for (int k = 0; k < PER_THREAD; ++k) {
-        const float x = fminf(fmaxf(__fdiv_rn(v[k], divisor), -448.0f), 448.0f);
-        codes[b * s_cb + head * D + threadIdx.x + k * WARPS * 32] = e4m3_of(x);
-      }
-      if (threadIdx.x == 0) code_scales[b + head * s_csg] = scale;
-    }
-    return;
-  }
-  for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
-    const int row = idx / D, col = idx % D;
-    float l_all, m_all;
-    const float acc = combined(row, col, l_all, m_all);
-    const long long head = static_cast<long long>(kvh) * g + row;
-    if (splits == 1) {
-      out[b * s_ob + head * s_oh + col] = f32_to_bf16_rne(acc / l_all);
-    } else {  // partials [B, H, SPLITS, D] and [B, H, SPLITS, 2]; an empty split stores l = 0
-      const long long at = (b * heads + head) * splits + split;
+  if (splits > 1) {  // this split's partials [B, H, SPLITS, D] and [B, H, SPLITS, 2]; an empty split stores l = 0
+    for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+      const int row = idx / D, col = idx % D;
+      float l_all, m_all;
+      const float acc = combined(row, col, l_all, m_all);
+      const long long at = (b * heads + static_cast<long long>(kvh) * g + row) * splits + split;
       part_o[at * D + col] = l_all > 0.0f ? acc / l_all : 0.0f;
       if (col == 0) {
-        part_ml[at * 2] = m_all * LN2;  // natural-log units, as the Triton decode kernel's
+        part_ml[at * 2] = m_all * LN2;  // natural-log units
         part_ml[at * 2 + 1] = l_all;
       }
     }
+    // The last block of this (sequence, KV head) to finish merges every split (no second launch):
+    // the partials are published (fence) before the count, and read from L2 after it.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    int* done = counters + b * hkv + kvh;
+    if (threadIdx.x == 0) last = atomicAdd(done, 1) == static_cast<int>(splits) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // the log-sum-exp weighted mean of the splits' O / l (as merge_splits_kernel computes it)
+    auto merged = [&](int row, int col) {
+      const long long at = (b * heads + static_cast<long long>(kvh) * g + row) * splits;
+      float m_all = -INFINITY;
+      for (long long s = 0; s < splits; ++s) {
+        if (__ldcg(part_ml + (at + s) * 2 + 1) > 0.0f) m_all = fmaxf(m_all, __ldcg(part_ml + (at + s) * 2));
+      }
+      float num = 0.0f, den = 0.0f;
+      for (long long s = 0; s < splits; ++s) {
+        const float l = __ldcg(part_ml + (at + s) * 2 + 1);
+        if (l > 0.0f) {
+          const float w = l * expf(__ldcg(part_ml + (at + s) * 2) - m_all);
+          den += w;
+          num += w * __ldcg(part_o + (at + s) * D + col);
+        }
+      }
+      return num / den;
+    };
+    emit<WARPS>(merged, g, kvh, b, lane, warp, red_ml + WARPS * 16 * 2, out, s_ob, s_oh, codes, code_scales, s_cb,
+                s_csg);
+    if (threadIdx.x == 0) *done = 0;  // zero at rest, for the next launch
+    return;
   }
+  emit<WARPS>([&](int row, int col) {
+    float l_all, m_all;
+    const float acc = combined(row, col, l_all, m_all);
+    return acc / l_all;
+  }, g, kvh, b, lane, warp, red_ml + WARPS * 16 * 2, out, s_ob, s_oh, codes, code_scales, s_cb, s_csg);
 }
 
 }  // namespace
 
-// Shared memory: 2 stages of STAGE bytes per warp (the reduction reuses them).
+// Shared memory: 2 stages of STAGE bytes per warp (the reduction reuses them). Registers: at
+// most 168, so that 12 warps fit an SM (3 blocks of 4 warps, 6 of 2; no spills at that cap).
 #define QUANTROLL_PAGED_DECODE_FP8(WARPS)                                                                       \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_w##WARPS(                          \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32, 12 / WARPS) paged_decode_fp8_w##WARPS(              \
       const uint16_t* q, long long s_qb, long long s_qh, const uint8_t* k_pool, const uint8_t* v_pool,         \
       const float* k_scale, const float* v_scale, const int* tables, long long s_tb, const int* lengths,       \
       uint16_t* out, long long s_ob, long long s_oh, float* part_o, float* part_ml, long long hkv,             \
-      long long group, long long splits, uint8_t* codes, float* code_scales, long long s_cb, long long s_csg) { \
+      long long group, long long splits, uint8_t* codes, float* code_scales, long long s_cb, long long s_csg,   \
+      int* counters) {                                                                                         \
     decode<WARPS>(q, s_qb, s_qh, k_pool, v_pool, k_scale, v_scale, tables, s_tb, lengths, out, s_ob, s_oh,     \
-                  part_o, part_ml, hkv, group, splits, codes, code_scales, s_cb, s_csg);                       \
+                  part_o, part_ml, hkv, group, splits, codes, code_scales, s_cb, s_csg, counters);             \
   }
 
 QUANTROLL_PAGED_DECODE_FP8(4)

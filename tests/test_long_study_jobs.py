@@ -69,7 +69,7 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LONG_STUDY_SMOKE": "1",
            "LONG_STUDY_DIR": str(tmp_path / "ls"), "OUT": str(tmp_path / "out"),
            "LONG_STUDY_FIXED": str(tmp_path / "fixed"), "LONG_STUDY_REPORT_DIR": str(tmp_path / "report"),
-           "LONG_STUDY_MIN_START": "0"}
+           "LONG_STUDY_MIN_START": "0", "LONG_STUDY_CARRIED": str(tmp_path / "none-carried")}  # not the tree's
     out, ls = tmp_path / "out", tmp_path / "ls"
 
     # sft: a deadline at once stops it after one step (exit 75, nothing exported); the next call resumes it

@@ -52,10 +52,13 @@ def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, h
 
 
 def build_reason(device: torch.device) -> str | None:
-    """None when the kernel compiles and loads on ``device`` (once per process), else why
-    not, in one line (the compiler's whole output is in the exception's log)."""
+    """None when the kernel compiles and loads on ``device`` and its launch rule has read the
+    driver's occupancy, else why not, in one line (the compiler's whole output is in the
+    exception). Done once per process and device, when an engine is built: no compile or
+    driver query is left for a decode step (or a graph capture) to do."""
+    device = torch.device(device)
     try:
-        cuda_jit.load(SOURCE, torch.device(device))
+        _slots(device.index if device.index is not None else torch.cuda.current_device())
     except (RuntimeError, OSError) as err:  # CompileError is a RuntimeError
         return " ".join(f"building {SOURCE} failed: {err}".split())[:300]
     return None

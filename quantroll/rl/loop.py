@@ -199,6 +199,9 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         changed = changed_settings(cfg.output.load, cfg) if place.writes else []
         if changed:
             log(f"--load {cfg.output.load}: resumed with settings other than the saved run's: {'; '.join(changed)}")
+        if place.writes and not cfg.output.save:
+            log(f"--load {cfg.output.load} without --save: the steps from here on are not saved (add --save "
+                f"{cfg.output.load} to go on saving where the run was)")
         if place.writes:
             continue_after(cfg.output.metrics_file, first_step - 1, log)
     elif claim.replaces_run:

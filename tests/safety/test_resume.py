@@ -137,3 +137,19 @@ def test_a_resume_with_other_settings_says_which(model, tmp_path, capsys):
     assert main(base + ["--num-rollout", "4", "--load", str(save), "--lr", "1e-3", "--metrics-file",
                         str(tmp_path / "m.jsonl")]) == 0
     assert "resumed with settings other" not in capsys.readouterr().out
+
+
+def test_a_resume_without_save_says_that_nothing_more_is_saved(model, tmp_path, capsys):
+    """--load alone continues the run but keeps none of its new steps: said at the start, with
+    the flag that would keep them; with --save the notice is absent."""
+    save = tmp_path / "s"
+    base = train_args(model, "--save", str(save), "--save-interval", "1")
+    assert main(base) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in save.iterdir())
+    assert main(train_args(model, "--load", str(save), "--num-rollout", "3")) == 0
+    out = capsys.readouterr().out
+    assert f"--load {save} without --save: the steps from here on are not saved (add --save {save}" in out
+    assert sorted(p.name for p in save.iterdir()) == before
+    assert main(base + ["--num-rollout", "3", "--load", str(save)]) == 0
+    assert "without --save" not in capsys.readouterr().out

@@ -99,6 +99,26 @@ def test_train_args_may_not_override_what_compare_sets(tmp_path, capsys):
     assert "--seed" in capsys.readouterr().err
 
 
+def test_a_compare_directory_of_an_older_quantroll_is_named_and_left_alone(tmp_path, capsys):
+    """Runs and a summary without quantroll's marker (written before markers existed) are
+    refused as such, in one line, and nothing in the directory changes; a directory with
+    only unrelated files gets the general refusal."""
+    old = tmp_path / "old"
+    (old / "runs" / "bf16-none-s1").mkdir(parents=True)
+    (old / "runs" / "bf16-none-s1" / "metrics.jsonl").write_text('{"step": 0}\n')
+    (old / "summary.json").write_text("{}")
+    before = sorted(p.relative_to(old).as_posix() for p in old.rglob("*"))
+    assert main(["compare", "--output-dir", str(old), "--num-rollout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "looks like a compare directory from an older quantroll" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.relative_to(old).as_posix() for p in old.rglob("*")) == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert main(["compare", "--output-dir", str(other), "--num-rollout", "1"]) == 2
+    assert "holds files quantroll did not write (notes.txt)" in capsys.readouterr().err
+
+
 def test_a_quantized_source_is_refused(tmp_path, capsys, tiny_checkpoint):
     from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 

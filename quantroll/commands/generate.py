@@ -10,6 +10,7 @@ is what the RL loop's engine and trainer produce on the same machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -17,10 +18,13 @@ import torch
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES, resolve_compute_dtype
 from quantroll.engine import Engine, SamplingParams
+from quantroll.engine.scheduler import SchedulerConfig
 from quantroll.engine.sampling import check_sampling_seed
 from quantroll.errors import QuantrollError
 from quantroll.tasks.tokenizer import first_unknown, load_tokenizer
 
+
+SAMPLES_PER_ROUND = SchedulerConfig().max_num_seqs  # one round fills the engine's running set
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text from a checkpoint (BF16 or quantized) with the engine",
@@ -59,8 +63,13 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(f"engine: {engine.precision} on {engine.device}; prompt: {len(ids)} tokens")
-    for i, res in enumerate(engine.generate([ids] * args.n, params)):
-        mean_lp = sum(res.logprobs) / len(res.logprobs)
-        print(f"--- sample {i}: {len(res.tokens)} tokens, finish={res.finish_reason}, mean logprob {mean_lp:.3f}")
-        print(args.prompt + tokenizer.decode(res.tokens))
+    # in rounds of at most SAMPLES_PER_ROUND, each printed when done: a large --n shows its
+    # progress and holds one round's results at a time; sample i keeps its seed (seed + i)
+    for first in range(0, args.n, SAMPLES_PER_ROUND):
+        count = min(SAMPLES_PER_ROUND, args.n - first)
+        results = engine.generate([ids] * count, dataclasses.replace(params, seed=args.seed + first))
+        for i, res in enumerate(results, start=first):
+            mean_lp = sum(res.logprobs) / len(res.logprobs)
+            print(f"--- sample {i}: {len(res.tokens)} tokens, finish={res.finish_reason}, mean logprob {mean_lp:.3f}")
+            print(args.prompt + tokenizer.decode(res.tokens), flush=True)
     return 0

@@ -55,3 +55,19 @@ def test_a_missing_checkpoint_and_no_samples_are_refused(tiny_qwen3_dir, tmp_pat
     assert main(["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "x", "--temperature", "nan",
                  "--device", "cpu"]) == 2
     assert "temperature must be a finite number" in capsys.readouterr().err
+
+
+def test_a_large_n_prints_in_rounds_with_each_samples_own_seed(tiny_qwen3_dir, capsys, monkeypatch):
+    """Rounds of SAMPLES_PER_ROUND: 5 samples in rounds of 2 print the same text, sample by
+    sample, as in one round (sample i samples with seed + i either way)."""
+    from quantroll.commands import generate
+
+    args = ["generate", "--hf-checkpoint", str(tiny_qwen3_dir), "--prompt", "12+7=", "--n", "5",
+            "--max-new-tokens", "6", "--seed", "11", "--device", "cpu"]
+    assert main(args) == 0
+    whole = capsys.readouterr().out
+    monkeypatch.setattr(generate, "SAMPLES_PER_ROUND", 2)
+    assert main(args) == 0
+    rounds = capsys.readouterr().out
+    assert rounds == whole and whole.count("--- sample") == 5 and "--- sample 4:" in whole
+    assert len({block for block in whole.split("--- sample")[1:]}) > 1  # the samples differ: seeds are per sample

@@ -87,8 +87,6 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     (where quantizes_output(D)): an Fp8Activation of shape [B, H * D] instead, bit for bit
     quantize_activation_fp8 of the BF16 result, for a block-FP8 o_proj (one launch fewer)."""
     tiles = tiles or _tiles(cache)
-    from quantroll.kernels.paged_attention_triton import merge_splits_kernel
-
     b, h, d = q.shape
     hkv = cache.kv_heads
     _check_value_tiles(cache, tiles.decode_block_s)
@@ -110,15 +108,11 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
         part_ml = torch.empty(b, h, splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_o = part_ml = out  # placeholders (never stored to)
-    if tiles.decode_kernel == "cuda":  # it merges its splits itself
+    if tiles.decode_kernel == "cuda":
         _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, warps,
                      cache.split_counters)
     else:
         _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, cache, tiles)
-        if splits > 1:
-            merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1),
-                                        codes.stride(0), scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16),
-                                        SPLITS=splits, S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
     return out
@@ -126,7 +120,9 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
 
 def _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool, cache,
                    tiles: PagedTiles) -> None:
-    from quantroll.kernels.paged_attention_triton import paged_decode_kernel
+    """The Triton decode kernel, then (several splits) its merge kernel, which stores the
+    output (quantized for o_proj where asked)."""
+    from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
 
     b, h, d = q.shape
     hkv = cache.kv_heads
@@ -139,6 +135,10 @@ def _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, 
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
         QUANT_OUT=quantize, num_warps=tiles.decode_warps,
         num_stages=tiles.decode_stages)
+    if splits > 1:
+        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
+                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
+                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
 
 
 def _check_cuda(cache, q) -> None:

@@ -146,3 +146,32 @@ def test_launch_passes_every_kernel_parameter_in_order(monkeypatch):
         with pytest.raises(ValueError, match="needs int32 counters"):
             paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, 2, warps=2, counters=bad)
     assert launched["shared"] == paged_decode_cuda.shared_bytes(2)
+
+
+def test_resolve_attention_falls_back_with_the_reason(monkeypatch):
+    """engine/plan.resolve_attention where the GPU kernels serve (forced here; the device
+    checks then answer as a machine without CUDA does): an FP8 cache whose model the CUDA
+    kernel cannot serve, or a machine it cannot run on, gets the Triton tiles and the reason;
+    a BF16 cache and an explicit Triton choice are left as they are."""
+    from quantroll.engine import plan
+    from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
+    from quantroll.model.kernel_config import DEFAULT_KERNELS
+
+    monkeypatch.setattr(plan, "runs_gpu_kernels", lambda device, kernels: True)
+    cfg = shape_config("qwen3-8b", 1)
+    cuda = torch.device("cuda")
+    for config, why in ((dataclasses.replace(cfg, head_dim=64), "compiled for head_dim 128, the cache has 64"),
+                        (cfg, "no CUDA device")):
+        kernels, reason = plan.resolve_attention(DEFAULT_KERNELS, config, "fp8_e4m3", 16, torch.bfloat16, cuda)
+        assert why in reason and kernels.gpu == DEFAULT_ENGINE_KERNELS.without_cuda_attention()
+        said = plan.describe_attention(plan.engine_plan(kernels, config, None, cuda, fp8_kernels=None,
+                                                        fused_kernels=True), cuda, "fp8_e4m3", reason)
+        assert "Triton decode tiles of 128 keys" in said and f"cannot serve: {reason}" in said
+    said = plan.describe_attention(plan.engine_plan(DEFAULT_KERNELS, cfg, None, cuda, fp8_kernels=None,
+                                                    fused_kernels=True), cuda, "fp8_e4m3")
+    assert "the CUDA FP8-cache kernel" in said and "2 or 4 warps by its waves" in said
+    kernels, reason = plan.resolve_attention(DEFAULT_KERNELS, cfg, "fp8_e4m3", 32, torch.bfloat16, cuda)
+    assert "blocks of 16" in reason
+    assert plan.resolve_attention(DEFAULT_KERNELS, cfg, "bf16", 16, torch.bfloat16, cuda) == (DEFAULT_KERNELS, None)
+    triton = dataclasses.replace(DEFAULT_KERNELS, gpu=DEFAULT_ENGINE_KERNELS.without_cuda_attention())
+    assert plan.resolve_attention(triton, cfg, "fp8_e4m3", 16, torch.bfloat16, cuda) == (triton, None)

@@ -148,12 +148,20 @@ def _name_foreign(foreign: list[str]) -> str:
     return f"files quantroll did not write ({shown})"
 
 
-def refuse_foreign(what: str, directory: str | Path, also_ours: Callable[[str], bool] | None = None) -> None:
-    """One line naming up to SHOWN files that are not quantroll's, if there are any."""
+def refuse_foreign(what: str, directory: str | Path, also_ours: Callable[[str], bool] | None = None,
+                   writes: tuple[str, ...] = ()) -> None:
+    """One line naming up to SHOWN files that are not quantroll's, if there are any. ``writes``:
+    the top-level names the command writes; a directory holding some of them but no marker
+    is named as an older quantroll's output (written before markers), refused the same way."""
     foreign = foreign_files(directory, also_ours)
-    if foreign:
-        raise QuantrollError(f"{what} holds {_name_foreign(foreign)}; quantroll never replaces or deletes them, "
-                             "--force or not: move them away or choose another directory")
+    if not foreign:
+        return
+    if not any(read_marker(directory)) and {f.split("/")[0] for f in foreign} & set(writes):
+        raise QuantrollError(f"{what} looks like the output of an older quantroll (it has no {MARKER} marker), whose "
+                             "files quantroll cannot claim: it is neither continued nor replaced; move it away or "
+                             "choose another directory")
+    raise QuantrollError(f"{what} holds {_name_foreign(foreign)}; quantroll never replaces or deletes them, "
+                         "--force or not: move them away or choose another directory")
 
 
 def check_replace(what: str, path: str | Path, force: bool) -> None:

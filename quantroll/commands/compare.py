@@ -32,7 +32,7 @@ from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.durable import remove_empty_dirs, writing
 from quantroll.errors import QuantrollError
 from quantroll.locks import OutputLock
-from quantroll.outputs import MARKER, check_output_dir, list_files, read_marker, record_owned, refuse_foreign
+from quantroll.outputs import MARKER, check_output_dir, list_files, record_owned, refuse_foreign
 from quantroll.trainer.policy import refuse_quantized
 
 DEFAULT_NUM_ROLLOUT = 30
@@ -52,15 +52,6 @@ RECIPE = {"--lr": "5e-5", "--train-problems": "2048"}
 TASK_FLAGS = ("--task", "--digits", "--count-span", "--prompt-data")
 
 
-
-def _refuse_unmarked_compare(out: Path) -> None:
-    """A compare directory without quantroll's marker (an older quantroll's, before markers)
-    is refused like any foreign one, but named as what it is: its runs cannot be told from
-    files someone else put there, so they are neither continued nor replaced."""
-    if out.is_dir() and not any(read_marker(out)) and any((out / n).exists() for n in OWNED_FILES + OWNED_DIRS):
-        raise QuantrollError(f"--output-dir {out} looks like a compare directory from an older quantroll (it has no "
-                             f"{MARKER} marker), whose files quantroll cannot claim: its runs are not continued; move "
-                             "it away or choose another --output-dir")
 
 def recipe(extra: tuple[str, ...]) -> tuple[str, ...]:
     """The recipe's flags that ``extra`` (the user's --train-args) leaves to compare (see RECIPE)."""
@@ -240,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
                              bf16_exceptions=exceptions is not None)
     out = Path(args.output_dir)
     check_output_dir("--output-dir", args.output_dir)
-    _refuse_unmarked_compare(out)
-    refuse_foreign(f"--output-dir {out}", out)
+    refuse_foreign(f"--output-dir {out}", out, writes=OWNED_FILES + OWNED_DIRS)
     extra = _train_args(args.train_args)
     common = ("--compute-dtype", args.compute_dtype) + recipe(extra) + extra
     sweep = ("--rollout-batch-size", str(args.sweep_rollout_batch_size),

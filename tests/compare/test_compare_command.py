@@ -110,7 +110,7 @@ def test_a_compare_directory_of_an_older_quantroll_is_named_and_left_alone(tmp_p
     before = sorted(p.relative_to(old).as_posix() for p in old.rglob("*"))
     assert main(["compare", "--output-dir", str(old), "--num-rollout", "1"]) == 2
     err = capsys.readouterr().err
-    assert "looks like a compare directory from an older quantroll" in err and len(err.strip().splitlines()) == 1
+    assert "looks like the output of an older quantroll" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.relative_to(old).as_posix() for p in old.rglob("*")) == before
     other = tmp_path / "other"
     other.mkdir()

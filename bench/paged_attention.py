@@ -87,13 +87,13 @@ def sweep_variants(args) -> list[tuple[str, int, int, int, int | None]]:
 def default_launch(kv_dtype: str, batch: int, kv_heads: int) -> str:
     """The defaults' splits (and for the CUDA kernel its warps), as the engine launches them."""
     from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
-    from quantroll.kernels.paged_decode_cuda import launch_shape
+    from quantroll.kernels.paged_decode_cuda import warps_for
 
     tiles = DEFAULT_ENGINE_KERNELS.attention_tiles(kv_dtype != "bf16")
+    splits = paged_attention.decode_splits(batch, kv_heads, torch.device("cuda"), tiles)
     if tiles.decode_kernel == "cuda":
-        warps, splits = launch_shape(batch, kv_heads, torch.device("cuda"), tiles.decode_warps, None, tiles.max_splits)
-        return f"{splits} cuda w{warps}"
-    return f"{paged_attention.decode_splits(batch, kv_heads, torch.device('cuda'), tiles)} triton"
+        return f"{splits} cuda w{tiles.decode_warps or warps_for(batch * kv_heads * splits, torch.device('cuda'))}"
+    return f"{splits} triton"
 
 
 def main() -> None:

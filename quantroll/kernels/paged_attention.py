@@ -18,7 +18,7 @@ class PagedTiles:
     """Launch shapes: keys per decode tile, prefill query and key tiles, warps."""
 
     decode_block_s: int = 64
-    decode_warps: int | None = 4  # None (the CUDA kernel only): by its rule per batch (paged_decode_cuda.launch_shape)
+    decode_warps: int | None = 4  # None (the CUDA kernel only): by its rule per launch (paged_decode_cuda.warps_for)
     decode_stages: int = 3
     decode_kernel: str = "triton"  # or "cuda": paged_decode_cuda.py (FP8 caches; decode_warps 4, 2 or None; block_s
                                    # and stages unused)
@@ -50,12 +50,17 @@ PROGRAMS_PER_SM = 4
 
 def decode_splits(batch: int, kv_heads: int, device: torch.device, tiles: PagedTiles = PagedTiles()) -> int:
     """How many programs share one sequence's positions: enough for ``PROGRAMS_PER_SM``
-    (sequence, KV head, split) programs per SM when the batch alone gives fewer; fixed per
-    batch size, so that a captured graph keeps its grid as contexts grow."""
+    (sequence, KV head, split) programs per SM, the CUDA kernel's own target for its tiles
+    (paged_decode_cuda.PROGRAMS_PER_SM), when the batch alone gives fewer; fixed per batch
+    size, so that a captured graph keeps its grid as contexts grow."""
     if torch.device(device).type != "cuda":
         return 1  # Triton's interpreter
+    if tiles.decode_kernel == "cuda":
+        from quantroll.kernels.paged_decode_cuda import PROGRAMS_PER_SM as per_sm
+    else:
+        per_sm = PROGRAMS_PER_SM
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles.max_splits, PROGRAMS_PER_SM * sms // max(batch * kv_heads, 1)))
+    return max(1, min(tiles.max_splits, per_sm * sms // max(batch * kv_heads, 1)))
 
 
 def _check_value_tiles(cache, keys_per_tile: int) -> None:
@@ -83,7 +88,7 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
                      splits: int | None = None, quantize: bool = False) -> torch.Tensor | Fp8Activation:
     """q [B, H, D] (one token per sequence) -> [B, H, D]; ``tiles`` default: the cache
     dtype's (EngineKernels.attention_tiles); ``splits`` default: decode_splits (the CUDA
-    kernel: paged_decode_cuda.launch_shape, which also picks its warps). ``quantize``
+    kernel's warps, where the tiles leave them open: paged_decode_cuda.warps_for). ``quantize``
     (where quantizes_output(D)): an Fp8Activation of shape [B, H * D] instead, bit for bit
     quantize_activation_fp8 of the BF16 result, for a block-FP8 o_proj (one launch fewer)."""
     tiles = tiles or _tiles(cache)
@@ -92,14 +97,15 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     _check_value_tiles(cache, tiles.decode_block_s)
     if quantize and not quantizes_output(d):
         raise ValueError(f"decode attention quantizes its output for heads of {FP8_GROUP} only, got head_dim {d}")
+    if splits is None:
+        splits = decode_splits(b, hkv, q.device, tiles)
     warps = tiles.decode_warps
     if tiles.decode_kernel == "cuda":
         _check_cuda(cache, q)
-        from quantroll.kernels.paged_decode_cuda import launch_shape
+        if warps is None:
+            from quantroll.kernels.paged_decode_cuda import warps_for
 
-        warps, splits = launch_shape(b, hkv, q.device, warps, splits, tiles.max_splits)
-    elif splits is None:
-        splits = decode_splits(b, hkv, q.device, tiles)
+            warps = warps_for(b * hkv * splits, q.device)
     out = q if quantize else torch.empty_like(q)  # quantized: a placeholder the kernels never store to
     codes, scales = fp8_activation_buffers(b, h * d, q.device) if quantize else (out, out)
     k, v, ks, vs = _pools(cache, layer)

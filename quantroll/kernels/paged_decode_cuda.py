@@ -33,9 +33,18 @@ def shared_bytes(warps: int) -> int:
 
 def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, heads: int, kv_heads: int,
                        dtype: torch.dtype, device: torch.device) -> str | None:
-    """None when the kernel serves this cache and these queries, else why not (one line).
-    Asked when an engine is built (engine/plan.py: the Triton kernel serves where this is
-    not None, and the engine logs why) and again by each launch."""
+    """None when the kernel serves this cache and these queries on ``device``, else why not
+    (one line). Asked once, when an engine is built (engine/plan.py: the Triton kernel
+    serves where this is not None, and the engine logs why); a launch checks only the
+    layout (cache_unsupported_reason), not the machine again."""
+    reason = _layout_reason(kv_cache_dtype, head_dim, block_size, heads, kv_heads, dtype)
+    if reason is None and torch.device(device).type != "cuda":
+        return "it runs on a CUDA device"
+    return reason or cuda_jit.unavailable_reason(device)
+
+
+def _layout_reason(kv_cache_dtype: str, head_dim: int, block_size: int, heads: int, kv_heads: int,
+                   dtype: torch.dtype) -> str | None:
     if kv_cache_dtype != "fp8_e4m3":
         return "it reads an FP8 (E4M3) cache only"
     if head_dim != HEAD_DIM:
@@ -46,9 +55,7 @@ def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, h
         return f"it serves up to {MAX_GROUP} query heads per KV head, got {heads} over {kv_heads}"
     if dtype != torch.bfloat16:
         return f"it takes BF16 queries, the engine computes in {dtype}"
-    if torch.device(device).type != "cuda":
-        return "it runs on a CUDA device"
-    return cuda_jit.unavailable_reason(device)
+    return None
 
 
 def build_reason(device: torch.device) -> str | None:
@@ -65,18 +72,20 @@ def build_reason(device: torch.device) -> str | None:
 
 
 def cache_unsupported_reason(cache, q: torch.Tensor) -> str | None:
-    """unsupported_reason for a paged cache (values positions-minor: its FP8 layout) and a
-    query tensor [B, H, D] with contiguous heads."""
+    """What a launch checks: the cache's layout (values positions-minor: its FP8 layout) and
+    the queries [B, H, D] (contiguous heads, on a CUDA device). The machine (nvcc, the build)
+    was checked when the engine was built; a launch without it fails in cuda_jit.load."""
     if cache.quantized and not cache.values_positions_minor:
         return "it reads values stored positions-minor ([blocks, Hkv, D, block_size])"
     if q.stride(-1) != 1:
         return "it takes queries with contiguous heads"
-    return unsupported_reason(kv_cache_dtype="fp8_e4m3" if cache.quantized else "bf16", head_dim=cache.head_dim,
-                              block_size=cache.block_size, heads=q.shape[1], kv_heads=cache.kv_heads, dtype=q.dtype,
-                              device=q.device)
+    reason = _layout_reason("fp8_e4m3" if cache.quantized else "bf16", cache.head_dim, cache.block_size, q.shape[1],
+                            cache.kv_heads, q.dtype)
+    return reason or (None if q.device.type == "cuda" else "it runs on a CUDA device")
 
 
-# (sequence, KV head, split) programs per SM the split rule aims at: measured on an H100
+# (sequence, KV head, split) programs per SM the split rule (paged_attention.decode_splits) aims at
+# for this kernel: measured on an H100
 # (bench/paged_attention.py --shape qwen3-8b --sweep-layouts cuda, 2026-12-06), 16 sequences x 8
 # KV heads over 2048 positions took 34.2 us in 2 splits (4 warps), 40.7 in 4; over 16384, 204 and 222.
 PROGRAMS_PER_SM = 2
@@ -90,7 +99,7 @@ def wave_efficiency(programs: int, slots: int) -> float:
 
 def choose_warps(programs: int, slots_by_warps: dict[int, int]) -> int:
     """The warp count whose waves are fullest (wave_efficiency), the fewer warps on a tie
-    (within 1%): more blocks resident per SM, the same bytes in flight. On an H100 (167
+    (within 1%): more blocks resident per SM, the same bytes in flight. On an H100 (168
     registers: 3 blocks per SM at 4 warps, 6 at 2) it chose the measured best at every
     shape of the 8B sweep (2026-12-06): 2 warps for 512 and 2048 programs, 4 for 256 and 1024."""
     eff = {w: wave_efficiency(programs, slots) for w, slots in slots_by_warps.items()}
@@ -107,19 +116,11 @@ def _slots(device_index: int) -> dict[int, int]:
     return {w: sms * module.resident_blocks(f"paged_decode_fp8_w{w}", 32 * w, shared_bytes(w)) for w in WARPS}
 
 
-def launch_shape(batch: int, kv_heads: int, device: torch.device, warps: int | None = None,
-                 splits: int | None = None, max_splits: int = 16) -> tuple[int, int]:
-    """(warps, splits) of a decode launch, each as given or by rule: splits until
-    ``PROGRAMS_PER_SM`` programs per SM, then the warps by choose_warps. Fixed per batch size
-    (a captured graph keeps its grid as contexts grow)."""
+def warps_for(programs: int, device: torch.device) -> int:
+    """The warps of a launch of ``programs`` (sequence, KV head, split) blocks by
+    choose_warps over this GPU's block slots (read once per device)."""
     device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if splits is None:
-        sms = torch.cuda.get_device_properties(index).multi_processor_count
-        splits = max(1, min(max_splits, PROGRAMS_PER_SM * sms // max(batch * kv_heads, 1)))
-    if warps is None:
-        warps = choose_warps(batch * kv_heads * splits, _slots(index))
-    return warps, splits
+    return choose_warps(programs, _slots(device.index if device.index is not None else torch.cuda.current_device()))
 
 
 def decode_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,

@@ -446,5 +446,6 @@ def test_the_engine_decodes_an_fp8_cache_on_the_cuda_kernel_where_it_can(caplog)
     if CUDA_DECODE:
         slots = paged_decode_cuda._slots(torch.cuda.current_device())
         assert slots[2] >= slots[4] > 0, slots
-        warps, splits = paged_decode_cuda.launch_shape(16, 8, torch.device(DEV))
-        assert warps in paged_decode_cuda.WARPS and splits >= 2
+        tiles = DEFAULT_ENGINE_KERNELS.attention_fp8
+        assert paged_attention.decode_splits(16, 8, torch.device(DEV), tiles) >= 2  # 2 programs per SM
+        assert paged_decode_cuda.warps_for(16 * 8 * 2, torch.device(DEV)) in paged_decode_cuda.WARPS

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
+from quantroll.commands.bf16_exceptions import auto_exceptions, low_precisions, parse_exceptions
 from quantroll.commands.helpformat import HelpFormatter
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.durable import remove_empty_dirs, writing
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_interval < 0:
         raise QuantrollError(f"--save-interval must be >= 0, got {args.save_interval}")
     source, label, moe = _source(args)
-    exceptions = _exceptions(args.bf16_exceptions)
+    exceptions = parse_exceptions(args.bf16_exceptions)
     if args.groups is not None:
         specs = _grouped(args, moe, exceptions is not None)
     else:
@@ -240,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
                          {"num_layers_at_start_in_bf16": args.num_layers_at_start_in_bf16,
                           "num_layers_at_end_in_bf16": args.num_layers_at_end_in_bf16,
                           **({"skip": tuple(args.skip)} if args.skip else {})}, args.eval_interval,
-                         {p: exceptions.convert_fields() for p in _low_precisions(specs)}
+                         {p: exceptions.convert_fields() for p in low_precisions(specs)}
                          if exceptions not in (None, "auto") else {}, args.save_interval, SavedStates())
     _check_runs(setup, specs)
     fresh = not out.exists()
@@ -278,60 +279,6 @@ def _grouped(args, moe: bool, bf16_exceptions: bool) -> list:
                                bf16_exceptions)
 
 
-def _exceptions(value: str | None):
-    """None (no group), "auto", or the FlagSet a user pasted (checked now, before any work)."""
-    if value is None:
-        return None
-    if value.strip() == "auto":
-        return "auto"
-    from quantroll.attribution.flagset import parse
-
-    flags = parse(value, "--bf16-exceptions")
-    if flags.empty:
-        raise QuantrollError("--bf16-exceptions is empty; give auto or the flags `quantroll attribute` printed")
-    return flags
-
-
-def _low_precisions(specs) -> list[str]:
-    return sorted({s.precision for s in specs if s.bf16_exceptions})
-
-
-def _auto_exceptions(setup, specs, args) -> dict:
-    """precision -> convert fields of the BF16 exceptions `quantroll attribute` measures on the
-    source (its report under OUT/attribution/<precision>/; reused when its configuration and
-    source are unchanged). The study's own runs are the verification, so attribute's is off."""
-    import dataclasses
-    import json
-
-    from quantroll.attribution.flagset import parse
-    from quantroll.attribution.report import write_outputs
-    from quantroll.attribution.run import AttributeConfig, run_attribution
-
-    out = {}
-    for precision in _low_precisions(specs):
-        cfg = AttributeConfig(hf_checkpoint=args.hf_checkpoint, builtin_model=args.builtin_model, precision=precision,
-                              verify_seeds=(), device=args.device, compute_dtype=args.compute_dtype)
-        where = setup.out_dir / "attribution" / precision
-        done = where / "attribution.json"
-        previous = json.loads(done.read_text()) if done.is_file() else None
-        if previous and previous.get("config") == json.loads(json.dumps(dataclasses.asdict(cfg))) \
-                and previous.get("source") == str(setup.source) and "proposal" in previous:
-            result = previous
-            print(f"bf16 exceptions for {precision}: measured earlier ({done})")
-        else:
-            result = run_attribution(cfg)
-            where.mkdir(parents=True, exist_ok=True)
-            write_outputs(result, where)
-        p = result["proposal"]
-        if p.get("unreachable"):  # as before the measurements were kept: no flag set to run with
-            raise QuantrollError(f"--bf16-exceptions auto for {precision}: {p['unreachable']} "
-                                 f"({where / 'report.md'})")
-        print(f"bf16 exceptions for {precision}: {p['flags_text'] or '(none needed)'} (gap {p['gap']['mean']:.3g} "
-              f"vs {result['gap_full']['mean']:.3g} with every linear {precision}; {where / 'report.md'})")
-        out[precision] = parse(shlex.join(p["flags"])).convert_fields()
-    return out
-
-
 def _run_matrix(setup, specs, label, args) -> int:
     from quantroll.compare.current import note_stale, split_current
     from quantroll.compare.inventory import load_inventory, write_inventory
@@ -344,7 +291,7 @@ def _run_matrix(setup, specs, label, args) -> int:
     if args.bf16_exceptions is not None and args.bf16_exceptions.strip() == "auto":
         import dataclasses
 
-        setup = dataclasses.replace(setup, exceptions=_auto_exceptions(setup, specs, args))
+        setup = dataclasses.replace(setup, exceptions=auto_exceptions(setup, specs, args))
     checkpoints = prepare_checkpoints(setup, specs)
     write_inventory(out, checkpoints)
     start = time.perf_counter()

@@ -119,7 +119,7 @@ def test_compare_auto_exceptions_refuse_an_unreachable_proposal(tmp_path, monkey
     import types
 
     import quantroll.attribution.run as attribution_run
-    from quantroll.commands.compare import _auto_exceptions
+    from quantroll.commands.bf16_exceptions import auto_exceptions
     from quantroll.errors import QuantrollError
 
     def stand_in(cfg):
@@ -129,8 +129,8 @@ def test_compare_auto_exceptions_refuse_an_unreachable_proposal(tmp_path, monkey
 
     monkeypatch.setattr(attribution_run, "run_attribution", stand_in)
     monkeypatch.setattr("quantroll.attribution.report.write_outputs", lambda result, where: None)
-    monkeypatch.setattr("quantroll.commands.compare._low_precisions", lambda specs: ["fp8"])
+    monkeypatch.setattr("quantroll.commands.bf16_exceptions.low_precisions", lambda specs: ["fp8"])
     setup = types.SimpleNamespace(out_dir=tmp_path, source=tmp_path / "src")
     args = argparse.Namespace(hf_checkpoint=None, builtin_model="dense", device="cpu", compute_dtype="auto")
     with pytest.raises(QuantrollError, match=r"--bf16-exceptions auto for fp8: no BF16 exceptions short of .*report\.md"):
-        _auto_exceptions(setup, [], args)
+        auto_exceptions(setup, [], args)

@@ -31,6 +31,13 @@ def shared_bytes(warps: int) -> int:
     return max(warps * 2 * STAGE_BYTES, warps * 16 * HEAD_DIM * 4 + warps * 16 * 2 * 4 + warps * 4)
 
 
+def max_splits(warps: int) -> int:
+    """The most splits whose merge fits a block: the last block of a (sequence, KV head)
+    stages one head's partials of every split ([splits, 128] O / l and [splits, 2] (m, l), its
+    weights' sum) in the block's shared memory beside the emit's [warps] scratch."""
+    return (shared_bytes(warps) // 4 - warps - 1) // (HEAD_DIM + 2)
+
+
 def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, heads: int, kv_heads: int,
                        dtype: torch.dtype, device: torch.device) -> str | None:
     """None when the kernel serves this cache and these queries on ``device``, else why not
@@ -139,6 +146,8 @@ def decode_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch
         raise ValueError(f"CUDA decode attention: warps must be one of {WARPS}, got {warps}")
     b, h, _ = q.shape
     hkv = k.shape[2]
+    if splits > max_splits(warps):
+        raise ValueError(f"CUDA decode attention: at most {max_splits(warps)} splits with {warps} warps, got {splits}")
     if splits > 1 and (counters is None or counters.dtype != torch.int32 or counters.numel() < b * hkv):
         raise ValueError(f"CUDA decode attention in {splits} splits needs int32 counters for {b} x {hkv} (sequence, "
                          f"KV head) pairs, got {None if counters is None else (counters.dtype, counters.numel())}")

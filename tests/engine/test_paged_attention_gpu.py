@@ -117,6 +117,37 @@ def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_h
 
 
 @needs_cuda_decode
+@pytest.mark.parametrize("heads,kv_heads", [(64, 4), (28, 4)], ids=["group16", "group7"])
+def test_cuda_fp8_merge_in_passes_of_heads(heads, kv_heads):
+    """16 splits on 2 warps: the merging block's shared memory holds 4 heads' partials a pass
+    ((8,576 - 2) // (16 x 130 + 1)), so a group of 16 merges in 4 passes and one of 7 in 2
+    (4 + 3): against float32 attention, and the quantized output against quantizing its own
+    BF16 output."""
+    from quantroll.kernels import paged_decode_cuda
+    from quantroll.kernels.fp8_linear import quantize_activation_fp8
+
+    assert (paged_decode_cuda.shared_bytes(2) // 4 - 2) // (16 * 130 + 1) == 4
+    cfg = _cfg(heads, kv_heads, 128)
+    contexts = [1, 700, 2049, 40]
+    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts)
+    b = len(contexts)
+    q = torch.randn(b, heads, 128, device=DEV, dtype=torch.bfloat16)
+    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
+    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
+                                 max_context=max(contexts))
+    tiles = paged_attention.PagedTiles(decode_kernel="cuda", decode_warps=2)
+    got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=16)
+    ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)
+    assert _rel_err(got, ref) < 1e-2, _rel_err(got, ref)
+    one_pass = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=1)
+    assert _rel_err(got, one_pass) < 5e-3, _rel_err(got, one_pass)
+    act = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=16, quantize=True)
+    codes, scales = quantize_activation_fp8(got.reshape(b, heads * 128))
+    assert torch.equal(act.codes.view(torch.uint8), codes.view(torch.uint8)) and torch.equal(act.scales, scales)
+    assert int(cache.split_counters.abs().sum()) == 0
+
+
+@needs_cuda_decode
 def test_cuda_fp8_decode_refuses_what_it_cannot_read_and_quantizes_for_o_proj():
     """A BF16 cache or heads of 64 are refused with the reason (no silent Triton fall back);
     the quantized output (one split or several, merged in the kernel) equals

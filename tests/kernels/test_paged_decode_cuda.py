@@ -157,11 +157,17 @@ def test_resolve_attention_falls_back_with_the_reason(monkeypatch):
     from quantroll.kernels.choices import DEFAULT_ENGINE_KERNELS
     from quantroll.model.kernel_config import DEFAULT_KERNELS
 
+    from quantroll.kernels import paged_decode_cuda
+
     monkeypatch.setattr(plan, "runs_gpu_kernels", lambda device, kernels: True)
+    # a machine the kernel cannot run on: this one without CUDA, or (on a GPU) a build that fails
+    failed_build = "nvcc failed (stand-in)"
+    monkeypatch.setattr(paged_decode_cuda, "build_reason", lambda device: failed_build)
+    machine = failed_build if torch.cuda.is_available() else "no CUDA device"
     cfg = shape_config("qwen3-8b", 1)
     cuda = torch.device("cuda")
     for config, why in ((dataclasses.replace(cfg, head_dim=64), "compiled for head_dim 128, the cache has 64"),
-                        (cfg, "no CUDA device")):
+                        (cfg, machine)):
         kernels, reason = plan.resolve_attention(DEFAULT_KERNELS, config, "fp8_e4m3", 16, torch.bfloat16, cuda)
         assert why in reason and kernels.gpu == DEFAULT_ENGINE_KERNELS.without_cuda_attention()
         said = plan.describe_attention(plan.engine_plan(kernels, config, None, cuda, fp8_kernels=None,
@@ -175,3 +181,14 @@ def test_resolve_attention_falls_back_with_the_reason(monkeypatch):
     assert plan.resolve_attention(DEFAULT_KERNELS, cfg, "bf16", 16, torch.bfloat16, cuda) == (DEFAULT_KERNELS, None)
     triton = dataclasses.replace(DEFAULT_KERNELS, gpu=DEFAULT_ENGINE_KERNELS.without_cuda_attention())
     assert plan.resolve_attention(triton, cfg, "fp8_e4m3", 16, torch.bfloat16, cuda) == (triton, None)
+
+
+def test_splits_the_rule_picks_fit_the_merge():
+    """The merging block stages one head's partials of every split in its shared memory:
+    hand-worked, 2 warps hold (34,304 / 4 - 2 - 1) // 130 = 65 splits and 4 warps 131; the
+    splits rule stops at 16, and a launch past the cap is refused."""
+    assert paged_decode_cuda.max_splits(2) == 65 and paged_decode_cuda.max_splits(4) == 131
+    assert paged_attention.PagedTiles().max_splits <= min(map(paged_decode_cuda.max_splits, paged_decode_cuda.WARPS))
+    q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 65 splits with 2 warps"):
+        paged_decode_cuda.decode_fp8(q, q, q, q, q, q, q, q, q, q, 66, warps=2)

@@ -36,6 +36,10 @@ LEARN_4K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8+mask@1 fp8-m2@1"
 LEARN_16K_LEN=16384 LEARN_16K_STEPS=20 LEARN_16K_PROMPTS=16 LEARN_16K_SAMPLES=4 LEARN_16K_MICRO=8 LEARN_16K_EVAL=32
 LEARN_16K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8-m2@1"
 LEARN_EVAL_INTERVAL=10 LEARN_SAVE_INTERVAL=2
+# runs at once on the GPU (compare --jobs): a 7M-parameter model leaves most of an H100 idle; each run's
+# KV pool is then fixed (4 KB a token: 5.2 GB for 256 x 4.9K, 4.3 GB for 64 x 16.4K) beside its
+# training (~0.5-0.85 GB a 4.9K-token sequence of a micro-batch, measured on a CPU), so 2 fit 80 GB
+LEARN_JOBS=2 LEARN_KV_GB=8
 DEVICE=cuda
 if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 steps, on the CPU
   SFT_LENGTHS=48,64 SFT_SHAPE=tiny,num_hidden_layers=1 SFT_CONTEXT=256 SFT_TOKENS=512 SFT_MICRO=256 SFT_STEPS=2
@@ -43,7 +47,7 @@ if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 ste
   CAL_LENGTHS=48,64 CAL_PROBLEMS=2 GAP_LENGTHS=64 GAP_PROMPTS=2 GAP_SAMPLES=2 GAP_MICRO=2
   LEARN_4K_LEN=48 LEARN_16K_LEN=64 LEARN_4K_STEPS=2 LEARN_16K_STEPS=2 LEARN_EVAL_INTERVAL=1 LEARN_SAVE_INTERVAL=1
   LEARN_4K_PROMPTS=2 LEARN_16K_PROMPTS=2 LEARN_4K_SAMPLES=2 LEARN_16K_SAMPLES=2 LEARN_4K_MICRO=2 LEARN_16K_MICRO=2
-  LEARN_4K_EVAL=2 LEARN_16K_EVAL=2 DEVICE=cpu
+  LEARN_4K_EVAL=2 LEARN_16K_EVAL=2 LEARN_KV_GB=0.25 DEVICE=cpu
 fi
 DEVICE=${LONG_STUDY_DEVICE:-$DEVICE}  # LONG_STUDY_SMOKE=1 LONG_STUDY_DEVICE=cuda: the tiny jobs on the GPU (~3 min)
 
@@ -128,9 +132,13 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   return 1
 }
 
-matrix() {  # dir prefix seeds "GROUP[@N] ..." compare-args...: each group x seed a unit, then the whole matrix
-  local dir=$1 prefix=$2 seeds=$3 groups=$4; shift 4
+matrix() {  # dir prefix seeds jobs "GROUP[@N] ..." compare-args...: each group x seed a unit, then the whole
+  # matrix; with jobs > 1, one compare of the whole matrix, that many runs at once (each resumes from its last save)
+  local dir=$1 prefix=$2 seeds=$3 jobs=$4 groups=$5; shift 5
   local g base n s all=""
+  if [ "$jobs" -gt 1 ]; then
+    unit "$dir" "$prefix-all" "$(echo $groups | tr ' ' ,)" "$seeds" --jobs "$jobs" "$@"; return
+  fi
   for g in $groups; do
     base=${g%@*}; n=$([ "$base" = "$g" ] && echo 99 || echo "${g#*@}")
     all=${all:+$all,}$g
@@ -142,9 +150,9 @@ matrix() {  # dir prefix seeds "GROUP[@N] ..." compare-args...: each group x see
   unit "$dir" "$prefix-all" "$all" "$seeds" "$@"
 }
 
-train_args() {  # len prompts samples micro eval-size
+train_args() {  # len prompts samples micro eval-size [kv-pool-GiB]
   echo "--task fib --trace-len $1 --trace-terms $TERMS --rollout-batch-size $2 --n-samples-per-prompt $3" \
-    "--micro-batch-size $4 --eval-size $5 --lr $RL_LR${RL_REWARD:+ $RL_REWARD}"
+    "--micro-batch-size $4 --eval-size $5 --lr $RL_LR${RL_REWARD:+ $RL_REWARD}${6:+ --kv-cache-memory-gb $6}"
 }
 
 rc=0
@@ -179,7 +187,7 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
   gap)
     for L in $GAP_LENGTHS; do
       [ $FAILED = 0 ] || break
-      matrix "$D/$L" "gap$L" 1 "$GAP_GROUPS" --hf-checkpoint "$MODEL" --num-rollout $GAP_STEPS --eval-interval 0 \
+      matrix "$D/$L" "gap$L" 1 1 "$GAP_GROUPS" --hf-checkpoint "$MODEL" --num-rollout $GAP_STEPS --eval-interval 0 \
         --save-interval 1 --rollout-max-response-len "$(max_len $L)" --device $DEVICE \
         --train-args "$(train_args $L $GAP_PROMPTS $GAP_SAMPLES $GAP_MICRO 1)"
     done ;;
@@ -191,9 +199,10 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
       L=$LEARN_16K_LEN S=$LEARN_16K_STEPS P=$LEARN_16K_PROMPTS N=$LEARN_16K_SAMPLES M=$LEARN_16K_MICRO E=$LEARN_16K_EVAL
       G=$LEARN_16K_GROUPS
     fi
-    matrix "$D" learn "$SEEDS" "$G" --hf-checkpoint "$MODEL" --num-rollout $S --eval-interval $LEARN_EVAL_INTERVAL \
-      --save-interval $LEARN_SAVE_INTERVAL --rollout-max-response-len "$(max_len $L)" --device $DEVICE \
-      --train-args "$(train_args $L $P $N $M $E)" ;;
+    kv=""; [ "$LEARN_JOBS" -gt 1 ] && kv=$LEARN_KV_GB
+    matrix "$D" learn "$SEEDS" "$LEARN_JOBS" "$G" --hf-checkpoint "$MODEL" --num-rollout $S \
+      --eval-interval $LEARN_EVAL_INTERVAL --save-interval $LEARN_SAVE_INTERVAL --rollout-max-response-len "$(max_len $L)" \
+      --device $DEVICE --train-args "$(train_args $L $P $N $M $E $kv)" ;;
   report)
     for j in sft calibrate gap learn-4k learn-16k; do seed_from_carried $j; done
     m=${LONG_STUDY_MODEL:-quantroll/data/$MODEL_NAME} margs=()

@@ -114,6 +114,12 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
     _ok(_job(env, "learn-4k"))
     learn = json.loads((ls / "learn-4k/compare/summary.json").read_text())
     assert len([r for r in learn["runs"] if r["status"] == "done"]) == 8 and not learn["failed"]
+    # LEARN_JOBS: the learning runs two at a time, each with its own KV pool; the report says the times are shared
+    placed = json.loads((ls / "learn-4k/compare/runs/fp8-rollout-tis-seed1/run.json").read_text())["placement"]
+    assert placed == {"jobs": 2, "gpu": None, "shared_device": True}
+    assert "--kv-cache-memory-gb 0.25" in " ".join(json.loads(
+        (ls / "learn-4k/compare/runs/fp8-rollout-tis-seed1/run.json").read_text())["command"])
+    assert any("shared their device" in w for w in learn["warnings"])
     assert sorted(g["correction"] for g in learn["groups"]) == ["mask", "none", "none", "none", "tis", "tis-seq"]
 
     _ok(_job(env, "learn-16k"))
@@ -132,7 +138,7 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
         tar.add(tmp_path / "packed/learn-16k", arcname="learn-16k")
     again = _ok(_job(env, "learn-16k", LONG_STUDY_DIR=str(tmp_path / "bare"), LONG_STUDY_CARRIED=str(carried)))
     assert f"learn-16k: continued from {carried}/learn-16k.tgz" in again
-    assert again.count("done earlier, kept") == 7 + 7 and "resuming" not in again
+    assert again.count("done earlier, kept") == 7 and "resuming" not in again  # one compare, 2 runs at once
 
     _ok(_job(env, "report"))
     report = (tmp_path / "report/report.md").read_text()

@@ -29,6 +29,7 @@ import torch
 from quantroll.builtin import BUILTIN_MODELS, builtin_checkpoint
 from quantroll.commands.bf16_exceptions import auto_exceptions, low_precisions, parse_exceptions
 from quantroll.commands.helpformat import HelpFormatter
+from quantroll.compare.parallel import placement_for
 from quantroll.compute import COMPUTE_DTYPE_HELP, COMPUTE_DTYPES
 from quantroll.durable import remove_empty_dirs, writing
 from quantroll.errors import QuantrollError
@@ -118,6 +119,12 @@ def register(subparsers) -> None:
                    "first with `quantroll attribute` (per precision, report under OUT/attribution/), or paste the "
                    "flags it printed, e.g. \"--num-layers-at-start-in-bf16 1 --skip 'model.layers.2.*'\"")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device of every run")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each its own process: on a GPU machine spread "
+                   "over --gpus (one GPU each); more jobs than GPUs share them, which suits small models (each run "
+                   "then needs --kv-cache-memory-gb in --train-args, and its times include the others' work: the "
+                   "report says so)")
+    p.add_argument("--gpus", default=None, metavar="ID,...", help="the GPUs --jobs spreads the runs over (default: "
+                   "every visible one, as CUDA_VISIBLE_DEVICES names them)")
     p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.add_argument("--train-args", default="", help="more flags for every run, as one string (e.g. \"--lr 1e-4 "
                    f"--rollout-batch-size 32 --task count\"); compare's recipe ({' '.join(recipe(()))}; the pool only for "
@@ -234,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir("--output-dir", args.output_dir)
     refuse_foreign(f"--output-dir {out}", out, writes=OWNED_FILES + OWNED_DIRS)
     extra = _train_args(args.train_args)
+    placement = placement_for(args.device, args.jobs, args.gpus, extra,
+                              torch.cuda.device_count() if args.device.startswith("cuda") else 0)
     common = ("--compute-dtype", args.compute_dtype) + recipe(extra) + extra
     sweep = ("--rollout-batch-size", str(args.sweep_rollout_batch_size),
              "--n-samples-per-prompt", str(args.sweep_n_samples_per_prompt))
@@ -250,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
             with writing(f"--output-dir {out}"):  # a full disk or a read-only filesystem: one line
                 refuse_foreign(f"--output-dir {out}", out)  # again, now that no other compare writes there
                 record_owned(out, files=OWNED_FILES, dirs=OWNED_DIRS)
-                return _run_matrix(setup, specs, label, args)
+                return _run_matrix(setup, specs, label, args, placement)
         except BaseException:
             if fresh:
                 remove_empty_dirs(out)  # the run directories of a compare that failed before writing them
@@ -279,9 +288,10 @@ def _grouped(args, moe: bool, bf16_exceptions: bool) -> list:
                                bf16_exceptions)
 
 
-def _run_matrix(setup, specs, label, args) -> int:
+def _run_matrix(setup, specs, label, args, placement) -> int:
     from quantroll.compare.current import note_stale, split_current
     from quantroll.compare.inventory import load_inventory, write_inventory
+    from quantroll.compare.parallel import run_all
     from quantroll.compare.report import terminal_tables, write_report
     from quantroll.compare.runner import prepare_checkpoints, run_one
     from quantroll.compare.summary import load_runs, summarize
@@ -295,12 +305,20 @@ def _run_matrix(setup, specs, label, args) -> int:
     checkpoints = prepare_checkpoints(setup, specs)
     write_inventory(out, checkpoints)
     start = time.perf_counter()
+    numbered = list(enumerate(specs, 1))
+
+    def one(item, slot, stop):
+        i, spec = item
+        where = f", GPU {placement.record(slot)['gpu']}" if placement.jobs > 1 and placement.gpus else ""
+        print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s{where})", flush=True)
+        record = run_one(setup, spec, checkpoints, train_config, log=print, env=placement.env(slot),
+                         placed=placement.record(slot), stop=stop)
+        if record["status"] == "failed":
+            print(f"  {spec.run_id} failed: {record['error']}")
+        return record
+
     try:
-        for i, spec in enumerate(specs, 1):
-            print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s)", flush=True)
-            record = run_one(setup, spec, checkpoints, train_config, log=print)
-            if record["status"] == "failed":
-                print(f"  failed: {record['error']}")
+        run_all(numbered, one, placement)
         current, stale = split_current(load_runs(out), specs)
         summary = note_stale(summarize(current, load_inventory(out)), stale)
         paths = write_report(out, summary)

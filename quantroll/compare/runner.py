@@ -165,12 +165,28 @@ def _error_line(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print) -> dict:
+def _wait(proc: subprocess.Popen, stop) -> int:
+    """The child's exit code; a set ``stop`` (another thread's interrupt) raises KeyboardInterrupt."""
+    if stop is None:
+        return proc.wait()
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if stop.is_set():
+                raise KeyboardInterrupt from None
+
+
+def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], config_of, log=print,
+            env: dict[str, str] | None = None, placed: dict | None = None, stop=None) -> dict:
     """Run (or skip, when already done with the same command) one spec; returns run.json.
 
     ``config_of(argv)``: the TrainConfig that `quantroll train` makes of a command line (the
     command layer owns that parser). The child gets that config as ``run_dir/config.json``
-    (``train --config``); run.json keeps the same run as flags, for people."""
+    (``train --config``); run.json keeps the same run as flags, for people. With several
+    runs at once (compare/parallel.py): ``env`` is added to the child's environment (its
+    GPU), ``placed`` is kept in run.json, and ``stop`` (a threading.Event), once set, stops
+    the child and raises KeyboardInterrupt as Ctrl-C would."""
     run_dir = setup.out_dir / "runs" / spec.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command_for(setup, spec, checkpoints, run_dir)
@@ -217,15 +233,16 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
               "device": setup.device, "model": setup.model_label, "moe": setup.moe, "command": shown,
               "output_dir": str(setup.out_dir.absolute()),
               "engine_checkpoint_made_from": made_from, "resumed_after_steps": resumes,
-              "emulated": None, "pid": os.getpid(), "host": socket.gethostname()}  # the owner (runstatus.py)
+              "emulated": None, "pid": os.getpid(), "host": socket.gethostname(),  # the owner (runstatus.py)
+              "placement": placed}
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     start = time.perf_counter()
     # a resume's log follows the last attempt's
     with open(run_dir / "train.log", "a" if resume is not None else "w") as out, terminate_as_interrupt():
         proc = subprocess.Popen([*cmd[:4], "--config", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         try:
-            code = proc.wait()
+            code = _wait(proc, stop)
         except BaseException as err:  # Ctrl-C, SIGTERM: stop the child too; the run resumes from its save next time
             proc.kill()
             proc.wait()

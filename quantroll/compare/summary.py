@@ -78,6 +78,12 @@ def _warnings(runs: list[RunData], groups: list[dict], base: dict | None) -> lis
     running = [r.run_id for r in runs if r.spec.get("status") not in ("done", "failed")]
     if running:
         out.append(f"not finished, left out: {', '.join(running)}")
+    shared = [r for r in runs if (r.spec.get("placement") or {}).get("shared_device")]
+    if shared:
+        jobs = max(r.spec["placement"].get("jobs") or 0 for r in shared)
+        out.append(f"{len(shared)} of {len(runs)} runs shared their device with other runs (compare --jobs {jobs}): their "
+                   "times include the others' work, so the time, speedup and break-even columns are not speed "
+                   "figures (rerun with --jobs 1, or one GPU a run, to measure speed)")
     for g in groups:
         if len(g["response_lens"]) > 1:
             out.append(f"{g['id']}: runs differ in response length {g['response_lens']}: no break-even length")

@@ -150,11 +150,11 @@ def test_response_length_sweep_runs_sample_to_full_length_and_are_reported(tmp_p
 def test_ctrl_c_keeps_finished_runs_and_exits_130(tmp_path, monkeypatch, capsys):
     real, calls = runner.run_one, []
 
-    def interrupt_the_second(setup, spec, checkpoints, config_of, log=print):
+    def interrupt_the_second(setup, spec, checkpoints, config_of, log=print, **placed):
         calls.append(spec.run_id)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(setup, spec, checkpoints, config_of, log)
+        return real(setup, spec, checkpoints, config_of, log, **placed)
 
     monkeypatch.setattr(runner, "run_one", interrupt_the_second)
     out = tmp_path / "study"

@@ -15,7 +15,7 @@ from quantroll.compare import runner
 from tests.compare.synth import random_steps, write_run
 
 
-def _fake_run_one(setup, spec, checkpoints, config_of, log=print):
+def _fake_run_one(setup, spec, checkpoints, config_of, log=print, **placed):
     rng = np.random.default_rng(spec.seed)
     record = {"run_id": spec.run_id, **asdict(spec), "status": "done", "error": None, "wall_time_s": 1.0,
               "device": "cpu", "model": setup.model_label, "moe": False, "command": ["quantroll", "train"],

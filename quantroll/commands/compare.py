@@ -123,8 +123,9 @@ def register(subparsers) -> None:
                    "over --gpus (one GPU each); more jobs than GPUs share them, which suits small models (each run "
                    "then needs --kv-cache-memory-gb in --train-args, and its times include the others' work: the "
                    "report says so)")
-    p.add_argument("--gpus", default=None, metavar="ID,...", help="the GPUs --jobs spreads the runs over (default: "
-                   "every visible one, as CUDA_VISIBLE_DEVICES names them)")
+    p.add_argument("--gpus", default=None, metavar="ID,...", help="the GPUs the runs go on, one each, spread by "
+                   "--jobs (with --jobs 1 the first); default: every visible one as CUDA_VISIBLE_DEVICES names them, "
+                   "and a run alone sees them all")
     p.add_argument("--compute-dtype", default="auto", choices=COMPUTE_DTYPES, help=COMPUTE_DTYPE_HELP)
     p.add_argument("--train-args", default="", help="more flags for every run, as one string (e.g. \"--lr 1e-4 "
                    f"--rollout-batch-size 32 --task count\"); compare's recipe ({' '.join(recipe(()))}; the pool only for "
@@ -309,7 +310,7 @@ def _run_matrix(setup, specs, label, args, placement) -> int:
 
     def one(item, slot, stop):
         i, spec = item
-        where = f", GPU {placement.record(slot)['gpu']}" if placement.jobs > 1 and placement.gpus else ""
+        where = f", GPU {placement.gpu(slot)}" if placement.gpu(slot) is not None else ""
         print(f"[{i}/{len(specs)}] {spec.run_id} ({time.perf_counter() - start:.0f} s{where})", flush=True)
         record = run_one(setup, spec, checkpoints, train_config, log=print, env=placement.env(slot),
                          placed=placement.record(slot), stop=stop)

@@ -32,6 +32,7 @@ class Placement:
 
     jobs: int = 1
     gpus: tuple[str, ...] = ()
+    pinned: bool = False  # the GPUs were named (--gpus): a run alone is placed on them too
 
     def __post_init__(self):
         if self.jobs < 1:
@@ -42,14 +43,18 @@ class Placement:
         """Whether two runs can run on one device at the same time."""
         return self.jobs > max(len(self.gpus), 1)
 
+    def gpu(self, slot: int) -> str | None:
+        """The GPU a run in ``slot`` is given (None: it sees what the compare sees)."""
+        return self.gpus[slot % len(self.gpus)] if self.gpus and (self.jobs > 1 or self.pinned) else None
+
     def env(self, slot: int) -> dict[str, str]:
         """The environment a run in ``slot`` adds to the compare's (one GPU, on a GPU machine)."""
-        return {"CUDA_VISIBLE_DEVICES": self.gpus[slot % len(self.gpus)]} if self.gpus and self.jobs > 1 else {}
+        gpu = self.gpu(slot)
+        return {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
 
     def record(self, slot: int) -> dict:
         """What a run's record keeps of its placement (runner.run_one's run.json)."""
-        gpu = self.gpus[slot % len(self.gpus)] if self.gpus else None
-        return {"jobs": self.jobs, "gpu": gpu, "shared_device": self.shares_device}
+        return {"jobs": self.jobs, "gpu": self.gpu(slot), "shared_device": self.shares_device}
 
 
 def visible_gpus(device: str, cuda_count: int, environ=None) -> tuple[str, ...]:
@@ -85,7 +90,7 @@ def placement_for(device: str, jobs: int, gpus: str | None, train_args: tuple[st
             raise QuantrollError(f"--gpus {gpus}: {', '.join(unknown) or 'none given'} not among the visible GPUs "
                                  f"({', '.join(visible) or 'none'})")
         visible = named
-    placement = Placement(jobs, visible)
+    placement = Placement(jobs, visible, pinned=gpus is not None)
     check_shared_pools(placement, device, train_args)
     return placement
 

@@ -29,6 +29,8 @@ def test_placement_spreads_runs_over_gpus_and_says_when_they_share_one():
     own = Placement(2, ("0", "1"))
     assert not own.shares_device and own.record(0)["gpu"] == "0"
     assert Placement(1, ("0", "1")).env(0) == {}  # one run at a time keeps the parent's devices
+    assert Placement(1, ("0", "1")).record(0)["gpu"] is None
+    assert Placement(1, ("1",), pinned=True).env(0) == {"CUDA_VISIBLE_DEVICES": "1"}  # unless --gpus names them
     assert Placement(2, ()).env(1) == {} and Placement(2, ()).shares_device  # a CPU: the runs share its cores
 
 
@@ -44,6 +46,8 @@ def test_refusals_name_the_flag_before_any_run():
     shared = placement_for("cuda", 3, None, ("--kv-cache-memory-gb=4",), 2, {})
     assert shared.gpus == ("0", "1") and shared.shares_device
     assert placement_for("cuda", 2, "1", ("--kv-cache-memory-gb", "4"), 2, {}).gpus == ("1",)
+    assert placement_for("cuda", 1, "1", (), 2, {}).env(0) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert placement_for("cuda", 1, None, (), 2, {}).env(0) == {}
     assert placement_for("cuda", 2, None, (), 2, {}).gpus == ("0", "1")  # one GPU each: the default pool is fine
 
 

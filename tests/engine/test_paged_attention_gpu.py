@@ -87,6 +87,17 @@ CUDA_DECODE = cuda_jit.unavailable_reason() is None
 needs_cuda_decode = pytest.mark.skipif(not CUDA_DECODE, reason=f"CUDA kernels: {cuda_jit.unavailable_reason()}")
 
 
+def _fp8_decode_batch(heads: int, kv_heads: int, contexts: list[int]):
+    """An FP8 cache filled for ``contexts`` (one sequence each) with its decode batch set, and
+    random BF16 queries of head_dim 128."""
+    cache, tables = _filled_cache(_cfg(heads, kv_heads, 128), "fp8_e4m3", contexts)
+    b = len(contexts)
+    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
+    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
+                                 max_context=max(contexts))
+    return cache, torch.randn(b, heads, 128, device=DEV, dtype=torch.bfloat16)
+
+
 @needs_cuda_decode
 @pytest.mark.parametrize("heads,kv_heads", [(32, 8), (16, 8), (28, 4), (12, 2), (8, 8), (64, 4)],
                          ids=["group4", "group2", "group7", "group6", "group1", "group16"])
@@ -97,13 +108,7 @@ def test_cuda_fp8_decode_matches_the_reference_and_the_triton_kernel(heads, kv_h
     the same dequantized cache, and against the Triton kernel (both round q and P' to
     float16; their sums run in other orders): GQA groups 1-16, partial chunks and blocks,
     one split and several (merged by the last block of each (sequence, KV head) to finish)."""
-    cfg = _cfg(heads, kv_heads, 128)
-    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts)
-    b = len(contexts)
-    q = torch.randn(b, heads, 128, device=DEV, dtype=torch.bfloat16)
-    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
-    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
-                                 max_context=max(contexts))
+    cache, q = _fp8_decode_batch(heads, kv_heads, contexts)
     got = paged_attention.decode_attention(q, cache, 0, cache.batch, paged_attention.PagedTiles(decode_kernel="cuda"),
                                            splits=splits)
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)
@@ -127,14 +132,8 @@ def test_cuda_fp8_merge_in_passes_of_heads(heads, kv_heads):
     from quantroll.kernels.fp8_linear import quantize_activation_fp8
 
     assert (paged_decode_cuda.shared_bytes(2) // 4 - 2) // (16 * 130 + 1) == 4
-    cfg = _cfg(heads, kv_heads, 128)
-    contexts = [1, 700, 2049, 40]
-    cache, tables = _filled_cache(cfg, "fp8_e4m3", contexts)
-    b = len(contexts)
-    q = torch.randn(b, heads, 128, device=DEV, dtype=torch.bfloat16)
-    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
-    cache.batch = AttentionBatch(torch.zeros(b, dtype=torch.long, device=DEV), tables, ctx, None,
-                                 max_context=max(contexts))
+    cache, q = _fp8_decode_batch(heads, kv_heads, [1, 700, 2049, 40])
+    b = q.shape[0]
     tiles = paged_attention.PagedTiles(decode_kernel="cuda", decode_warps=2)
     got = paged_attention.decode_attention(q, cache, 0, cache.batch, tiles, splits=16)
     ref = cache.reference_attend(0, q.float()).to(torch.bfloat16)

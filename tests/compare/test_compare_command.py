@@ -7,7 +7,8 @@ import json
 import pytest
 
 from quantroll.cli import main
-from quantroll.commands.compare import RECIPE, recipe, train_config
+from quantroll.commands.compare import train_config
+from quantroll.commands.compare_flags import RECIPE, recipe
 from quantroll.compare import runner
 from quantroll.rl.config import TrainConfig
 

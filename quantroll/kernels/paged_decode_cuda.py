@@ -44,10 +44,12 @@ def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, h
     (one line). Asked once, when an engine is built (engine/plan.py: the Triton kernel
     serves where this is not None, and the engine logs why); a launch checks only the
     layout (cache_unsupported_reason), not the machine again."""
-    reason = _layout_reason(kv_cache_dtype, head_dim, block_size, heads, kv_heads, dtype)
-    if reason is None and torch.device(device).type != "cuda":
-        return "it runs on a CUDA device"
-    return reason or cuda_jit.unavailable_reason(device)
+    return (_layout_reason(kv_cache_dtype, head_dim, block_size, heads, kv_heads, dtype) or _off_cuda(device)
+            or cuda_jit.unavailable_reason(device))
+
+
+def _off_cuda(device: torch.device) -> str | None:
+    return None if torch.device(device).type == "cuda" else "it runs on a CUDA device"
 
 
 def _layout_reason(kv_cache_dtype: str, head_dim: int, block_size: int, heads: int, kv_heads: int,
@@ -86,9 +88,8 @@ def cache_unsupported_reason(cache, q: torch.Tensor) -> str | None:
         return "it reads values stored positions-minor ([blocks, Hkv, D, block_size])"
     if q.stride(-1) != 1:
         return "it takes queries with contiguous heads"
-    reason = _layout_reason("fp8_e4m3" if cache.quantized else "bf16", cache.head_dim, cache.block_size, q.shape[1],
-                            cache.kv_heads, q.dtype)
-    return reason or (None if q.device.type == "cuda" else "it runs on a CUDA device")
+    return _layout_reason("fp8_e4m3" if cache.quantized else "bf16", cache.head_dim, cache.block_size, q.shape[1],
+                          cache.kv_heads, q.dtype) or _off_cuda(q.device)
 
 
 # (sequence, KV head, split) programs per SM the split rule (paged_attention.decode_splits) aims at

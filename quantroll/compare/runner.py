@@ -32,7 +32,7 @@ from quantroll.checkpoint.atomic import atomic_write_text
 from quantroll.checkpoint.convert import ConvertConfig, convert_checkpoint
 from quantroll.compare.matrix import RunSpec
 from quantroll.compare.rundata import read_metrics
-from quantroll.compare.runstatus import mark_interrupted, terminate_as_interrupt
+from quantroll.compare.runstatus import interrupted_child, mark_interrupted, stopped_by_signal, terminate_as_interrupt
 from quantroll.formats import get_format
 from quantroll.outputs import write_owned_file
 
@@ -157,12 +157,17 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _error_line(log: Path) -> str:
+def _error_line(log: Path, code: int) -> str:
+    """The line of the child's log that says why it failed; where it wrote none, how it ended."""
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
     for line in reversed(lines):
         if "error:" in line.lower() or line.startswith(("Traceback", "RuntimeError", "MemoryError")):
             return line
-    return lines[-1] if lines else "no output"
+    if lines:
+        return lines[-1]
+    signal_name = stopped_by_signal(code)
+    return f"killed by {signal_name} before writing anything (SIGKILL: out of memory?)" if signal_name else \
+        f"exited with code {code} and no output"
 
 
 def _wait(proc: subprocess.Popen, stop) -> int:
@@ -249,6 +254,13 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
             record.update(mark_interrupted(record, err))
             atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
             raise
+        if code != 0 and (interrupted_child(code) or (stop is not None and stop.is_set())):
+            # the signal reached the child first (a process group's SIGTERM or Ctrl-C): the compare hears
+            # of it next, and the run resumes from its save as any interrupted run does
+            record.update(mark_interrupted(record, KeyboardInterrupt()))
+            record["wall_time_s"] = round(time.perf_counter() - start, 2)
+            atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
+            return record
     record["wall_time_s"] = round(time.perf_counter() - start, 2)
     written = read_metrics(metrics)[0]
     # the engine labels its precision ("fp8 (emulated)"); a run that wrote nothing falls back on the format
@@ -258,7 +270,7 @@ def run_one(setup: CompareSetup, spec: RunSpec, checkpoints: dict[str, Path], co
         record["status"] = "done"
     else:
         record["status"] = "failed"
-        record["error"] = _error_line(run_dir / "train.log") if code != 0 else \
+        record["error"] = _error_line(run_dir / "train.log", code) if code != 0 else \
             f"exited 0 but wrote {len(written)} of {steps} steps"
     atomic_write_text(run_dir / "run.json", json.dumps(record, indent=2) + "\n")
     return record

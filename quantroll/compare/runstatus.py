@@ -6,7 +6,9 @@ out (``terminate_as_interrupt`` turns SIGTERM into the same exception as Ctrl-C,
 one path does it); one killed outright (``kill -9``, a lost machine) cannot, so the
 record names its owner (pid and host of the compare) and a reader sees that an owner
 that is no longer running on this host finished nothing: ``status`` reads it as
-interrupted. A record on another host is taken at its word.
+interrupted. A record on another host is taken at its word. A child stopped by SIGTERM or
+SIGINT (a time limit's ``timeout`` and a terminal's Ctrl-C signal the whole process group,
+so the child can end before its compare hears of it) was interrupted too, not failed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,23 @@ def mark_interrupted(record: dict, err: BaseException) -> dict:
     """The fields a run record gets when its compare is stopped while it runs."""
     why = "Ctrl-C or SIGTERM" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
     return {"status": INTERRUPTED, "error": f"interrupted ({why}); rerun the compare to resume it from its last save"}
+
+
+def stopped_by_signal(code: int) -> str | None:
+    """The name of the signal that ended a child with exit ``code`` (subprocess's negative
+    codes), or None where it exited by itself."""
+    if code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def interrupted_child(code: int) -> bool:
+    """Whether a child that exited with ``code`` was stopped as a time limit or Ctrl-C stops
+    it (SIGTERM, SIGINT): its run resumes from its last save rather than counting as failed."""
+    return stopped_by_signal(code) in ("SIGTERM", "SIGINT")
 
 
 def status(record: dict) -> str:

@@ -132,9 +132,13 @@ def test_two_runs_at_once_end_as_one_at_a_time(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_every_running_run_and_marks_it_interrupted(tmp_path):
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-compare", "to-process-group"])
+def test_sigterm_stops_every_running_run_and_marks_it_interrupted(tmp_path, to_group):
     """A time limit's SIGTERM to a compare running two runs at once: both children stop, both
-    records say interrupted (to resume from their saves), and compare exits non-zero."""
+    records say interrupted (to resume from their saves), and compare exits non-zero. Sent
+    to the process group (as ``timeout`` and a terminal's Ctrl-C send it) it reaches the
+    children too, which may end before their compare hears of it: still interrupted, not
+    failed."""
     import os
     import signal
     from pathlib import Path
@@ -145,7 +149,7 @@ def test_sigterm_stops_every_running_run_and_marks_it_interrupted(tmp_path):
                              "--precisions", "bf16,fp8", "--modes", "1", "--corrections", "none", "--seeds", "1",
                              "--num-rollout", "50", "--eval-interval", "0", "--save-interval", "1",
                              "--train-args", "--rollout-batch-size 4 --n-samples-per-prompt 2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=to_group)
     runs = [out / "runs" / r for r in ("bf16-baseline-none-seed1", "fp8-rollout-none-seed1")]
 
     def status(run):
@@ -159,7 +163,10 @@ def test_sigterm_stops_every_running_run_and_marks_it_interrupted(tmp_path):
         while not all(status(r) == "running" and (r / "metrics.jsonl").is_file() for r in runs):
             assert proc.poll() is None and time.monotonic() < deadline, "both runs never ran together"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) != 0
     finally:
         proc.kill()
@@ -169,3 +176,20 @@ def test_sigterm_stops_every_running_run_and_marks_it_interrupted(tmp_path):
         size = (r / "train.log").stat().st_size
         time.sleep(1.0)
         assert (r / "train.log").stat().st_size == size
+
+
+def test_a_child_ended_by_a_signal_is_named_and_sigterm_reads_as_interrupted(tmp_path):
+    import signal
+
+    from quantroll.compare.runner import _error_line
+    from quantroll.compare.runstatus import interrupted_child, stopped_by_signal
+
+    assert stopped_by_signal(0) is None and stopped_by_signal(3) is None
+    assert stopped_by_signal(-signal.SIGTERM) == "SIGTERM" and stopped_by_signal(-signal.SIGKILL) == "SIGKILL"
+    assert interrupted_child(-signal.SIGTERM) and interrupted_child(-signal.SIGINT)
+    assert not interrupted_child(-signal.SIGKILL) and not interrupted_child(1) and not interrupted_child(0)
+    log = tmp_path / "train.log"
+    assert _error_line(log, -signal.SIGKILL).startswith("killed by SIGKILL before writing anything")
+    assert _error_line(log, 3) == "exited with code 3 and no output"
+    log.write_text("step 0\nRuntimeError: CUDA out of memory\nexiting\n")
+    assert _error_line(log, 1) == "RuntimeError: CUDA out of memory"

@@ -120,14 +120,6 @@ class PagedKVCache:
             s_shape = (num_blocks, cfg.num_key_value_heads, block_size)
             self.k_scale = [alloc(s_shape, dtype=torch.float32, device=device) for _ in range(layers)]
             self.v_scale = [alloc(s_shape, dtype=torch.float32, device=device) for _ in range(layers)]
-        # The CUDA FP8 decode kernel's split counters (kernels/paged_decode_cuda.py: the last split of a
-        # (sequence, KV head) to finish merges the others), zero at rest, one per decode row and KV head,
-        # shared by the layers (they run in stream order). Decode rows: one per sequence, and a sequence
-        # holds a block, plus the padding of a graph bucket (model_runner.bucket_for: fewer than 32 rows).
-        self.split_counters = None
-        if kv_cache_dtype == "fp8_e4m3" and torch.device(device).type == "cuda":
-            self.split_counters = torch.zeros((num_blocks + 32) * cfg.num_key_value_heads, dtype=torch.int32,
-                                              device=device)
         self.batch: AttentionBatch | None = None
 
     @property

@@ -115,10 +115,11 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
     else:
         part_o = part_ml = out  # placeholders (never stored to)
     if tiles.decode_kernel == "cuda":
-        _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, warps,
-                     cache.split_counters)
+        _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, warps)
     else:
         _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits, quantize, cache, tiles)
+    if splits > 1:
+        _merge_splits(part_o, part_ml, out, codes, scales, quantize)
     if quantize:
         return Fp8Activation(codes, scales, torch.Size([b, h * d]), q.dtype)
     return out
@@ -126,9 +127,9 @@ def decode_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTile
 
 def _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool, cache,
                    tiles: PagedTiles) -> None:
-    """The Triton decode kernel, then (several splits) its merge kernel, which stores the
-    output (quantized for o_proj where asked)."""
-    from quantroll.kernels.paged_attention_triton import merge_splits_kernel, paged_decode_kernel
+    """The Triton decode kernel: with one split it stores the output (quantized for o_proj
+    where asked); with several, the splits' partials for _merge_splits."""
+    from quantroll.kernels.paged_attention_triton import paged_decode_kernel
 
     b, h, d = q.shape
     hkv = cache.kv_heads
@@ -141,10 +142,18 @@ def _launch_triton(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, 
         BLOCK_S=tiles.decode_block_s, SPLITS=splits, FP8=cache.quantized, IEEE=q.dtype == torch.float32,
         QUANT_OUT=quantize, num_warps=tiles.decode_warps,
         num_stages=tiles.decode_stages)
-    if splits > 1:
-        merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
-                                    scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
-                                    S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
+
+
+def _merge_splits(part_o, part_ml, out, codes, scales, quantize: bool) -> None:
+    """Both decode kernels' splits merged (log-sum-exp weights) by one Triton launch, which
+    stores the output, quantized for o_proj where asked. A second launch rather than a merge
+    in the CUDA kernel's last block: see paged_decode_fp8.cu's header."""
+    from quantroll.kernels.paged_attention_triton import merge_splits_kernel
+
+    b, h, splits, d = part_o.shape
+    merge_splits_kernel[(b, h)](part_o, part_ml, out, codes, scales, out.stride(0), out.stride(1), codes.stride(0),
+                                scales.stride(-1), H=h, D=d, D_PAD=next_pow2(d, 16), SPLITS=splits,
+                                S_PAD=next_pow2(splits, 2), QUANT_OUT=quantize)
 
 
 def _check_cuda(cache, q) -> None:
@@ -156,14 +165,14 @@ def _check_cuda(cache, q) -> None:
 
 
 def _launch_cuda(q, k, v, ks, vs, batch, out, part_o, part_ml, codes, scales, splits: int, quantize: bool,
-                 warps: int, counters) -> None:
-    """The CUDA FP8-cache kernel: it stores the output (quantized for o_proj where asked)
-    itself, merging its splits in the last block of each (sequence, KV head) to finish."""
+                 warps: int) -> None:
+    """The CUDA FP8-cache kernel: with one split it stores the output (quantized for o_proj
+    where asked) itself; with several, the splits' partials for _merge_splits."""
     from quantroll.kernels import paged_decode_cuda
 
+    own = quantize and splits == 1
     paged_decode_cuda.decode_fp8(q, k, v, ks, vs, batch.block_tables, batch.context_lens, out, part_o, part_ml, splits,
-                                 warps=warps, codes=codes if quantize else None,
-                                 code_scales=scales if quantize else None, counters=counters)
+                                 warps=warps, codes=codes if own else None, code_scales=scales if own else None)
 
 
 def prefill_attention(q: torch.Tensor, cache, layer: int, batch, tiles: PagedTiles | None = None) -> torch.Tensor:

@@ -31,13 +31,6 @@ def shared_bytes(warps: int) -> int:
     return max(warps * 2 * STAGE_BYTES, warps * 16 * HEAD_DIM * 4 + warps * 16 * 2 * 4 + warps * 4)
 
 
-def max_splits(warps: int) -> int:
-    """The most splits whose merge fits a block: the last block of a (sequence, KV head)
-    stages one head's partials of every split ([splits, 128] O / l and [splits, 2] (m, l), its
-    weights' sum) in the block's shared memory beside the emit's [warps] scratch."""
-    return (shared_bytes(warps) // 4 - warps - 1) // (HEAD_DIM + 2)
-
-
 def unsupported_reason(*, kv_cache_dtype: str, head_dim: int, block_size: int, heads: int, kv_heads: int,
                        dtype: torch.dtype, device: torch.device) -> str | None:
     """None when the kernel serves this cache and these queries on ``device``, else why not
@@ -134,28 +127,24 @@ def warps_for(programs: int, device: torch.device) -> int:
 def decode_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
                tables: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, part_o: torch.Tensor,
                part_ml: torch.Tensor, splits: int, warps: int = 4, codes: torch.Tensor | None = None,
-               code_scales: torch.Tensor | None = None, counters: torch.Tensor | None = None) -> None:
-    """One launch over q [B, H, D], the result to ``out`` [B, H, D] (BF16), or with ``codes``
-    [B, H * D] E4M3 and ``code_scales`` [B, H] (outer-dim-major, fp8_activation_buffers) to
-    those, quantized as a block-FP8 linear quantizes that BF16 output (each head one 1x128
-    group). With several splits each block writes its partials (O / l, and (m, l) in
-    natural-log units) to ``part_o`` [B, H, splits, D] and ``part_ml`` [B, H, splits, 2] and
-    the last of a (sequence, KV head)'s splits to finish merges them, counted in
-    ``counters`` (int32, at least B x Hkv, zero at rest: the kernel leaves it zero).
-    ``cache_unsupported_reason`` must have said None."""
+               code_scales: torch.Tensor | None = None) -> None:
+    """One launch over q [B, H, D]: with one split the result goes to ``out`` [B, H, D]
+    (BF16), or with ``codes`` [B, H * D] E4M3 and ``code_scales`` [B, H] (outer-dim-major,
+    fp8_activation_buffers) to those, quantized as a block-FP8 linear quantizes that BF16
+    output (each head one 1x128 group); with several, each split's partials (O / l, and
+    (m, l) in natural-log units) go to ``part_o`` [B, H, splits, D] and ``part_ml``
+    [B, H, splits, 2] for the Triton merge (paged_attention._merge_splits), which stores the
+    output. ``cache_unsupported_reason`` must have said None."""
     if warps not in WARPS:
         raise ValueError(f"CUDA decode attention: warps must be one of {WARPS}, got {warps}")
+    if codes is not None and splits != 1:
+        raise ValueError("CUDA decode attention quantizes its output in one split only (the merge does for more)")
     b, h, _ = q.shape
     hkv = k.shape[2]
-    if splits > max_splits(warps):
-        raise ValueError(f"CUDA decode attention: at most {max_splits(warps)} splits with {warps} warps, got {splits}")
-    if splits > 1 and (counters is None or counters.dtype != torch.int32 or counters.numel() < b * hkv):
-        raise ValueError(f"CUDA decode attention in {splits} splits needs int32 counters for {b} x {hkv} (sequence, "
-                         f"KV head) pairs, got {None if counters is None else (counters.dtype, counters.numel())}")
     module = cuda_jit.load(SOURCE, q.device)
     module.launch(f"paged_decode_fp8_w{warps}", (b, hkv, splits), (32 * warps, 1, 1),
                   q, q.stride(0), q.stride(1), k, v, k_scale, v_scale, tables, tables.stride(0), lengths,
                   out, out.stride(0), out.stride(1), part_o, part_ml, hkv, h // hkv, splits,
                   0 if codes is None else codes, 0 if code_scales is None else code_scales,
                   0 if codes is None else codes.stride(0), 0 if code_scales is None else code_scales.stride(-1),
-                  0 if splits == 1 else counters, shared_bytes=shared_bytes(warps))
+                  shared_bytes=shared_bytes(warps))

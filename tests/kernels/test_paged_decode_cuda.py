@@ -125,12 +125,10 @@ def test_launch_passes_every_kernel_parameter_in_order(monkeypatch):
     ks, vs = torch.zeros(4, hkv, 16), torch.zeros(4, hkv, 16)
     tables, lengths = torch.zeros(b, 2, dtype=torch.int32), torch.ones(b, dtype=torch.int32)
     out = torch.zeros_like(q)
-    counters = torch.zeros(b * hkv, dtype=torch.int32)
-    for codes, splits in ((None, 1), (torch.zeros(b, h * 128, dtype=torch.uint8), 1), (None, 3),
-                          (torch.zeros(b, h * 128, dtype=torch.uint8), 3)):
+    for codes, splits in ((None, 1), (torch.zeros(b, h * 128, dtype=torch.uint8), 1), (None, 3)):
         scales = None if codes is None else torch.zeros(b, h)
         paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, splits, warps=2, codes=codes,
-                                     code_scales=scales, counters=counters)
+                                     code_scales=scales)
         args = launched["args"]
         assert launched["name"] == "paged_decode_fp8_w2" and launched["grid"] == (b, hkv, splits)
         assert len(args) == len(params), (len(args), params)
@@ -140,11 +138,10 @@ def test_launch_passes_every_kernel_parameter_in_order(monkeypatch):
             else:
                 assert isinstance(arg, int), (name, arg)
         assert args[params.index("group")] == h // hkv and args[params.index("splits")] == splits
-        assert (args[params.index("counters")] is counters) == (splits > 1)
         assert (args[params.index("codes")] is codes) if codes is not None else args[params.index("codes")] == 0
-    for bad in (None, torch.zeros(b * hkv - 1, dtype=torch.int32), torch.zeros(b * hkv)):
-        with pytest.raises(ValueError, match="needs int32 counters"):
-            paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, 2, warps=2, counters=bad)
+    with pytest.raises(ValueError, match="quantizes its output in one split only"):  # the merge quantizes splits
+        paged_decode_cuda.decode_fp8(q, k, v, ks, vs, tables, lengths, out, out, out, 2, warps=2,
+                                     codes=torch.zeros(b, h * 128, dtype=torch.uint8), code_scales=torch.zeros(b, h))
     assert launched["shared"] == paged_decode_cuda.shared_bytes(2)
 
 
@@ -181,14 +178,3 @@ def test_resolve_attention_falls_back_with_the_reason(monkeypatch):
     assert plan.resolve_attention(DEFAULT_KERNELS, cfg, "bf16", 16, torch.bfloat16, cuda) == (DEFAULT_KERNELS, None)
     triton = dataclasses.replace(DEFAULT_KERNELS, gpu=DEFAULT_ENGINE_KERNELS.without_cuda_attention())
     assert plan.resolve_attention(triton, cfg, "fp8_e4m3", 16, torch.bfloat16, cuda) == (triton, None)
-
-
-def test_splits_the_rule_picks_fit_the_merge():
-    """The merging block stages one head's partials of every split in its shared memory:
-    hand-worked, 2 warps hold (34,304 / 4 - 2 - 1) // 130 = 65 splits and 4 warps 131; the
-    splits rule stops at 16, and a launch past the cap is refused."""
-    assert paged_decode_cuda.max_splits(2) == 65 and paged_decode_cuda.max_splits(4) == 131
-    assert paged_attention.PagedTiles().max_splits <= min(map(paged_decode_cuda.max_splits, paged_decode_cuda.WARPS))
-    q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="at most 65 splits with 2 warps"):
-        paged_decode_cuda.decode_fp8(q, q, q, q, q, q, q, q, q, q, 66, warps=2)

@@ -32,10 +32,13 @@
 // Softmax in float32 and base 2 (ex2.approx, as Triton's exp), the running sum per lane,
 // summed at the end. The WARPS partial results meet in shared memory. With SPLITS > 1 each
 // block writes (O / l, m, l) per head (m in natural-log units, as the Triton decode kernel
-// writes it) and counts itself done on its (sequence, KV head)'s counter (zero at rest); the
-// last of the splits to finish merges them all and resets the counter, so no second launch
-// is needed. The output: BF16, or (`codes` not null) its E4M3 codes and per-head scale for a
-// block-FP8 o_proj, bit for bit what act_quant_fp8_kernel makes of that BF16 output.
+// writes it) for paged_attention_triton.merge_splits_kernel. With one split: the output,
+// BF16, or (`codes` not null) its E4M3 codes and per-head scale for a block-FP8 o_proj, bit
+// for bit what act_quant_fp8_kernel makes of that BF16 output.
+// Why the merge is a second launch: merging in the kernel (the last split of a sequence to
+// finish, counted on an atomic) cost the one-split launches 6-9% (H100, 2026-12-06, the same
+// machine: its code raised the kernel to 189 registers, and capped at 168 the main loop was
+// scheduled worse) and won nothing at 16 x 2048 (37.8 us against 33.8 with the merge launch).
 
 #include "gemv_fragments.cuh"
 #include "paged_decode_stage.cuh"
@@ -181,8 +184,7 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
                                        const int* __restrict__ lengths, uint16_t* __restrict__ out, long long s_ob,
                                        long long s_oh, float* __restrict__ part_o, float* __restrict__ part_ml,
                                        long long hkv, long long group, long long splits, uint8_t* __restrict__ codes,
-                                       float* __restrict__ code_scales, long long s_cb, long long s_csg,
-                                       int* __restrict__ counters) {
+                                       float* __restrict__ code_scales, long long s_cb, long long s_csg) {
   extern __shared__ __align__(16) char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, t = lane & 3;
@@ -291,19 +293,6 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
         part_ml[at * 2 + 1] = l_all;
       }
     }
-    // The last block of this (sequence, KV head) to finish merges every split (no second launch):
-    // the partials are published (fence) before the count, and read from L2 after it.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    int* done = counters + b * hkv + kvh;
-    if (threadIdx.x == 0) last = atomicAdd(done, 1) == static_cast<int>(splits) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    merge_staged<WARPS>(smem, part_o, part_ml, (b * heads + static_cast<long long>(kvh) * g) * splits, splits, g,
-                        kvh, b, lane, warp, out, s_ob, s_oh, codes, code_scales, s_cb, s_csg);
-    if (threadIdx.x == 0) *done = 0;  // zero at rest, for the next launch
     return;
   }
   emit<WARPS>([&](int row, int col) {
@@ -315,17 +304,15 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
 
 }  // namespace
 
-// Shared memory: 2 stages of STAGE bytes per warp (the reduction reuses them). Registers: at
-// most 168, so that 12 warps fit an SM (3 blocks of 4 warps, 6 of 2; no spills at that cap).
+// Shared memory: 2 stages of STAGE bytes per warp (the reduction reuses them).
 #define QUANTROLL_PAGED_DECODE_FP8(WARPS)                                                                       \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32, 12 / WARPS) paged_decode_fp8_w##WARPS(              \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_w##WARPS(                          \
       const uint16_t* q, long long s_qb, long long s_qh, const uint8_t* k_pool, const uint8_t* v_pool,         \
       const float* k_scale, const float* v_scale, const int* tables, long long s_tb, const int* lengths,       \
       uint16_t* out, long long s_ob, long long s_oh, float* part_o, float* part_ml, long long hkv,             \
-      long long group, long long splits, uint8_t* codes, float* code_scales, long long s_cb, long long s_csg,   \
-      int* counters) {                                                                                         \
+      long long group, long long splits, uint8_t* codes, float* code_scales, long long s_cb, long long s_csg) { \
     decode<WARPS>(q, s_qb, s_qh, k_pool, v_pool, k_scale, v_scale, tables, s_tb, lengths, out, s_ob, s_oh,     \
-                  part_o, part_ml, hkv, group, splits, codes, code_scales, s_cb, s_csg, counters);             \
+                  part_o, part_ml, hkv, group, splits, codes, code_scales, s_cb, s_csg);                       \
   }
 
 QUANTROLL_PAGED_DECODE_FP8(4)

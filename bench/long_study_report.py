@@ -20,9 +20,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows
 from quantroll.compare.htmlpage import CSS, img_html
 
-GAP_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "ppl_ratio", "chi2_token", "chi2_seq")
 PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
              "(LMSYS); NeMo-RL's token_mult_prob_error (a ppl-ratio-like metric) stays below 1.03-1.05 when healthy; "
              "chi2_seq grows with length at a fixed per-token gap; Jet-RL: FP8 rollout with BF16 training matched "
@@ -46,26 +46,16 @@ def _ms(x: dict | None, fmt: str = ".3g") -> str:
     return f"{x['mean']:{fmt}}" + (f" ± {std:{fmt}}" if std is not None and x.get("n", 1) > 1 else "")
 
 
+def _num(x: float | None, fmt: str = ".3g") -> str:
+    return "n/a" if x is None else f"{x:{fmt}}"
+
+
 def _table(header: list[str], rows: list[list]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
 
 
 def calls(root: Path) -> list[dict]:
     return [c for job in JOBS for c in _jsonl(root / job / "calls.jsonl")]
-
-
-def gap_rows(root: Path) -> list[dict]:
-    """One row per (length, run): the gap metrics at steps 0 and 1, from the run's metrics."""
-    rows = []
-    for where in sorted((root / "gap").glob("*/compare"), key=lambda p: int(p.parent.name)):
-        summary = _json(where / "summary.json") or {"runs": []}
-        for run in summary["runs"]:
-            steps = {r.get("step"): r for r in _jsonl(where / "runs" / run["run_id"] / "metrics.jsonl")}
-            rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
-                         "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
-                         "entropy@0": steps.get(0, {}).get("entropy"),
-                         **{f"{k}@{s}": steps.get(s, {}).get(k) for k in GAP_KEYS for s in (0, 1)}})
-    return rows
 
 
 def learn(root: Path, job: str) -> dict | None:
@@ -79,30 +69,6 @@ def learn(root: Path, job: str) -> dict | None:
               for g in summary["groups"]]
     return {"answer": [m["text"] for m in summary["recommendation"]["modes"]], "groups": groups,
             "heldout_baseline": summary.get("heldout_baseline"), "failed": summary.get("failed", [])}
-
-
-def gap_plot(rows: list[dict], path: Path) -> bool:
-    from matplotlib.figure import Figure
-
-    labels = sorted({r["label"] for r in rows})
-    if not labels:
-        return False
-    fig = Figure(figsize=(10, 4))
-    for i, key in enumerate(("train_rollout_logprob_abs_diff", "chi2_seq")):
-        ax = fig.add_subplot(1, 2, i + 1)
-        for label in labels:
-            pts = sorted((r["length"], r[f"{key}@0"]) for r in rows if r["label"] == label and r[f"{key}@0"] is not None)
-            if pts:
-                ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("--trace-len (tokens)")
-        ax.set_title(f"step-0 {key}" + (" (|value|)" if key == "chi2_seq" else ""))
-    fig.axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return True
 
 
 def _copy_compare(src: Path, dest: Path) -> None:
@@ -162,6 +128,14 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
                        f"{r['entropy@0']:.3g}" if r["entropy@0"] is not None else "n/a",
                        *(f"{r[f'{k}@{s}']:.3g}" if r[f"{k}@{s}"] is not None else "n/a" for k in GAP_KEYS for s in (0, 1))]
                       for r in gaps])
+        lengths, growth = gap_growth(gaps)
+        md += ["", "How the step-0 gap grows with length (one seed a cell; sequence KL: the k3 KL summed over "
+               "a sequence's tokens, averaged over sequences; chi2_seq signed: an estimate, below zero where the "
+               "batch's weights average below 1):", ""]
+        md += _table(["group", "level", *map(str, lengths), f"{lengths[-1]} / {lengths[0]}"],
+                     [[g["label"], g["level"], *(_num(g["values"][n]) for n in lengths), _num(g["growth"], ".2f")]
+                      for g in growth])
+        summary["gap_growth"] = growth
         if gap_plot(gaps, out / "plots" / "gap_vs_length.png"):
             md += ["", "![step-0 gap vs length](plots/gap_vs_length.png)"]
         for where in (root / "gap").glob("*/compare"):

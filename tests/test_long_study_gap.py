@@ -1,0 +1,52 @@
+"""bench/long_study_gap.py: the long-study report's gap growth by length, against numbers
+worked by hand, and its plot."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from long_study_gap import gap_growth, gap_plot, gap_rows, sequence_kl  # noqa: E402
+
+
+def _row(length, label, absdiff, kl, response_len, chi2_seq):
+    return {"length": length, "label": label, "response_len_mean": response_len,
+            "train_rollout_logprob_abs_diff@0": absdiff, "train_rollout_kl@0": kl, "chi2_seq@0": chi2_seq}
+
+
+def test_growth_by_hand():
+    rows = [_row(4096, "fp8", 1e-3, 4e-5, 4000, 0.5), _row(16384, "fp8", 1.2e-3, 5e-5, 16000, 2.0),
+            _row(8192, "fp8", 1.1e-3, 4.5e-5, 8000, -0.02),
+            _row(4096, "bf16", 3e-4, 5e-6, 4000, -0.01), _row(16384, "bf16", 3e-4, 6e-6, 16000, 0.1)]
+    lengths, growth = gap_growth(rows)
+    assert lengths == [4096, 8192, 16384]
+    by = {(g["label"], g["level"]): g for g in growth}
+    assert by["fp8", "token abs logp diff"]["values"] == {4096: 1e-3, 8192: 1.1e-3, 16384: 1.2e-3}
+    assert by["fp8", "token abs logp diff"]["growth"] == pytest.approx(1.2)
+    # sequence KL: 4e-5 x 4000 = 0.16 nats, 5e-5 x 16000 = 0.8: x5
+    assert by["fp8", "sequence KL (nats)"]["values"][4096] == pytest.approx(0.16)
+    assert by["fp8", "sequence KL (nats)"]["growth"] == pytest.approx(5.0)
+    assert by["fp8", "chi2_seq"]["values"][8192] == -0.02 and by["fp8", "chi2_seq"]["growth"] == pytest.approx(4.0)
+    assert by["bf16", "chi2_seq"]["growth"] is None  # a negative estimate at 4K has no ratio
+    assert by["bf16", "token abs logp diff"]["values"][8192] is None  # bf16 has no 8K run here
+    assert sequence_kl({"train_rollout_kl@0": None, "response_len_mean": 10}) is None
+
+
+def test_rows_read_from_a_gap_job_and_plotted(tmp_path):
+    for length, kl in ((4096, 4e-5), (8192, 6e-5)):
+        where = tmp_path / "gap" / str(length) / "compare"
+        (where / "runs" / "fp8-run").mkdir(parents=True)
+        (where / "summary.json").write_text(json.dumps({"runs": [{"run_id": "fp8-run", "label": "fp8",
+                                                                  "status": "done"}]}))
+        steps = [{"step": s, "response_len_mean": 100.0, "entropy": 0.04, "train_rollout_logprob_abs_diff": 1e-3,
+                  "train_rollout_kl": kl * (s + 1), "log_ppl_diff": 1e-4, "chi2_token": 1e-4, "chi2_seq": 0.3}
+                 for s in (0, 1)]
+        (where / "runs" / "fp8-run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    rows = gap_rows(tmp_path)
+    assert [r["length"] for r in rows] == [4096, 8192]
+    assert rows[1]["train_rollout_kl@0"] == 6e-5 and rows[1]["train_rollout_kl@1"] == 1.2e-4
+    assert gap_growth(rows)[1][1]["growth"] == pytest.approx(1.5)
+    assert gap_plot(rows, tmp_path / "plots" / "gap.png") and (tmp_path / "plots" / "gap.png").stat().st_size > 0
+    assert not gap_plot([], tmp_path / "none.png")

@@ -58,6 +58,22 @@ def calls(root: Path) -> list[dict]:
     return [c for job in JOBS for c in _jsonl(root / job / "calls.jsonl")]
 
 
+def learn_progress(root: Path, job: str) -> list[dict]:
+    """Per run of a learning job whose compare has not finished: its status (run.json), how
+    many steps it wrote, its reward at the first and last of them, and its first and last
+    held-out reward (the engine's evaluation of the trainer's policy)."""
+    rows = []
+    for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
+        steps = _jsonl(run_dir / "metrics.jsonl")
+        record = _json(run_dir / "run.json") or {}
+        held = [r["eval_engine_reward"] for r in steps if r.get("eval_engine_reward") is not None]
+        rows.append({"run_id": run_dir.name, "status": record.get("status", "unknown"), "steps": len(steps),
+                     "reward_first": steps[0].get("reward_mean") if steps else None,
+                     "reward_last": steps[-1].get("reward_mean") if steps else None,
+                     "heldout_first": held[0] if held else None, "heldout_last": held[-1] if held else None})
+    return rows
+
+
 def learn(root: Path, job: str) -> dict | None:
     summary = _json(root / job / "compare" / "summary.json")
     if summary is None:
@@ -93,7 +109,7 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
                if (root / "sft" / "model.txt").is_file() else None,
                "sft": {k: sft.get(k) for k in ("task", "shape", "parameters", "steps_run", "stopped_by",
                                                "greedy_after", "checks")} if sft else None,
-               "calibrate": calibrate, "gap": gaps, "learn": learning}
+               "calibrate": calibrate, "gap": gaps, "learn": learning, "learn_progress": {}}
     md = ["# The long-response study (issue 42): FP8 rollout at 4K / 8K / 16K-token responses", "",
           "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md).", ""]
     md += ["## What ran where", ""]
@@ -146,6 +162,14 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
         md += ["", f"## Learning runs: {job}", ""]
         if result is None:
             md += [f"The {job} job has not finished its compare."]
+            progress = learn_progress(root, job)
+            if progress:
+                md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
+                md += _table(["run", "status", "steps", "reward step 0", "reward last step", "held-out first",
+                              "held-out last"],
+                             [[r["run_id"], r["status"], r["steps"], _num(r["reward_first"]), _num(r["reward_last"]),
+                               _num(r["heldout_first"]), _num(r["heldout_last"])] for r in progress])
+                summary["learn_progress"][job] = progress
             continue
         _copy_compare(root / job / "compare", out / job)
         md += [f"- {line}" for line in result["answer"]] + [""]

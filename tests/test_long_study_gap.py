@@ -50,3 +50,22 @@ def test_rows_read_from_a_gap_job_and_plotted(tmp_path):
     assert gap_growth(rows)[1][1]["growth"] == pytest.approx(1.5)
     assert gap_plot(rows, tmp_path / "plots" / "gap.png") and (tmp_path / "plots" / "gap.png").stat().st_size > 0
     assert not gap_plot([], tmp_path / "none.png")
+
+
+def test_an_unfinished_learning_job_shows_each_runs_progress(tmp_path):
+    from long_study_report import learn_progress
+
+    runs = tmp_path / "learn-4k" / "compare" / "runs"
+    (runs / "bf16-seed1").mkdir(parents=True)
+    (runs / "fp8-seed1").mkdir()
+    (runs / "bf16-seed1" / "run.json").write_text(json.dumps({"status": "done"}))
+    steps = [{"step": 0, "reward_mean": 0.5, "eval_engine_reward": 0.9}, {"step": 1, "reward_mean": 0.6},
+             {"step": 2, "reward_mean": 0.7, "eval_engine_reward": 0.95}]
+    (runs / "bf16-seed1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (runs / "fp8-seed1" / "run.json").write_text(json.dumps({"status": "interrupted"}))
+    assert learn_progress(tmp_path, "learn-4k") == [
+        {"run_id": "bf16-seed1", "status": "done", "steps": 3, "reward_first": 0.5, "reward_last": 0.7,
+         "heldout_first": 0.9, "heldout_last": 0.95},
+        {"run_id": "fp8-seed1", "status": "interrupted", "steps": 0, "reward_first": None, "reward_last": None,
+         "heldout_first": None, "heldout_last": None}]
+    assert learn_progress(tmp_path, "learn-16k") == []

@@ -154,8 +154,12 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
         summary["gap_growth"] = growth
         if gap_plot(gaps, out / "plots" / "gap_vs_length.png"):
             md += ["", "![step-0 gap vs length](plots/gap_vs_length.png)"]
-        for where in (root / "gap").glob("*/compare"):
+        copied = []
+        for where in sorted((root / "gap").glob("*/compare"), key=lambda p: int(p.parent.name)):
             _copy_compare(where, out / f"gap-{where.parent.name}")
+            copied.append(f"[{where.parent.name}](gap-{where.parent.name}/report.md)")
+        md += ["", "Each length's compare report (the gap by response-length bucket, per run; rollout times): "
+               + ", ".join(copied) + "."]
     else:
         md += ["The gap job has not run."]
     for job, result in learning.items():

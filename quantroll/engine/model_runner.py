@@ -120,12 +120,14 @@ class ModelRunner:
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
 
-    def _table_rows(self, seqs, width: int) -> torch.Tensor:
-        rows = torch.full((len(seqs), width), SCRATCH_BLOCK, dtype=torch.int32)
-        for i, seq in enumerate(seqs):
-            table = seq.block_table[:width]
-            rows[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
-        return rows
+    def _table_rows(self, seqs, width: int, rows: int | None = None) -> torch.Tensor:
+        """[rows, width] int32: each sequence's block table padded with the scratch block
+        (rows past the sequences: scratch only). Built as one list and one tensor: a decode
+        chunk does this for every running sequence while the GPU waits."""
+        pad = [SCRATCH_BLOCK] * width
+        table = [(seq.block_table[:width] + pad)[:width] for seq in seqs]
+        table += [pad] * ((rows or len(seqs)) - len(seqs))
+        return torch.tensor(table, dtype=torch.int32).reshape(len(table), width)
 
     def _routing(self, slots: torch.Tensor) -> Routing | None:
         return RouteWriter(self.routes, slots, self.moe_layers) if self.routes is not None else None
@@ -227,24 +229,20 @@ class ModelRunner:
         n = len(seqs)
         st = self._state(n, params, largest)
         b = st.tokens.shape[0]
-        tokens = torch.zeros(b, dtype=torch.long)
-        positions = torch.zeros(b, dtype=torch.long)
-        limits = torch.full((b,), -1, dtype=torch.long)
-        seeds = torch.zeros(b, dtype=torch.int64)
-        for i, seq in enumerate(seqs):
-            tokens[i] = seq.tokens[-1]
-            positions[i] = seq.num_computed
-            limits[i] = seq.num_computed + min(steps, max(seq.remaining, 0)) - 1
-            seeds[i] = seq.seed
+        # the rows as Python lists, one tensor each (element writes cost ~1 us apiece, 4 per row);
+        # padding rows: token 0 at position 0, limit -1 (every step writes to the scratch block)
+        pad = [0] * (b - n)
+        positions = [seq.num_computed for seq in seqs]
+        host = torch.tensor([[seq.tokens[-1] for seq in seqs] + pad, positions + pad,
+                             [c + min(steps, max(seq.remaining, 0)) - 1 for c, seq in zip(positions, seqs)]
+                             + [-1] * (b - n), [seq.seed for seq in seqs] + pad], dtype=torch.long)
         width = self.max_blocks if self.use_graphs else max(len(s.block_table) for s in seqs)
-        for dst, src in ((st.tokens, tokens), (st.positions, positions), (st.limits, limits), (st.seeds, seeds),
-                         (st.tables[:, :width], self._table_rows(seqs, width) if n == b else
-                          torch.cat([self._table_rows(seqs, width),
-                                     torch.zeros(b - n, width, dtype=torch.int32)]))):
+        for dst, src in ((st.tokens, host[0]), (st.positions, host[1]), (st.limits, host[2]), (st.seeds, host[3]),
+                         (st.tables[:, :width], self._table_rows(seqs, width, b))):
             dst.copy_(src.to(self.device, non_blocking=True))
         st.step.zero_()
-        first = int(positions[:n].max())
-        self.trace.append((n, b, steps, int(positions[:n].sum()) + n))
+        first = max(positions)
+        self.trace.append((n, b, steps, sum(positions) + n))
         for s in range(steps):
             if st.graph is not None:
                 st.graph.replay()

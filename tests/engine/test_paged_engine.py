@@ -202,3 +202,19 @@ def test_per_prompt_caps_end_each_sequence_at_its_own_length(tiny_qwen3_dir):
     assert [len(r.tokens) for r in capped] == [3, 12, 1, 7]
     for c, f in zip(capped, full):
         assert c.tokens == f.tokens[: len(c.tokens)] and c.finish_reason == "length"
+
+
+def test_table_rows_pad_with_the_scratch_block():
+    """The decode chunk's block tables, built in one tensor: each sequence's table cut or padded
+    to the width with the scratch block, and a graph bucket's padding rows all scratch."""
+    from types import SimpleNamespace
+
+    from quantroll.engine.block_manager import SCRATCH_BLOCK
+    from quantroll.engine.model_runner import ModelRunner
+
+    seqs = [SimpleNamespace(block_table=[4, 7]), SimpleNamespace(block_table=[1, 2, 3, 9])]
+    rows = ModelRunner._table_rows(None, seqs, 3, 4)
+    s = SCRATCH_BLOCK
+    assert rows.dtype == torch.int32
+    assert rows.tolist() == [[4, 7, s], [1, 2, 3], [s, s, s], [s, s, s]]
+    assert ModelRunner._table_rows(None, seqs, 4).tolist() == [[4, 7, s, s], [1, 2, 3, 9]]

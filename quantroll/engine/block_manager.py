@@ -129,9 +129,12 @@ class BlockManager:
         self._note_peak()
         return True
 
-    def mark_computed(self, seq: Sequence) -> None:
-        """The KV of [0, seq.num_computed) is written: its full blocks may now be shared."""
-        for b in seq.block_table[: seq.num_computed // self.block_size]:
+    def mark_computed(self, seq: Sequence, since: int = 0) -> None:
+        """The KV of [0, seq.num_computed) is written: its full blocks may now be shared.
+        ``since``: positions known written before (their full blocks were marked then), so
+        that a decode chunk marks the one or two blocks it filled, not a 16K-token
+        sequence's thousand blocks again for every chunk."""
+        for b in seq.block_table[since // self.block_size: seq.num_computed // self.block_size]:
             self.blocks[b].ready = True
 
     def release(self, seq: Sequence) -> None:

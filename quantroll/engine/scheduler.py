@@ -144,7 +144,7 @@ class Scheduler:
     def prefilled(self, chunks: tuple[PrefillChunk, ...]) -> None:
         for c in chunks:
             c.seq.num_computed = c.start + c.count
-            self.blocks.mark_computed(c.seq)
+            self.blocks.mark_computed(c.seq, since=c.start)
 
     # -- decode ---------------------------------------------------------------------
     def _decode(self) -> Decode | None:
@@ -180,7 +180,7 @@ class Scheduler:
     def decoded(self, seq: Sequence, fed: int) -> None:
         """``fed`` more positions of ``seq`` are now in its KV cache."""
         seq.num_computed += fed
-        self.blocks.mark_computed(seq)
+        self.blocks.mark_computed(seq, since=seq.num_computed - fed)
 
     def finish(self, seq: Sequence) -> None:
         seq.status = Status.FINISHED

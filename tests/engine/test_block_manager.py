@@ -143,3 +143,19 @@ def test_bad_scheduler_settings_are_refused():
         SchedulerConfig(max_num_seqs=0)
     with pytest.raises(QuantrollError, match="policy"):
         SchedulerConfig(policy="fifo")
+
+
+def test_marking_from_a_position_marks_the_blocks_it_filled():
+    """A decode chunk marks from the positions known written before it: the block it
+    completed (filled partly before) and the full ones after, none before, none partial."""
+    bm = BlockManager(num_blocks=10, block_size=4)
+    a = seq(0, range(5))
+    assert bm.admit(a, bm.prefix_plan(a)) and bm.grow(a, 16)
+    ready = lambda: [bm.blocks[b].ready for b in a.block_table]  # noqa: E731
+    a.num_computed = 5
+    bm.mark_computed(a)
+    assert ready() == [True, False, False, False]
+    bm.blocks[a.block_table[0]].ready = False  # to see that since=5 leaves block 0 alone
+    a.num_computed = 13
+    bm.mark_computed(a, since=5)
+    assert ready() == [False, True, True, False]

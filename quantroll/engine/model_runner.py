@@ -252,7 +252,10 @@ class ModelRunner:
             else:
                 st.batch.max_context = first + s + 1
                 self._step(st, params)
-        out_t, out_lp = st.out_tokens[:steps, :n].t().tolist(), st.out_logprobs[:steps, :n].t().tolist()
+        # contiguous before tolist: a transposed tensor's tolist walks it element by element
+        # (1.7 ms for 8 x 512 tokens and logprobs here, against 0.2)
+        out_t = st.out_tokens[:steps, :n].t().contiguous().tolist()
+        out_lp = st.out_logprobs[:steps, :n].t().contiguous().tolist()
         self.events.append(("decode", start, self._mark()))
         return out_t, out_lp
 

@@ -22,8 +22,10 @@ def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, voca
     if not prompts:
         raise QuantrollError("generate() got no prompts")
     for i, p in enumerate(prompts):
-        if not isinstance(p, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
-                                                       for t in p):
+        # plain ints first (~30 ns a token); the ABC check (~1.4 us a token: 1.5 s for 512 x 2048)
+        # only for what is not one, e.g. numpy integers
+        if not isinstance(p, (list, tuple)) or not (all(type(t) is int for t in p) or all(
+                isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in p)):
             raise QuantrollError(f"prompt {i} must be a list of integer token ids, got {p!r:.80}")
         if len(p) == 0:
             raise QuantrollError(f"prompt {i} is empty; every prompt needs at least one token")

@@ -338,10 +338,7 @@ class Engine:
                 for seq, row, lps in zip(work.seqs, tokens, logprobs):
                     if seq.status is not Status.RUNNING:
                         continue  # static policy: a finished row still computed until its group ends
-                    for token, logprob in zip(row, lps):
-                        if seq.append(token, logprob, stop):
-                            break
-                    if seq.finish_reason is not None:
+                    if seq.extend(row, lps, stop):
                         results[seq.index] = self._finish(seq, sched)
                     else:
                         sched.decoded(seq, work.steps)

@@ -122,6 +122,8 @@ class BlockManager:
     def grow(self, seq: Sequence, positions: int) -> bool:
         """Extend ``seq``'s table to hold positions [0, positions); False if the pool is short."""
         need = blocks_for(positions, self.block_size) - len(seq.block_table)
+        if need <= 0:
+            return True  # most decode chunks: the table already holds them (nothing to note)
         if need > self.num_free:
             return False
         for _ in range(need):

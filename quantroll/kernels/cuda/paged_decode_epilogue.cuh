@@ -15,20 +15,19 @@ using quantroll_gemv::f32_to_bf16_rne;
 // 1x128 group: E4M3 codes and one scale, bit for bit what act_quant_fp8_kernel makes of the
 // BF16 output. red_amax: WARPS floats of shared memory.
 template <int WARPS, typename Value>
-__device__ __forceinline__ void emit(const Value& value, int row_begin, int row_end, int g, int kvh, long long b,
-                                     int lane, int warp,
+__device__ __forceinline__ void emit(const Value& value, int g, int kvh, long long b, int lane, int warp,
                                      float* red_amax, uint16_t* __restrict__ out, long long s_ob, long long s_oh,
                                      uint8_t* __restrict__ codes, float* __restrict__ code_scales, long long s_cb,
                                      long long s_csg) {
   if (codes == nullptr) {
-    for (int idx = row_begin * D + threadIdx.x; idx < row_end * D; idx += WARPS * 32) {
+    for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
       const int row = idx / D, col = idx % D;
       out[b * s_ob + (static_cast<long long>(kvh) * g + row) * s_oh + col] = f32_to_bf16_rne(value(row, col));
     }
     return;
   }
   constexpr int PER_THREAD = D / (WARPS * 32);
-  for (int row = row_begin; row < row_end; ++row) {
+  for (int row = 0; row < g; ++row) {
     float v[PER_THREAD], amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {

@@ -299,7 +299,7 @@ __device__ __forceinline__ void decode(const uint16_t* __restrict__ q, long long
     float l_all, m_all;
     const float acc = combined(row, col, l_all, m_all);
     return acc / l_all;
-  }, 0, g, g, kvh, b, lane, warp, red_ml + WARPS * 16 * 2, out, s_ob, s_oh, codes, code_scales, s_cb, s_csg);
+  }, g, kvh, b, lane, warp, red_ml + WARPS * 16 * 2, out, s_ob, s_oh, codes, code_scales, s_cb, s_csg);
 }
 
 }  // namespace

@@ -67,19 +67,13 @@ class Sequence:
 
     def append(self, token: int, logprob: float, stop_ids: frozenset[int]) -> bool:
         """Add one sampled token; True when it ends the sequence (a stop id or the length cap)."""
-        self.tokens.append(token)
-        self.logprobs.append(logprob)
-        if token in stop_ids:
-            self.finish_reason = "stop"
-        elif len(self.tokens) >= self.max_new_tokens:
-            self.finish_reason = "length"
-        return self.finish_reason is not None
+        return self.extend([token], [logprob], stop_ids)
 
     def extend(self, tokens: list[int], logprobs: list[float], stop_ids: frozenset[int]) -> bool:
-        """A decode chunk's tokens, as ``append`` one by one would take them: up to and
-        including the first stop id, at most up to the length cap (later ones were computed
-        past the sequence's end and are dropped). True when the sequence ended. In slices: a
-        chunk of 512 rows x 8 tokens is 4,096 appends, host time the GPU waits for."""
+        """Sampled tokens in order: up to and including the first stop id, at most up to the
+        length cap (later ones were computed past the sequence's end and are dropped). True
+        when the sequence ended. In slices, not one call a token: a decode chunk of 512 rows x
+        8 tokens would be 4,096 calls of host time the GPU waits for."""
         room = self.max_new_tokens - len(self.tokens)
         take = tokens[:room]
         end = next((i for i, t in enumerate(take) if t in stop_ids), None) if stop_ids else None

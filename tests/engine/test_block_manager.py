@@ -161,15 +161,16 @@ def test_marking_from_a_position_marks_the_blocks_it_filled():
     assert ready() == [False, True, True, False]
 
 
-@pytest.mark.parametrize("before,chunk,cap,stop", [
-    ([], [5, 6, 7, 8], 10, frozenset()),           # all taken
-    ([1], [5, 2, 7, 8], 10, frozenset({2})),       # up to and including the first stop id
-    ([1, 1], [5, 6, 7, 8], 4, frozenset({9})),     # cut at the length cap
-    ([], [2, 6], 1, frozenset({2})),               # a stop id that is also the last allowed token
-    ([], [5, 6, 2, 2], 3, frozenset({2})),         # the stop id at the cap
-    ([], [], 3, frozenset({2})),                   # nothing decoded
+@pytest.mark.parametrize("before,chunk,cap,stop,kept,reason", [
+    ([], [5, 6, 7, 8], 10, frozenset(), [5, 6, 7, 8], None),          # all taken
+    ([1], [5, 2, 7, 8], 10, frozenset({2}), [1, 5, 2], "stop"),       # up to and including the first stop id
+    ([1, 1], [5, 6, 7, 8], 4, frozenset({9}), [1, 1, 5, 6], "length"),  # cut at the length cap
+    ([], [2, 6], 1, frozenset({2}), [2], "stop"),                     # a stop id that is also the last allowed token
+    ([], [5, 6, 2, 2], 3, frozenset({2}), [5, 6, 2], "stop"),         # the stop id at the cap
+    ([], [], 3, frozenset({2}), [], None),                            # nothing decoded
 ])
-def test_extend_takes_a_chunk_as_appends_one_by_one_would(before, chunk, cap, stop):
+def test_extend_takes_a_chunk_as_appends_one_by_one_would(before, chunk, cap, stop, kept, reason):
+    """By hand (kept tokens, finish reason), and against the same tokens appended one by one."""
     a, b = seq(0, [1], new=cap), seq(1, [1], new=cap)
     for s in (a, b):
         s.tokens, s.logprobs = list(before), [-0.5] * len(before)
@@ -179,5 +180,7 @@ def test_extend_takes_a_chunk_as_appends_one_by_one_would(before, chunk, cap, st
         if a.append(token, logprob, stop):
             ended = True
             break
-    assert b.extend(chunk, lps, stop) == ended
+    assert b.extend(chunk, lps, stop) == ended == (reason is not None)
+    assert (b.tokens, b.finish_reason) == (kept, reason)
+    assert b.logprobs == [-0.5] * len(before) + lps[:len(kept) - len(before)]
     assert (b.tokens, b.logprobs, b.finish_reason) == (a.tokens, a.logprobs, a.finish_reason)

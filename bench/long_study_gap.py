@@ -20,11 +20,13 @@ GAP_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "log_ppl_diff"
 GROWTH_LEVELS = ("token abs logp diff", "sequence KL (nats)", "chi2_seq")
 
 
-def _json(path: Path):
+def read_json(path: Path):
+    """A job's JSON file, or None where the job has not written it."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """A job's JSON-lines file (calls, metrics), or [] where it has not written it."""
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
 
 
@@ -32,9 +34,9 @@ def gap_rows(root: Path) -> list[dict]:
     """One row per (length, run): the gap metrics at steps 0 and 1, from the run's metrics."""
     rows = []
     for where in sorted((root / "gap").glob("*/compare"), key=lambda p: int(p.parent.name)):
-        summary = _json(where / "summary.json") or {"runs": []}
+        summary = read_json(where / "summary.json") or {"runs": []}
         for run in summary["runs"]:
-            steps = {r.get("step"): r for r in _jsonl(where / "runs" / run["run_id"] / "metrics.jsonl")}
+            steps = {r.get("step"): r for r in read_jsonl(where / "runs" / run["run_id"] / "metrics.jsonl")}
             rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
                          "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
                          "entropy@0": steps.get(0, {}).get("entropy"),

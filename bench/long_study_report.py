@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows
+from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl
 from quantroll.compare.htmlpage import CSS, img_html
 
 PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
@@ -29,14 +29,6 @@ PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
              "BF16 below ~4K, drifted at 8K and failed to converge at 16K on some models (not monotone in length; "
              "arXiv 2601.14243).")
 JOBS = ("sft", "calibrate", "gap", "learn-4k", "learn-16k")
-
-
-def _json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def _ms(x: dict | None, fmt: str = ".3g") -> str:
@@ -55,7 +47,7 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def calls(root: Path) -> list[dict]:
-    return [c for job in JOBS for c in _jsonl(root / job / "calls.jsonl")]
+    return [c for job in JOBS for c in read_jsonl(root / job / "calls.jsonl")]
 
 
 def learn_progress(root: Path, job: str) -> list[dict]:
@@ -64,8 +56,8 @@ def learn_progress(root: Path, job: str) -> list[dict]:
     held-out reward (the engine's evaluation of the trainer's policy)."""
     rows = []
     for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
-        steps = _jsonl(run_dir / "metrics.jsonl")
-        record = _json(run_dir / "run.json") or {}
+        steps = read_jsonl(run_dir / "metrics.jsonl")
+        record = read_json(run_dir / "run.json") or {}
         held = [r["eval_engine_reward"] for r in steps if r.get("eval_engine_reward") is not None]
         rows.append({"run_id": run_dir.name, "status": record.get("status", "unknown"), "steps": len(steps),
                      "reward_first": steps[0].get("reward_mean") if steps else None,
@@ -75,7 +67,7 @@ def learn_progress(root: Path, job: str) -> list[dict]:
 
 
 def learn(root: Path, job: str) -> dict | None:
-    summary = _json(root / job / "compare" / "summary.json")
+    summary = read_json(root / job / "compare" / "summary.json")
     if summary is None:
         return None
     groups = [{"label": g["label"], "correction": g["correction"], "seeds": g["seeds"],
@@ -101,8 +93,8 @@ def _copy_compare(src: Path, dest: Path) -> None:
 def build(root: Path, out: Path, model: Path | None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     ran = calls(root)
-    sft = _json(model / "quantroll_sft.json") if model else None
-    calibrate = _json(root / "calibrate" / "calibrate.json")
+    sft = read_json(model / "quantroll_sft.json") if model else None
+    calibrate = read_json(root / "calibrate" / "calibrate.json")
     gaps = gap_rows(root)
     learning = {job: learn(root, job) for job in ("learn-4k", "learn-16k")}
     summary = {"calls": ran, "model": str(model) if model else None, "model_text": (root / "sft" / "model.txt").read_text()

@@ -39,7 +39,7 @@ LEARN_EVAL_INTERVAL=10 LEARN_SAVE_INTERVAL=2
 # runs at once on the GPU (compare --jobs): a 7M-parameter model leaves most of an H100 idle; each run's
 # KV pool is then fixed (4 KB a token: 5.2 GB for 256 x 4.9K, 4.3 GB for 64 x 16.4K) beside its
 # training (~0.5-0.85 GB a 4.9K-token sequence of a micro-batch, measured on a CPU), so 2 fit 80 GB
-LEARN_JOBS=2 LEARN_KV_GB=8
+LEARN_JOBS=${LONG_STUDY_LEARN_JOBS:-2} LEARN_KV_GB=8  # measured peak 21 GiB a 4K run (H100): 3 fit 80 GB
 DEVICE=cuda
 if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 steps, on the CPU
   SFT_LENGTHS=48,64 SFT_SHAPE=tiny,num_hidden_layers=1 SFT_CONTEXT=256 SFT_TOKENS=512 SFT_MICRO=256 SFT_STEPS=2

@@ -8,7 +8,8 @@ report.md, report.html (one file, plots embedded), summary.json, commands.txt, p
 and each compare's own report under gap-LEN/, learn-4k/, learn-16k/. A job that has not
 run is named as missing, never filled in. The findings (per length: within the seed
 spread or not, how the gap grows, which correction helps, the published pattern) are the
-reader's to write from these tables: beyond compare's own answers, this script judges nothing.
+reader's to write from these tables, in findings.md beside the report (shown first when present):
+beyond compare's own answers, this script judges nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
              "BF16 below ~4K, drifted at 8K and failed to converge at 16K on some models (not monotone in length; "
              "arXiv 2601.14243).")
 JOBS = ("sft", "calibrate", "gap", "learn-4k", "learn-16k")
+FINDINGS = "findings.md"  # the reader's conclusions, beside the report; this script writes none
 
 
 def _ms(x: dict | None, fmt: str = ".3g") -> str:
@@ -104,6 +106,10 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
                "calibrate": calibrate, "gap": gaps, "learn": learning, "learn_progress": {}}
     md = ["# The long-response study (issue 42): FP8 rollout at 4K / 8K / 16K-token responses", "",
           "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md).", ""]
+    findings = out / FINDINGS
+    if findings.is_file():  # written by hand from the tables below; kept when the report is made again
+        md += ["## Findings", "", f"(from [{FINDINGS}]({FINDINGS}), written from the tables below)", "",
+               *findings.read_text().strip().splitlines(), ""]
     md += ["## What ran where", ""]
     md += _table(["job", "date", "GPU", "commit", "status", "seconds"],
                  [[c["job"], c["date"], c["gpu"], c["commit"][:12], c["status"], c["seconds"]] for c in ran]) \

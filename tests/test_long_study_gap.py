@@ -69,3 +69,18 @@ def test_an_unfinished_learning_job_shows_each_runs_progress(tmp_path):
         {"run_id": "fp8-seed1", "status": "interrupted", "steps": 0, "reward_first": None, "reward_last": None,
          "heldout_first": None, "heldout_last": None}]
     assert learn_progress(tmp_path, "learn-16k") == []
+
+
+def test_the_findings_written_beside_the_report_come_first_and_are_kept(tmp_path):
+    from long_study_report import build
+
+    out = tmp_path / "report"
+    (tmp_path / "jobs").mkdir()
+    build(tmp_path / "jobs", out, None)
+    assert "## Findings" not in (out / "report.md").read_text()  # none written: none shown
+    (out / "findings.md").write_text("- At 4K, FP8 rollout stays within BF16's seed spread.\n")
+    build(tmp_path / "jobs", out, None)
+    md = (out / "report.md").read_text()
+    assert md.index("## Findings") < md.index("- At 4K, FP8 rollout") < md.index("## What ran where")
+    assert "At 4K, FP8 rollout stays" in (out / "report.html").read_text()
+    assert (out / "findings.md").read_text() == "- At 4K, FP8 rollout stays within BF16's seed spread.\n"

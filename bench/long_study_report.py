@@ -55,12 +55,13 @@ def calls(root: Path) -> list[dict]:
 def learn_progress(root: Path, job: str) -> list[dict]:
     """Per run of a learning job whose compare has not finished: its status (run.json), how
     many steps it wrote, its reward at the first and last of them, and its first and last
-    held-out reward (the engine's evaluation of the trainer's policy)."""
+    held-out reward of the trainer's policy (eval_trainer_reward: in mode 1 through a BF16 engine
+    copy, the policy compare's acceptance judges; eval_engine_reward is the rollout engine's)."""
     rows = []
     for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
         steps = read_jsonl(run_dir / "metrics.jsonl")
         record = read_json(run_dir / "run.json") or {}
-        held = [r["eval_engine_reward"] for r in steps if r.get("eval_engine_reward") is not None]
+        held = [r["eval_trainer_reward"] for r in steps if r.get("eval_trainer_reward") is not None]
         rows.append({"run_id": run_dir.name, "status": record.get("status", "unknown"), "steps": len(steps),
                      "reward_first": steps[0].get("reward_mean") if steps else None,
                      "reward_last": steps[-1].get("reward_mean") if steps else None,
@@ -167,8 +168,8 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
             progress = learn_progress(root, job)
             if progress:
                 md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
-                md += _table(["run", "status", "steps", "reward step 0", "reward last step", "held-out first",
-                              "held-out last"],
+                md += _table(["run", "status", "steps", "reward step 0", "reward last step",
+                              "held-out (trainer) first", "held-out (trainer) last"],
                              [[r["run_id"], r["status"], r["steps"], _num(r["reward_first"]), _num(r["reward_last"]),
                                _num(r["heldout_first"]), _num(r["heldout_last"])] for r in progress])
                 summary["learn_progress"][job] = progress

@@ -59,8 +59,9 @@ def test_an_unfinished_learning_job_shows_each_runs_progress(tmp_path):
     (runs / "bf16-seed1").mkdir(parents=True)
     (runs / "fp8-seed1").mkdir()
     (runs / "bf16-seed1" / "run.json").write_text(json.dumps({"status": "done"}))
-    steps = [{"step": 0, "reward_mean": 0.5, "eval_engine_reward": 0.9}, {"step": 1, "reward_mean": 0.6},
-             {"step": 2, "reward_mean": 0.7, "eval_engine_reward": 0.95}]
+    steps = [{"step": 0, "reward_mean": 0.5, "eval_engine_reward": 0.8, "eval_trainer_reward": 0.9},
+             {"step": 1, "reward_mean": 0.6},
+             {"step": 2, "reward_mean": 0.7, "eval_engine_reward": 0.85, "eval_trainer_reward": 0.95}]
     (runs / "bf16-seed1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     (runs / "fp8-seed1" / "run.json").write_text(json.dumps({"status": "interrupted"}))
     assert learn_progress(tmp_path, "learn-4k") == [

@@ -35,6 +35,10 @@ LEARN_4K_LEN=4096 LEARN_4K_STEPS=20 LEARN_4K_PROMPTS=64 LEARN_4K_SAMPLES=4 LEARN
 LEARN_4K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8+mask@1 fp8-m2@1"
 LEARN_16K_LEN=16384 LEARN_16K_STEPS=20 LEARN_16K_PROMPTS=16 LEARN_16K_SAMPLES=4 LEARN_16K_MICRO=8 LEARN_16K_EVAL=32
 LEARN_16K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8-m2@1"
+# 32 decode steps between the host's looks at 16K (the engine's default 8 at 4K, whose runs began with it):
+# the host's 3-5 ms a chunk (bench/engine_host.py, 64 x 16K, the 2-core CPU), paid while the GPU waits, against
+# ~1-2 ms a decode step of this model (gap's 16K: 2.3-2.6 ms a step, host included): one chunk of 32 pays it once
+LEARN_4K_ENGINE="" LEARN_16K_ENGINE="--num-continuous-decode-steps 32"
 LEARN_EVAL_INTERVAL=10 LEARN_SAVE_INTERVAL=2
 # runs at once on the GPU (compare --jobs): a 7M-parameter model leaves most of an H100 idle; each run's
 # KV pool is then fixed (4 KB a token: 5.2 GB for 256 x 4.9K, 4.3 GB for 64 x 16.4K) beside its
@@ -194,15 +198,15 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
   learn-4k|learn-16k)
     if [ "$JOB" = learn-4k ]; then
       L=$LEARN_4K_LEN S=$LEARN_4K_STEPS P=$LEARN_4K_PROMPTS N=$LEARN_4K_SAMPLES M=$LEARN_4K_MICRO E=$LEARN_4K_EVAL
-      G=$LEARN_4K_GROUPS
+      G=$LEARN_4K_GROUPS X=$LEARN_4K_ENGINE
     else
       L=$LEARN_16K_LEN S=$LEARN_16K_STEPS P=$LEARN_16K_PROMPTS N=$LEARN_16K_SAMPLES M=$LEARN_16K_MICRO E=$LEARN_16K_EVAL
-      G=$LEARN_16K_GROUPS
+      G=$LEARN_16K_GROUPS X=$LEARN_16K_ENGINE
     fi
     kv=""; [ "$LEARN_JOBS" -gt 1 ] && kv=$LEARN_KV_GB
     matrix "$D" learn "$SEEDS" "$LEARN_JOBS" "$G" --hf-checkpoint "$MODEL" --num-rollout $S \
       --eval-interval $LEARN_EVAL_INTERVAL --save-interval $LEARN_SAVE_INTERVAL --rollout-max-response-len "$(max_len $L)" \
-      --device $DEVICE --train-args "$(train_args $L $P $N $M $E $kv)" ;;
+      --device $DEVICE --train-args "$(train_args $L $P $N $M $E $kv)${X:+ $X}" ;;
   report)
     for j in sft calibrate gap learn-4k learn-16k; do seed_from_carried $j; done
     m=${LONG_STUDY_MODEL:-quantroll/data/$MODEL_NAME} margs=()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -212,7 +213,7 @@ def _html(md: list[str], out: Path) -> str:
             level = len(line) - len(line.lstrip("#"))
             body.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
         elif line.strip() and line.strip() != "```":
-            body.append(f"<p>{html.escape(line)}</p>")
+            body.append("<p>" + re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(line)) + "</p>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><style>{CSS}</style>"
             f"<title>long-response study</title></head><body>{''.join(body)}</body></html>\n")
 

@@ -17,7 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("quantroll", "tests", "bench")
 SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".sh")
-OUTPUT_NAMES = {"report.md"}  # written by compare / attribute, not repository documents
+# written by compare / attribute, not repository documents; findings.md: the long-study report's own
+# conclusions, a name beside whichever report folder it belongs to
+OUTPUT_NAMES = {"report.md", "findings.md"}
 MAX_PERFORMANCE_LINES = 320
 
 CITATION = re.compile(r"(?<![\w./-])((?:\.{1,2}/)?(?:[\w.-]+/)*[\w-]+\.md)\b")

@@ -79,9 +79,9 @@ def test_the_findings_written_beside_the_report_come_first_and_are_kept(tmp_path
     (tmp_path / "jobs").mkdir()
     build(tmp_path / "jobs", out, None)
     assert "## Findings" not in (out / "report.md").read_text()  # none written: none shown
-    (out / "findings.md").write_text("- At 4K, FP8 rollout stays within BF16's seed spread.\n")
+    (out / "findings.md").write_text("- At 4K, **FP8 rollout** stays within BF16's seed spread.\n")
     build(tmp_path / "jobs", out, None)
     md = (out / "report.md").read_text()
-    assert md.index("## Findings") < md.index("- At 4K, FP8 rollout") < md.index("## What ran where")
-    assert "At 4K, FP8 rollout stays" in (out / "report.html").read_text()
-    assert (out / "findings.md").read_text() == "- At 4K, FP8 rollout stays within BF16's seed spread.\n"
+    assert md.index("## Findings") < md.index("- At 4K, **FP8 rollout**") < md.index("## What ran where")
+    assert "At 4K, <b>FP8 rollout</b> stays" in (out / "report.html").read_text()
+    assert (out / "findings.md").read_text() == "- At 4K, **FP8 rollout** stays within BF16's seed spread.\n"

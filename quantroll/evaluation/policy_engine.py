@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from quantroll.engine import CacheConfig, Engine
+from quantroll.engine import CacheConfig, Engine, SchedulerConfig
 from quantroll.trainer.export import export_state_dict
 
 
@@ -51,10 +51,11 @@ class PolicyEngine:
     """``engine_for(policy)``: the copy with the policy's weights loaded."""
 
     def __init__(self, checkpoint_dir: str | Path, device: str | torch.device, dtype: torch.dtype,
-                 kv_cache_memory_gb: float | None = None, block_size: int = 16):
+                 kv_cache_memory_gb: float | None = None, block_size: int = 16,
+                 scheduler: SchedulerConfig | None = None):
         self.engine = Engine(checkpoint_dir, device=device, dtype=dtype,
                              cache=CacheConfig(kv_cache_dtype="bf16", memory_gb=kv_cache_memory_gb,
-                                               block_size=block_size))
+                                               block_size=block_size), scheduler=scheduler)
 
     @torch.no_grad()
     def engine_for(self, policy: torch.nn.Module) -> Engine:

@@ -59,12 +59,23 @@ class EngineConfig:
     kv_cache_block_size: int = 16  # tokens per KV block (allocation, preemption and prefix sharing unit)
     kv_cache_dtype: str = "bf16"  # the engine's KV cache: bf16 (the compute dtype) or fp8_e4m3
     keep_kv_cache: bool = False  # GPU: keep the engine's KV pool while the trainer steps (default: release it)
+    # decode steps between two looks of the host (SGLang's name); None: the engine's own (8 on a GPU, 1 on a CPU)
+    num_continuous_decode_steps: int | None = None
 
     def __post_init__(self):
         from quantroll.engine.paged_cache import kv_cache_dtype_name
 
         object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype_name(self.kv_cache_dtype))
         positive(kv_cache_memory_gb=self.kv_cache_memory_gb)
+        if self.num_continuous_decode_steps is not None:
+            at_least(num_continuous_decode_steps=(self.num_continuous_decode_steps, 1))
+
+    def scheduler(self):
+        """The engines' batching policy these settings ask for (the rollout engine's and the
+        held-out evaluation's copy alike)."""
+        from quantroll.engine.scheduler import SchedulerConfig
+
+        return SchedulerConfig(decode_steps=self.num_continuous_decode_steps)
 
 
 @dataclass(frozen=True)

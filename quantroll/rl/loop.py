@@ -146,7 +146,7 @@ def _engine(cfg: TrainConfig, engine_dir: Path, device: str | None = None) -> En
     kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
     return Engine(engine_dir, device=device or cfg.models.device, dtype=dtype, kernels=kernels,
                   cache=CacheConfig(memory_gb=cfg.engine.kv_cache_memory_gb, kv_cache_dtype=cfg.engine.kv_cache_dtype,
-                                    block_size=cfg.engine.kv_cache_block_size))
+                                    block_size=cfg.engine.kv_cache_block_size), scheduler=cfg.engine.scheduler())
 
 
 def _serve(cfg: TrainConfig, engine_dir: Path, place) -> None:
@@ -224,7 +224,8 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 with place.stage("evaluation", step):
                     if trainer_copy is None:  # the trainer's weights through a BF16 engine (built once)
                         trainer_copy = PolicyEngine(trainer_dir, cfg.models.device, dtype,
-                                                    cfg.engine.kv_cache_memory_gb, cfg.engine.kv_cache_block_size)
+                                                    cfg.engine.kv_cache_memory_gb, cfg.engine.kv_cache_block_size,
+                                                    cfg.engine.scheduler())
                     held_out = evaluate(engines, trainer_copy, policy, tokenizer, task, eval_problems,
                                         cfg.rollout.rollout_max_response_len)
                 held_out["eval_time"] = time.perf_counter() - started

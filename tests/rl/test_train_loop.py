@@ -236,3 +236,35 @@ def test_resume_into_another_model_names_the_tensor_and_the_flag(ckpts, tmp_path
                                              r"--hf-checkpoint's model has)"):
         run_training(TrainConfig.of(hf_checkpoint=str(elsewhere), load=str(save), **{**FAST, "num_rollout": 2}),
                      progress=False)
+
+
+def test_num_continuous_decode_steps_reaches_both_engines_and_leaves_the_samples_as_they_are(ckpts, tmp_path,
+                                                                                              monkeypatch):
+    from quantroll.engine.engine import Engine
+
+    bf16, _ = ckpts
+    made = []
+    setup = Engine._setup
+
+    def recording(self, *args, **kwargs):
+        setup(self, *args, **kwargs)
+        made.append(self.scheduler_config.decode_steps)
+
+    monkeypatch.setattr(Engine, "_setup", recording)
+    runs = {}
+    for steps in (None, 3):
+        made.clear()
+        path = tmp_path / f"{steps}.jsonl"
+        flags = {**FAST, "rollout_max_response_len": 7, "rollout_batch_size": 3}
+        run_training(TrainConfig.of(hf_checkpoint=str(bf16), metrics_file=str(path), task="arithmetic",
+                                    eval_interval=1, eval_size=4, num_continuous_decode_steps=steps, **flags),
+                     progress=False)
+        runs[steps] = [json.loads(line) for line in path.read_text().splitlines()]
+        # the rollout engine and the held-out evaluation's copy of the trainer's policy
+        assert made == [1, 1] if steps is None else made == [3, 3]
+    for a, b in zip(runs[None], runs[3]):
+        for key in ("reward_mean", "response_len_mean", "eval_engine_accuracy", "eval_trainer_accuracy"):
+            assert a.get(key) == b.get(key), key
+        assert a["train_rollout_logprob_abs_diff"] == pytest.approx(b["train_rollout_logprob_abs_diff"], abs=1e-6)
+    with pytest.raises(Exception, match="num-continuous-decode-steps"):
+        TrainConfig.of(num_continuous_decode_steps=0)

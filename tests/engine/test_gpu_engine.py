@@ -126,6 +126,26 @@ def test_cuda_graph_decode_equals_eager_decode():
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
 
 
+def test_graph_chunks_of_32_decode_steps_equal_chunks_of_8():
+    """--num-continuous-decode-steps: a chunk of 32 graph replays between two looks of the host
+    samples what chunks of 8 do, stops mid-chunk included (the rows past a stop are discarded)."""
+    cfg = _small()
+    model = random_model(cfg, DEV)
+    prompts = [[1, 2, 3, 4], list(range(5, 40)), [7], list(range(9, 20))]
+    params = SamplingParams(temperature=1.0, max_new_tokens=75, stop_token_ids=(), seed=5)
+    eight = Engine.from_model(model, None, DEV).generate(prompts, params)
+    stop = SamplingParams(temperature=1.0, max_new_tokens=75, stop_token_ids=(eight[1].tokens[20],), seed=5)
+    for p in (params, stop):
+        want = Engine.from_model(model, None, DEV).generate(prompts, p)
+        chunked = Engine.from_model(model, None, DEV, scheduler=SchedulerConfig(decode_steps=32))
+        got = chunked.generate(prompts, p)
+        assert chunked.scheduler_config.decode_steps == 32 and chunked.last_stats["graph_captures"] >= 1
+        for a, b in zip(want, got):
+            assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    assert got[1].finish_reason == "stop" and len(got[1].tokens) <= 21
+
+
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 

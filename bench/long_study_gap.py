@@ -75,26 +75,29 @@ def gap_growth(rows: list[dict]) -> tuple[list[int], list[dict]]:
     return lengths, out
 
 
+def gap_axes(ax, rows: list[dict], level: str) -> None:
+    """One level of the step-0 gap against length on ``ax``, one line per group (log axes:
+    the token gap and the sequence KL are never negative)."""
+    for label in sorted({r["label"] for r in rows}):
+        pts = sorted((r["length"], _level(r, level)) for r in rows if r["label"] == label)
+        pts = [p for p in pts if p[1] is not None and p[1] > 0]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("--trace-len (tokens)")
+    ax.set_title(f"step 0: {level}")
+
+
 def gap_plot(rows: list[dict], path: Path) -> bool:
-    """Step-0 token-level gap and sequence KL against length, one line per group (log axes:
-    both are never negative)."""
+    """Step-0 token-level gap and sequence KL against length, one line per group."""
     from matplotlib.figure import Figure
 
-    labels = sorted({r["label"] for r in rows})
-    if not labels:
+    if not rows:
         return False
     fig = Figure(figsize=(10, 4))
     for i, level in enumerate(GROWTH_LEVELS[:2]):
-        ax = fig.add_subplot(1, 2, i + 1)
-        for label in labels:
-            pts = sorted((r["length"], _level(r, level)) for r in rows if r["label"] == label)
-            pts = [p for p in pts if p[1] is not None and p[1] > 0]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("--trace-len (tokens)")
-        ax.set_title(f"step 0: {level}")
+        gap_axes(fig.add_subplot(1, 2, i + 1), rows, level)
     fig.axes[0].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl
+from long_study_learn import learn_curves, study_figure
 from quantroll.compare.htmlpage import CSS, img_html
 
 PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
@@ -112,6 +113,10 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     if findings.is_file():  # written by hand from the tables below; kept when the report is made again
         md += ["## Findings", "", f"(from [{FINDINGS}]({FINDINGS}), written from the tables below)", "",
                *findings.read_text().strip().splitlines(), ""]
+    if study_figure(gaps, {job: learn_curves(root, job) for job in ("learn-4k", "learn-16k")},
+                    out / "plots" / "study.png"):
+        md += ["The study in one figure (the step-0 sequence KL by length; each learning job's reward per step, "
+               "the mean of a group's seeds with their range as a band):", "", "![the study](plots/study.png)", ""]
     md += ["## What ran where", ""]
     md += _table(["job", "date", "GPU", "commit", "status", "seconds"],
                  [[c["job"], c["date"], c["gpu"], c["commit"][:12], c["status"], c["seconds"]] for c in ran]) \

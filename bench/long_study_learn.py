@@ -1,0 +1,82 @@
+"""The learning jobs' curves for the long-study report (bench/long_study_report.py) and the
+README's figure: reward per step of every run, grouped as compare groups them.
+
+Read from each run's own record (run.json: precision, unified, KV dtype, correction, seed)
+and metrics.jsonl, so a job whose compare has not finished is drawn too: only runs marked
+done are drawn, with the others counted in the panel's title, because a run cut mid-way
+restarts from step 0 on a bare machine and its partial curve is not the run that will count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from long_study_gap import GROWTH_LEVELS, gap_axes, read_json, read_jsonl
+from quantroll.compare.labels import group_id, mode_label, sort_key
+
+
+def learn_curves(root: Path, job: str) -> list[dict]:
+    """One entry per run of ``job``: its group (compare's label / correction), seed, status,
+    reward per step, and held-out reward of the trainer's policy per evaluated step; in
+    compare's group order (BF16 first), then by seed."""
+    out = []
+    for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
+        record = read_json(run_dir / "run.json")
+        if record is None:
+            continue
+        steps = read_jsonl(run_dir / "metrics.jsonl")
+        spec = (record["precision"], record["unified"], record.get("kv_cache_dtype", "bf16"),
+                record.get("bf16_exceptions", False))
+        out.append({"group": group_id(mode_label(*spec), record["correction"]), "seed": record["seed"],
+                    "status": record["status"], "order": sort_key(spec[0], spec[1], record["correction"], *spec[2:]),
+                    "reward": [r.get("reward_mean") for r in steps],
+                    "heldout": [(r["step"], r["eval_trainer_reward"]) for r in steps
+                                if r.get("eval_trainer_reward") is not None]})
+    return sorted(out, key=lambda c: (c["order"], c["seed"]))
+
+
+def learn_axes(ax, curves: list[dict], title: str) -> None:
+    """Reward per step of the done runs: per group the mean over its seeds (a line), and the
+    seeds' range (a band) where it has more than one."""
+    import numpy as np
+
+    done = [c for c in curves if c["status"] == "done" and c["reward"]]
+    groups = list(dict.fromkeys(c["group"] for c in done))
+    for group in groups:
+        runs = [c["reward"] for c in done if c["group"] == group]
+        steps = min(map(len, runs))
+        values = np.array([r[:steps] for r in runs], dtype=float)
+        line, = ax.plot(range(steps), values.mean(axis=0), label=f"{group} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        if len(runs) > 1:
+            ax.fill_between(range(steps), values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.2)
+    waiting = len(curves) - len(done)
+    ax.set_title(title + (f" ({waiting} run{'s' * (waiting > 1)} not done, not drawn)" if waiting else ""), fontsize=9)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward (partial credit)")
+    if groups:
+        ax.legend(fontsize=6)
+
+
+def study_figure(gap: list[dict], curves_by_job: dict[str, list[dict]], path: Path) -> bool:
+    """The study on one figure (the README's): the step-0 sequence KL against length, then the
+    reward per step of each learning job. False when there is nothing to draw."""
+    from matplotlib.figure import Figure
+
+    jobs = [job for job, curves in curves_by_job.items() if curves]
+    if not gap and not jobs:
+        return False
+    panels = (1 if gap else 0) + len(jobs)
+    fig = Figure(figsize=(5 * panels, 4))
+    k = 1
+    if gap:
+        ax = fig.add_subplot(1, panels, k)
+        gap_axes(ax, gap, GROWTH_LEVELS[1])
+        ax.legend(fontsize=6)
+        k += 1
+    for job in jobs:
+        learn_axes(fig.add_subplot(1, panels, k), curves_by_job[job], f"{job}: reward per step")
+        k += 1
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True

@@ -190,7 +190,9 @@ class ModelRunner:
         column = (pos // bs).clamp(max=self.max_blocks - 1)[:, None]
         real = st.tables.gather(1, column)[:, 0].long() * bs + pos % bs
         st.batch.slots.copy_(torch.where(pos <= st.limits, real, SCRATCH_BLOCK * bs + pos % bs))
-        st.batch.context_lens.copy_(pos + 1)
+        # a row past its cap (its tokens are thrown away) may run past the table's last column at
+        # the model's full context: the GPU kernels read the table unbounded, so its context stops there
+        st.batch.context_lens.copy_((pos + 1).clamp_(max=self.max_blocks * bs))
         self.cache.batch = st.batch
         hidden = self.model.hidden(st.tokens[:, None], pos[:, None], self.cache, self._routing(st.batch.slots))
         token, logprob = sample(self.model.logits(hidden[:, 0]), params, st.seeds, pos + 1, self.kernels)
@@ -250,7 +252,7 @@ class ModelRunner:
             if st.graph is not None:
                 st.graph.replay()
             else:
-                st.batch.max_context = first + s + 1
+                st.batch.max_context = min(first + s + 1, self.max_blocks * self.block_size)  # as _step clamps
                 self._step(st, params)
         # contiguous before tolist: a transposed tensor's tolist walks it element by element
         # (1.7 ms for 8 x 512 tokens and logprobs here, against 0.2)

@@ -218,3 +218,20 @@ def test_table_rows_pad_with_the_scratch_block():
     assert rows.dtype == torch.int32
     assert rows.tolist() == [[4, 7, s], [1, 2, 3], [s, s, s], [s, s, s]]
     assert ModelRunner._table_rows(None, seqs, 4).tolist() == [[4, 7, s, s], [1, 2, 3, 9]]
+
+
+
+def test_a_row_past_its_cap_never_attends_beyond_its_table(tiny_qwen3_dir):
+    """A decode chunk runs as long as its longest sequence; a row whose cap ends mid-chunk keeps
+    computing (its tokens are thrown away) at positions past its cap, which at the model's full
+    context lie past the block table's last column. The GPU kernels read the table without a
+    bound, so the decode step hands them contexts clamped to what the table covers."""
+    eng = engine(tiny_qwen3_dir, decode_steps=8)
+    eng._ensure_cache()
+    runner = eng._runner
+    st = runner._state(2, SamplingParams(), 2)
+    covered = runner.max_blocks * runner.block_size
+    st.positions.copy_(torch.tensor([covered - 2, covered + 5]))  # in the table; 6 steps past a cap at its end
+    st.limits.copy_(torch.tensor([covered - 1, covered - 3]))
+    runner._step(st, SamplingParams())
+    assert st.batch.context_lens.tolist() == [covered - 1, covered]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantroll.compare.rundata import read_metrics
+
 GAP_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "log_ppl_diff", "chi2_token", "chi2_seq")
 GROWTH_LEVELS = ("token abs logp diff", "sequence KL (nats)", "chi2_seq")
 
@@ -30,13 +32,19 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
 
 
+def run_steps(run_dir: Path) -> list[dict]:
+    """A run's metrics by step (compare's own reader): a last line cut by a kill is dropped,
+    as a run interrupted mid-write leaves it, rather than failing the whole report."""
+    return read_metrics(run_dir / "metrics.jsonl")[0]
+
+
 def gap_rows(root: Path) -> list[dict]:
     """One row per (length, run): the gap metrics at steps 0 and 1, from the run's metrics."""
     rows = []
     for where in sorted((root / "gap").glob("*/compare"), key=lambda p: int(p.parent.name)):
         summary = read_json(where / "summary.json") or {"runs": []}
         for run in summary["runs"]:
-            steps = {r.get("step"): r for r in read_jsonl(where / "runs" / run["run_id"] / "metrics.jsonl")}
+            steps = {r["step"]: r for r in run_steps(where / "runs" / run["run_id"])}
             rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
                          "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
                          "entropy@0": steps.get(0, {}).get("entropy"),

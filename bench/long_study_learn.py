@@ -11,27 +11,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from long_study_gap import GROWTH_LEVELS, gap_axes, read_json, read_jsonl
+from long_study_gap import GROWTH_LEVELS, gap_axes, read_json, run_steps
 from quantroll.compare.labels import group_id, mode_label, sort_key
 
 
 def learn_curves(root: Path, job: str) -> list[dict]:
-    """One entry per run of ``job``: its group (compare's label / correction), seed, status,
-    reward per step, and held-out reward of the trainer's policy per evaluated step; in
-    compare's group order (BF16 first), then by seed."""
+    """One entry per run of ``job``: its group (compare's label / correction), seed, status and
+    reward per step; in compare's group order (BF16 first), then by seed."""
     out = []
     for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
         record = read_json(run_dir / "run.json")
         if record is None:
             continue
-        steps = read_jsonl(run_dir / "metrics.jsonl")
+        steps = run_steps(run_dir)
         spec = (record["precision"], record["unified"], record.get("kv_cache_dtype", "bf16"),
                 record.get("bf16_exceptions", False))
         out.append({"group": group_id(mode_label(*spec), record["correction"]), "seed": record["seed"],
                     "status": record["status"], "order": sort_key(spec[0], spec[1], record["correction"], *spec[2:]),
-                    "reward": [r.get("reward_mean") for r in steps],
-                    "heldout": [(r["step"], r["eval_trainer_reward"]) for r in steps
-                                if r.get("eval_trainer_reward") is not None]})
+                    "reward": [r.get("reward_mean") for r in steps]})
     return sorted(out, key=lambda c: (c["order"], c["seed"]))
 
 

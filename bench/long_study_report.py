@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl
+from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl, run_steps
 from long_study_learn import learn_curves, study_figure
 from quantroll.compare.htmlpage import CSS, img_html
 
@@ -61,7 +61,7 @@ def learn_progress(root: Path, job: str) -> list[dict]:
     copy, the policy compare's acceptance judges; eval_engine_reward is the rollout engine's)."""
     rows = []
     for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
-        steps = read_jsonl(run_dir / "metrics.jsonl")
+        steps = run_steps(run_dir)
         record = read_json(run_dir / "run.json") or {}
         held = [r["eval_trainer_reward"] for r in steps if r.get("eval_trainer_reward") is not None]
         rows.append({"run_id": run_dir.name, "status": record.get("status", "unknown"), "steps": len(steps),

@@ -66,7 +66,7 @@ def register(subparsers) -> None:
     m.add_argument("--keep-kv-cache", action="store_true", help="GPU: keep the engine's KV pool and decode graphs "
                    "while the trainer steps (default: release them, as colocated trainers do, so the trainer's peak "
                    "fits; the next rollout allocates and captures them again)")
-    m.add_argument("--num-continuous-decode-steps", type=int, help="decode steps the engine runs between two "
+    m.add_argument("--num-continuous-decode-steps", type=int, metavar="N", help="decode steps the engine runs between two "
                    "looks of the host (SGLang's flag): the host's scheduling and bookkeeping, during which the GPU "
                    "waits, is paid once per N steps; a sequence that stops mid-way computes (and discards) the rest "
                    "of the N. Samples do not depend on N (as on any schedule, up to batch-variant rounding). "

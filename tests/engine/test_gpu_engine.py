@@ -133,13 +133,15 @@ def test_graph_chunks_of_32_decode_steps_equal_chunks_of_8():
     model = random_model(cfg, DEV)
     prompts = [[1, 2, 3, 4], list(range(5, 40)), [7], list(range(9, 20))]
     params = SamplingParams(temperature=1.0, max_new_tokens=75, stop_token_ids=(), seed=5)
-    eight = Engine.from_model(model, None, DEV).generate(prompts, params)
+    eights = SchedulerConfig(decode_steps=8)
+    eight = Engine.from_model(model, None, DEV, scheduler=eights).generate(prompts, params)
     stop = SamplingParams(temperature=1.0, max_new_tokens=75, stop_token_ids=(eight[1].tokens[20],), seed=5)
     for p in (params, stop):
-        want = Engine.from_model(model, None, DEV).generate(prompts, p)
+        want = Engine.from_model(model, None, DEV, scheduler=eights).generate(prompts, p)
         chunked = Engine.from_model(model, None, DEV, scheduler=SchedulerConfig(decode_steps=32))
         got = chunked.generate(prompts, p)
-        assert chunked.scheduler_config.decode_steps == 32 and chunked.last_stats["graph_captures"] >= 1
+        assert chunked.last_stats["graph_captures"] >= 1
+        assert max(chunk[2] for chunk in chunked.last_stats["decode_trace"]) == 32  # chunks of 32 did run
         for a, b in zip(want, got):
             assert a.tokens == b.tokens and a.finish_reason == b.finish_reason
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)

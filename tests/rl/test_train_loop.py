@@ -238,11 +238,12 @@ def test_resume_into_another_model_names_the_tensor_and_the_flag(ckpts, tmp_path
                      progress=False)
 
 
-def test_num_continuous_decode_steps_reaches_both_engines_and_leaves_the_samples_as_they_are(ckpts, tmp_path,
-                                                                                              monkeypatch):
+def test_num_continuous_decode_steps_reaches_both_engines_and_leaves_the_run_as_it_is(tmp_path, monkeypatch):
+    """The built-in warm-started model answers in a few tokens, so responses stop inside chunks
+    of 3 and rewards are not all zero: every metric but the timings and memory must be equal."""
     from quantroll.engine.engine import Engine
+    from quantroll.errors import QuantrollError
 
-    bf16, _ = ckpts
     made = []
     setup = Engine._setup
 
@@ -255,16 +256,17 @@ def test_num_continuous_decode_steps_reaches_both_engines_and_leaves_the_samples
     for steps in (None, 3):
         made.clear()
         path = tmp_path / f"{steps}.jsonl"
-        flags = {**FAST, "rollout_max_response_len": 7, "rollout_batch_size": 3}
-        run_training(TrainConfig.of(hf_checkpoint=str(bf16), metrics_file=str(path), task="arithmetic",
-                                    eval_interval=1, eval_size=4, num_continuous_decode_steps=steps, **flags),
-                     progress=False)
+        run_training(TrainConfig.of(metrics_file=str(path), rollout_batch_size=4, n_samples_per_prompt=2,
+                                    rollout_max_response_len=8, num_rollout=2, lr=1e-4, eval_interval=1, eval_size=8,
+                                    num_continuous_decode_steps=steps), progress=False)
         runs[steps] = [json.loads(line) for line in path.read_text().splitlines()]
-        # the rollout engine and the held-out evaluation's copy of the trainer's policy
-        assert made == [1, 1] if steps is None else made == [3, 3]
+        # the rollout engine and the held-out evaluation's copy of the trainer's policy (CPU default: 1)
+        assert made == ([1, 1] if steps is None else [3, 3])
+    assert len(runs[None]) == len(runs[3]) == 2
+    timing = ("time", "tokens_per_s", "peak_memory")
     for a, b in zip(runs[None], runs[3]):
-        for key in ("reward_mean", "response_len_mean", "eval_engine_accuracy", "eval_trainer_accuracy"):
-            assert a.get(key) == b.get(key), key
-        assert a["train_rollout_logprob_abs_diff"] == pytest.approx(b["train_rollout_logprob_abs_diff"], abs=1e-6)
-    with pytest.raises(Exception, match="num-continuous-decode-steps"):
+        assert {k: v for k, v in a.items() if not any(t in k for t in timing)} == \
+            {k: v for k, v in b.items() if not any(t in k for t in timing)}
+    assert any(r["reward_mean"] > 0 for r in runs[3]) and all(r["response_len_mean"] < 8 for r in runs[3])
+    with pytest.raises(QuantrollError, match="num-continuous-decode-steps must be >= 1"):
         TrainConfig.of(num_continuous_decode_steps=0)

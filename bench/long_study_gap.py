@@ -46,7 +46,7 @@ def gap_rows(root: Path) -> list[dict]:
         for run in summary["runs"]:
             steps = {r["step"]: r for r in run_steps(where / "runs" / run["run_id"])}
             rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
-                         "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
+                         "seed": run.get("seed"), "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
                          "entropy@0": steps.get(0, {}).get("entropy"),
                          **{f"{k}@{s}": steps.get(s, {}).get(k) for k in GAP_KEYS for s in (0, 1)}})
     return rows
@@ -67,16 +67,28 @@ def _level(row: dict, level: str) -> float | None:
     return row.get("chi2_seq@0")
 
 
+def by_length(rows: list[dict], label: str, level: str) -> dict[int, float]:
+    """A group's step-0 value at each length it ran, the mean over its seeds there (a seed
+    without the value is left out)."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        value = _level(r, level) if r["label"] == label else None
+        if value is not None:
+            out.setdefault(r["length"], []).append(value)
+    return {n: sum(v) / len(v) for n, v in sorted(out.items())}
+
+
 def gap_growth(rows: list[dict]) -> tuple[list[int], list[dict]]:
-    """(the lengths, one row per group and level): the step-0 value at each length and the
-    growth from the shortest length to the longest (None where either is missing or not
-    above zero: a chi2 estimate below zero has no ratio)."""
+    """(the lengths, one row per group and level): the step-0 value at each length (the mean
+    over seeds where a cell has several) and the growth from the shortest length to the
+    longest (None where either is missing or not above zero: a chi2 estimate below zero has
+    no ratio)."""
     lengths = sorted({r["length"] for r in rows})
     out = []
     for label in sorted({r["label"] for r in rows}):
-        by_length = {r["length"]: r for r in rows if r["label"] == label}
         for level in GROWTH_LEVELS:
-            values = {n: _level(by_length[n], level) if n in by_length else None for n in lengths}
+            means = by_length(rows, label, level)
+            values = {n: means.get(n) for n in lengths}
             lo, hi = values[lengths[0]], values[lengths[-1]]
             growth = hi / lo if len(lengths) > 1 and lo is not None and hi is not None and lo > 0 and hi > 0 else None
             out.append({"label": label, "level": level, "values": values, "growth": growth})
@@ -84,11 +96,10 @@ def gap_growth(rows: list[dict]) -> tuple[list[int], list[dict]]:
 
 
 def gap_axes(ax, rows: list[dict], level: str) -> None:
-    """One level of the step-0 gap against length on ``ax``, one line per group (log axes:
-    the token gap and the sequence KL are never negative)."""
+    """One level of the step-0 gap against length on ``ax``, one line per group through its
+    seeds' mean at each length (log axes: the token gap and the sequence KL are never negative)."""
     for label in sorted({r["label"] for r in rows}):
-        pts = sorted((r["length"], _level(r, level)) for r in rows if r["label"] == label)
-        pts = [p for p in pts if p[1] is not None and p[1] > 0]
+        pts = [(n, v) for n, v in by_length(rows, label, level).items() if v > 0]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)

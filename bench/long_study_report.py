@@ -143,14 +143,14 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     md += ["entropy: the trainer's mean per-token entropy over the step-0 samples (nats, `entropy` of train's "
            "metrics), beside the gap it comes with.", ""]
     if gaps:
-        md += _table(["trace-len", "group", "response len", "entropy",
+        md += _table(["trace-len", "group", "seed", "response len", "entropy",
                       *(f"{k} step {s}" for k in GAP_KEYS for s in (0, 1))],
-                     [[r["length"], r["label"], f"{r['response_len_mean'] or 0:.0f}",
+                     [[r["length"], r["label"], r["seed"], f"{r['response_len_mean'] or 0:.0f}",
                        f"{r['entropy@0']:.3g}" if r["entropy@0"] is not None else "n/a",
                        *(f"{r[f'{k}@{s}']:.3g}" if r[f"{k}@{s}"] is not None else "n/a" for k in GAP_KEYS for s in (0, 1))]
                       for r in gaps])
         lengths, growth = gap_growth(gaps)
-        md += ["", "How the step-0 gap grows with length (one seed a cell; sequence KL: the k3 KL summed over "
+        md += ["", "How the step-0 gap grows with length (a cell of several seeds: their mean; sequence KL: the k3 KL summed over "
                "a sequence's tokens, averaged over sequences; chi2_seq signed: an estimate, below zero where the "
                "batch's weights average below 1):", ""]
         md += _table(["group", "level", *map(str, lengths), f"{lengths[-1]} / {lengths[0]}"],

@@ -34,6 +34,19 @@ def test_growth_by_hand():
     assert sequence_kl({"train_rollout_kl@0": None, "response_len_mean": 10}) is None
 
 
+def test_a_cell_of_two_seeds_grows_from_their_mean():
+    rows = [_row(4096, "fp8+kv", 1e-3, 4e-5, 4000, 0.5), _row(16384, "fp8+kv", 2e-3, 2.2e-4, 16000, 3.0),
+            _row(16384, "fp8+kv", 1e-3, 6e-5, 16000, -1.0)]
+    _, growth = gap_growth(rows)
+    by = {g["level"]: g for g in growth}
+    assert by["token abs logp diff"]["values"][16384] == pytest.approx(1.5e-3)
+    assert by["token abs logp diff"]["growth"] == pytest.approx(1.5)
+    # (2.2e-4 x 16000 + 6e-5 x 16000) / 2 = 2.24 nats, against 4e-5 x 4000 = 0.16: x14
+    assert by["sequence KL (nats)"]["values"][16384] == pytest.approx(2.24)
+    assert by["sequence KL (nats)"]["growth"] == pytest.approx(14.0)
+    assert by["chi2_seq"]["values"][16384] == pytest.approx(1.0) and by["chi2_seq"]["growth"] == pytest.approx(2.0)
+
+
 def test_rows_read_from_a_gap_job_and_plotted(tmp_path):
     for length, kl in ((4096, 4e-5), (8192, 6e-5)):
         where = tmp_path / "gap" / str(length) / "compare"

@@ -12,6 +12,7 @@ after each evaluation so that the rollout engine and the trainer get the memory 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,11 +52,11 @@ class PolicyEngine:
     """``engine_for(policy)``: the copy with the policy's weights loaded."""
 
     def __init__(self, checkpoint_dir: str | Path, device: str | torch.device, dtype: torch.dtype,
-                 kv_cache_memory_gb: float | None = None, block_size: int = 16,
-                 scheduler: SchedulerConfig | None = None):
+                 cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None):
+        """``cache`` / ``scheduler``: the rollout engine's settings, so that the copy pools and
+        batches as it does; its KV cache is BF16 whatever ``cache`` says (the trainer's policy)."""
         self.engine = Engine(checkpoint_dir, device=device, dtype=dtype,
-                             cache=CacheConfig(kv_cache_dtype="bf16", memory_gb=kv_cache_memory_gb,
-                                               block_size=block_size), scheduler=scheduler)
+                             cache=replace(cache or CacheConfig(), kv_cache_dtype="bf16"), scheduler=scheduler)
 
     @torch.no_grad()
     def engine_for(self, policy: torch.nn.Module) -> Engine:

@@ -70,6 +70,13 @@ class EngineConfig:
         if self.num_continuous_decode_steps is not None:
             at_least(num_continuous_decode_steps=(self.num_continuous_decode_steps, 1))
 
+    def cache(self):
+        """The KV pool these settings ask for (the held-out evaluation's copy takes it with a BF16 cache)."""
+        from quantroll.engine.paged_cache import CacheConfig
+
+        return CacheConfig(memory_gb=self.kv_cache_memory_gb, kv_cache_dtype=self.kv_cache_dtype,
+                           block_size=self.kv_cache_block_size)
+
     def scheduler(self):
         """The engines' batching policy these settings ask for (the rollout engine's and the
         held-out evaluation's copy alike)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from quantroll.compute import resolve_compute_dtype
-from quantroll.engine import CacheConfig, Engine, SamplingParams
+from quantroll.engine import Engine, SamplingParams
 from quantroll.errors import QuantrollError
 from quantroll.formats import recipe_args
 from quantroll.metrics.sink import JsonlSink
@@ -145,8 +145,7 @@ def _engine(cfg: TrainConfig, engine_dir: Path, device: str | None = None) -> En
     dtype = resolve_compute_dtype(cfg.models.device, cfg.models.compute_dtype)
     kernels = INVARIANT_KERNELS if cfg.precision.true_on_policy_mode else DEFAULT_KERNELS
     return Engine(engine_dir, device=device or cfg.models.device, dtype=dtype, kernels=kernels,
-                  cache=CacheConfig(memory_gb=cfg.engine.kv_cache_memory_gb, kv_cache_dtype=cfg.engine.kv_cache_dtype,
-                                    block_size=cfg.engine.kv_cache_block_size), scheduler=cfg.engine.scheduler())
+                  cache=cfg.engine.cache(), scheduler=cfg.engine.scheduler())
 
 
 def _serve(cfg: TrainConfig, engine_dir: Path, place) -> None:
@@ -223,8 +222,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
                 started = time.perf_counter()
                 with place.stage("evaluation", step):
                     if trainer_copy is None:  # the trainer's weights through a BF16 engine (built once)
-                        trainer_copy = PolicyEngine(trainer_dir, cfg.models.device, dtype,
-                                                    cfg.engine.kv_cache_memory_gb, cfg.engine.kv_cache_block_size,
+                        trainer_copy = PolicyEngine(trainer_dir, cfg.models.device, dtype, cfg.engine.cache(),
                                                     cfg.engine.scheduler())
                     held_out = evaluate(engines, trainer_copy, policy, tokenizer, task, eval_problems,
                                         cfg.rollout.rollout_max_response_len)

@@ -46,7 +46,8 @@ def gap_rows(root: Path) -> list[dict]:
         for run in summary["runs"]:
             steps = {r["step"]: r for r in run_steps(where / "runs" / run["run_id"])}
             rows.append({"length": int(where.parent.name), "run_id": run["run_id"], "label": run["label"],
-                         "seed": run.get("seed"), "status": run["status"], "response_len_mean": steps.get(0, {}).get("response_len_mean"),
+                         "seed": run.get("seed"), "status": run["status"],
+                         "response_len_mean": steps.get(0, {}).get("response_len_mean"),
                          "entropy@0": steps.get(0, {}).get("entropy"),
                          **{f"{k}@{s}": steps.get(s, {}).get(k) for k in GAP_KEYS for s in (0, 1)}})
     return rows

@@ -16,8 +16,10 @@ from quantroll.compare.labels import group_id, mode_label, sort_key
 
 
 def learn_curves(root: Path, job: str) -> list[dict]:
-    """One entry per run of ``job``: its group (compare's label / correction), seed, status and
-    reward per step; in compare's group order (BF16 first), then by seed."""
+    """One entry per run of ``job``: its id, group (compare's label / correction), seed, status,
+    reward per step and held-out reward of the trainer's policy per evaluation
+    (eval_trainer_reward: in mode 1 through a BF16 engine copy, the policy compare's acceptance
+    judges); in compare's group order (BF16 first), then by seed."""
     out = []
     for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
         record = read_json(run_dir / "run.json")
@@ -26,10 +28,23 @@ def learn_curves(root: Path, job: str) -> list[dict]:
         steps = run_steps(run_dir)
         spec = (record["precision"], record["unified"], record.get("kv_cache_dtype", "bf16"),
                 record.get("bf16_exceptions", False))
-        out.append({"group": group_id(mode_label(*spec), record["correction"]), "seed": record["seed"],
-                    "status": record["status"], "order": sort_key(spec[0], spec[1], record["correction"], *spec[2:]),
-                    "reward": [r.get("reward_mean") for r in steps]})
+        out.append({"run_id": run_dir.name, "group": group_id(mode_label(*spec), record["correction"]),
+                    "seed": record["seed"], "status": record["status"],
+                    "order": sort_key(spec[0], spec[1], record["correction"], *spec[2:]),
+                    "reward": [r.get("reward_mean") for r in steps],
+                    "heldout": [r["eval_trainer_reward"] for r in steps if r.get("eval_trainer_reward") is not None]})
     return sorted(out, key=lambda c: (c["order"], c["seed"]))
+
+
+def learn_progress(curves: list[dict]) -> list[dict]:
+    """Per run of a learning job whose compare has not finished: its status, how many steps it
+    wrote, its reward at the first and last of them, its first and last held-out reward."""
+    def ends(values: list) -> tuple:
+        return (values[0], values[-1]) if values else (None, None)
+
+    return [{"run_id": c["run_id"], "status": c["status"], "steps": len(c["reward"]),
+             **dict(zip(("reward_first", "reward_last"), ends(c["reward"]))),
+             **dict(zip(("heldout_first", "heldout_last"), ends(c["heldout"])))} for c in curves]
 
 
 def learn_axes(ax, curves: list[dict], title: str) -> None:

@@ -22,8 +22,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl, run_steps
-from long_study_learn import learn_curves, study_figure
+from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl
+from long_study_learn import learn_curves, learn_progress, study_figure
 from quantroll.compare.htmlpage import CSS, img_html
 
 PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
@@ -52,23 +52,6 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 def calls(root: Path) -> list[dict]:
     return [c for job in JOBS for c in read_jsonl(root / job / "calls.jsonl")]
-
-
-def learn_progress(root: Path, job: str) -> list[dict]:
-    """Per run of a learning job whose compare has not finished: its status (run.json), how
-    many steps it wrote, its reward at the first and last of them, and its first and last
-    held-out reward of the trainer's policy (eval_trainer_reward: in mode 1 through a BF16 engine
-    copy, the policy compare's acceptance judges; eval_engine_reward is the rollout engine's)."""
-    rows = []
-    for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
-        steps = run_steps(run_dir)
-        record = read_json(run_dir / "run.json") or {}
-        held = [r["eval_trainer_reward"] for r in steps if r.get("eval_trainer_reward") is not None]
-        rows.append({"run_id": run_dir.name, "status": record.get("status", "unknown"), "steps": len(steps),
-                     "reward_first": steps[0].get("reward_mean") if steps else None,
-                     "reward_last": steps[-1].get("reward_mean") if steps else None,
-                     "heldout_first": held[0] if held else None, "heldout_last": held[-1] if held else None})
-    return rows
 
 
 def learn(root: Path, job: str) -> dict | None:
@@ -113,8 +96,8 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     if findings.is_file():  # written by hand from the tables below; kept when the report is made again
         md += ["## Findings", "", f"(from [{FINDINGS}]({FINDINGS}), written from the tables below)", "",
                *findings.read_text().strip().splitlines(), ""]
-    if study_figure(gaps, {job: learn_curves(root, job) for job in ("learn-4k", "learn-16k")},
-                    out / "plots" / "study.png"):
+    curves = {job: learn_curves(root, job) for job in ("learn-4k", "learn-16k")}
+    if study_figure(gaps, curves, out / "plots" / "study.png"):
         md += ["The study in one figure (the step-0 sequence KL by length; each learning job's reward per step, "
                "the mean of a group's seeds with their range as a band):", "", "![the study](plots/study.png)", ""]
     md += ["## What ran where", ""]
@@ -171,7 +154,7 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
         md += ["", f"## Learning runs: {job}", ""]
         if result is None:
             md += [f"The {job} job has not finished its compare."]
-            progress = learn_progress(root, job)
+            progress = learn_progress(curves[job])
             if progress:
                 md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
                 md += _table(["run", "status", "steps", "reward step 0", "reward last step",

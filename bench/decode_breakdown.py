@@ -11,6 +11,7 @@ GPU span lies inside a range's GPU span); the rest are listed by kernel name. Be
 difference between that and the kernels' sum is launch gaps and host work inside the graph.
 
     python bench/decode_breakdown.py [--points early,middle,tail] [--json out.json]
+    python bench/decode_breakdown.py --shape fib-study --points 64x2048,64x8192,64x15360  # the study's 16K rollout
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def short(name: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-8b")
-    ap.add_argument("--points", default="early,middle,tail")
+    ap.add_argument("--points", default="early,middle,tail", help="named points, or BATCHxCONTEXT (e.g. 64x8192)")
     ap.add_argument("--pairs", default="bf16,fp8")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--json", default=None)
@@ -168,7 +169,7 @@ def main() -> None:
 
     for pair, model, fmt, kv in models():
         for point in args.points.split(","):
-            batch, ctx = points[point]
+            batch, ctx = points[point] if point in points else map(int, point.split("x"))
             prompt_len = ctx - 32
             gb = batch * (ctx + 48) * kv_bytes_per_token(cfg, kv, torch.bfloat16) / 2**30 * 1.1 + 1
             cache = CacheConfig(kv_cache_dtype=kv, memory_gb=gb)

@@ -6,10 +6,11 @@ import dataclasses
 
 import torch
 
+from quantroll.builtin import DATA_DIR
 from quantroll.checkpoint.bf16_rule import unless_kept
 from quantroll.formats import Format
 from quantroll.model.causal_lm import CausalLM
-from quantroll.model.config import ModelConfig, RopeConfig, config_from_dict
+from quantroll.model.config import ModelConfig, RopeConfig, config_from_dict, load_model_config
 from quantroll.model.families.registry import shapes as family_shapes
 
 SHAPES = {
@@ -26,6 +27,8 @@ SHAPES = {
         model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
         max_position_embeddings=40960, rope=RopeConfig(theta=1_000_000.0), tie_word_embeddings=True),
+    # the long-response study's model, as committed (~7M parameters, one KV head)
+    "fib-study": load_model_config(DATA_DIR / "fib-qwen3-long"),
     # the other families' sizes, as each family module states them
     **{name: config_from_dict(raw, f"shape {name}") for name, raw in family_shapes().items()},
 }

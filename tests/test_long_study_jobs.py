@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,9 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
 
     _ok(_job(env, "learn-16k"))
     assert len(json.loads((ls / "learn-16k/compare/summary.json").read_text())["runs"]) == 7
+    started = re.findall(r"^\[\d/7\] (\S+)", (ls / "learn-16k/units/learn-all.log").read_text(), re.M)
+    assert started[:4] == ["bf16-baseline-none-seed1", "fp8-rollout-none-seed1", "bf16-baseline-none-seed2",
+                           "fp8-rollout-none-seed2"]  # the first pair at once: BF16 and FP8, seed 1
 
     # a bare machine continues from the packed results: finished runs are kept, not redone
     with tarfile.open(out / "learn-16k.tgz") as tar:

@@ -210,7 +210,9 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
       L=$LEARN_16K_LEN S=$LEARN_16K_STEPS P=$LEARN_16K_PROMPTS N=$LEARN_16K_SAMPLES M=$LEARN_16K_MICRO E=$LEARN_16K_EVAL
       G=$LEARN_16K_GROUPS X=$LEARN_16K_ENGINE
     fi
-    kv=""; [ "$LEARN_JOBS" -gt 1 ] && kv=$LEARN_KV_GB
+    # a fixed KV pool when runs share the GPU; learn-16k has it always, so that its runs' commands (which
+    # key them) stay the same whether a call runs them 2 at once or, to finish one in time, alone
+    kv=""; { [ "$LEARN_JOBS" -gt 1 ] || [ "$JOB" = learn-16k ]; } && kv=$LEARN_KV_GB
     matrix "$D" learn "$SEEDS" "$LEARN_JOBS" "$G" --hf-checkpoint "$MODEL" --num-rollout $S \
       --eval-interval $LEARN_EVAL_INTERVAL --save-interval $LEARN_SAVE_INTERVAL --rollout-max-response-len "$(max_len $L)" \
       --device $DEVICE --train-args "$(train_args $L $P $N $M $E $kv)${X:+ $X}" ;;

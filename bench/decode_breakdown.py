@@ -144,6 +144,19 @@ def short(name: str) -> str:
     return name if len(name) <= 70 else name[:67] + "..."
 
 
+def parse_point(point: str, named: dict, ap: argparse.ArgumentParser) -> tuple[int, int]:
+    """A named point, or BATCHxCONTEXT; anything else stops with a one-line usage error."""
+    if point in named:
+        return named[point]
+    try:
+        batch, ctx = (int(x) for x in point.split("x"))
+    except ValueError:
+        ap.error(f"--points: {point!r} is neither one of {', '.join(named)} nor BATCHxCONTEXT (e.g. 64x8192)")
+    if batch < 1 or ctx < 64:
+        ap.error(f"--points: {point!r} needs a batch >= 1 and a context >= 64 (prompts are the context less 32)")
+    return batch, ctx
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-8b")
@@ -154,7 +167,8 @@ def main() -> None:
     args = ap.parse_args()
     cfg = shape_config(args.shape, args.layers)
     results = {}
-    points = POINTS if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else POINTS_80GB
+    named = POINTS if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else POINTS_80GB
+    points = {point: parse_point(point, named, ap) for point in args.points.split(",")}  # refused before any GPU work
     pairs = args.pairs.split(",")
 
     def models():  # one model on the GPU at a time (the FP8 one quantized from the BF16 one)
@@ -168,8 +182,7 @@ def main() -> None:
             yield "fp8", fp8, get_format("fp8"), "fp8_e4m3"
 
     for pair, model, fmt, kv in models():
-        for point in args.points.split(","):
-            batch, ctx = points[point] if point in points else map(int, point.split("x"))
+        for point, (batch, ctx) in points.items():
             prompt_len = ctx - 32
             gb = batch * (ctx + 48) * kv_bytes_per_token(cfg, kv, torch.bfloat16) / 2**30 * 1.1 + 1
             cache = CacheConfig(kv_cache_dtype=kv, memory_gb=gb)

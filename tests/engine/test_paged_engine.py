@@ -220,7 +220,6 @@ def test_table_rows_pad_with_the_scratch_block():
     assert ModelRunner._table_rows(None, seqs, 4).tolist() == [[4, 7, s, s], [1, 2, 3, 9]]
 
 
-
 def test_a_row_past_its_cap_never_attends_beyond_its_table(tiny_qwen3_dir):
     """A decode chunk runs as long as its longest sequence; a row whose cap ends mid-chunk keeps
     computing (its tokens are thrown away) at positions past its cap, which at the model's full

@@ -5,7 +5,10 @@ whether what the BF16 weights learned survives quantization, and vice versa.
 Both decode through an engine (paged KV cache, batched), so a 16K-token answer costs
 O(L) per token rather than a full forward per token: the trainer's policy through a BF16
 engine copy whose weights are the trainer's (evaluation/policy_engine.py), loaded before
-each evaluation. Reward and accuracy are reported overall and per bucket of the reference
+each evaluation. Where the engine already is the trainer's policy (BF16 weights, pushed
+exactly, a BF16 KV cache, the trainer's kernels: ``engine_is_trainer_policy``), the copy would
+decode the same tokens again (at 16K, ~30 s an evaluation), so there is none and the trainer's
+numbers are the engine's. Reward and accuracy are reported overall and per bucket of the reference
 answer's length (``eval_engine_by_len`` / ``eval_trainer_by_len``: bucket ->
 ``{"n", "reward", "accuracy"}``, evaluation/heldout.py).
 """
@@ -17,21 +20,34 @@ from quantroll.evaluation.policy_engine import PolicyEngine
 from quantroll.tasks.base import Problem
 
 
-def evaluate(engine, trainer_copy: PolicyEngine, policy, tokenizer, task, problems: list[Problem],
+def engine_is_trainer_policy(engine_format, kv_cache_dtype: str, true_on_policy: bool) -> bool:
+    """Whether the rollout engine computes exactly what the trainer's policy would through a
+    BF16 engine copy: BF16 weights (no quantized format; the weight update copies them
+    exactly), a BF16 KV cache, and the default kernels (true on-policy runs the engine on
+    batch-invariant ones, which the copy does not use)."""
+    return engine_format is None and kv_cache_dtype == "bf16" and not true_on_policy
+
+
+def evaluate(engine, trainer_copy: PolicyEngine | None, policy, tokenizer, task, problems: list[Problem],
              max_new: int) -> dict:
     """Greedy answers of ``engine`` and of ``policy`` (through ``trainer_copy``) to ``problems``,
-    scored by ``task.reward``: accuracy (the share with reward 1), mean reward, by length."""
+    scored by ``task.reward``: accuracy (the share with reward 1), mean reward, by length.
+    ``trainer_copy`` None: the engine is the trainer's policy (``engine_is_trainer_policy``),
+    whose numbers the trainer's side then repeats."""
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
-    out = {}
-    sides = (("engine", lambda: engine), ("trainer", lambda: trainer_copy.engine_for(policy)))
-    for side, get in sides:
-        s = summarize(score(get(), task, problems, encode, decode, greedy(max_new)))
-        out.update({f"eval_{side}_accuracy": s["accuracy"], f"eval_{side}_reward": s["reward"],
-                    f"eval_{side}_by_len": s["by_len"]})
+    def side(name: str, on) -> dict:
+        s = summarize(score(on, task, problems, encode, decode, greedy(max_new)))
+        return {f"eval_{name}_accuracy": s["accuracy"], f"eval_{name}_reward": s["reward"],
+                f"eval_{name}_by_len": s["by_len"]}
+
+    out = side("engine", engine)
+    if trainer_copy is None:
+        return {**out, **{k.replace("eval_engine_", "eval_trainer_", 1): v for k, v in out.items()}}
+    out.update(side("trainer", trainer_copy.engine_for(policy)))
     trainer_copy.release()
     return out

@@ -30,7 +30,7 @@ from quantroll.rl.checkpoints import resolve_checkpoints
 from quantroll.rl.config import TrainConfig
 from quantroll.rl.memory import engine_memory, peak_memory_gib, trainer_memory
 from quantroll.rl.rollout import build_task, rewards_by_length, rollout
-from quantroll.rl.evaluate import evaluate
+from quantroll.rl.evaluate import engine_is_trainer_policy, evaluate
 from quantroll.evaluation.policy_engine import PolicyEngine
 from quantroll.builtin import builtin_checkpoint
 from quantroll.durable import writing
@@ -214,6 +214,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
         elif cfg.output.load:
             push()  # the engine starts from the resumed weights
     history, bad, trainer_copy = [], 0, None
+    same_policy = engine_is_trainer_policy(engine.format, cfg.engine.kv_cache_dtype, cfg.precision.true_on_policy_mode)
     bar = _progress(cfg.rollout.num_rollout - first_step, progress and place.writes)
     try:
         for step in range(first_step, cfg.rollout.num_rollout):
@@ -221,7 +222,7 @@ def _train(cfg: TrainConfig, engine_dir: Path, trainer_dir: Path, progress: bool
             if eval_problems and eval_due(step, cfg.rollout.eval_interval, cfg.rollout.num_rollout):
                 started = time.perf_counter()
                 with place.stage("evaluation", step):
-                    if trainer_copy is None:  # the trainer's weights through a BF16 engine (built once)
+                    if trainer_copy is None and not same_policy:  # the trainer's weights, a BF16 engine (once)
                         trainer_copy = PolicyEngine(trainer_dir, cfg.models.device, dtype, cfg.engine.cache(),
                                                     cfg.engine.scheduler())
                     held_out = evaluate(engines, trainer_copy, policy, tokenizer, task, eval_problems,

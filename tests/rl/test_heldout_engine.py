@@ -69,3 +69,25 @@ def test_rollout_rewards_by_the_reference_length():
     batch = RolloutBatch([[5]] * 4, labels, [SimpleNamespace(tokens=[1])] * 4, torch.tensor([1.0, 0.0, 0.5, 1.0]), 1.0)
     assert rewards_by_length(batch, load_tokenizer(builtin_checkpoint())) == {
         "2": {"n": 2, "reward": 0.5, "accuracy": 0.5}, "4": {"n": 2, "reward": 0.75, "accuracy": 0.5}}
+
+
+def test_the_engine_is_the_trainers_policy_only_for_bf16_weights_kv_and_kernels():
+    from quantroll.rl.evaluate import engine_is_trainer_policy
+
+    assert engine_is_trainer_policy(None, "bf16", False)
+    assert not engine_is_trainer_policy(object(), "bf16", False)  # a quantized format (FP8, MXFP8, NVFP4)
+    assert not engine_is_trainer_policy(None, "fp8_e4m3", False)  # the trainer never attends over an FP8 cache
+    assert not engine_is_trainer_policy(None, "bf16", True)  # true on-policy: batch-invariant engine kernels
+
+
+def test_without_a_copy_the_trainers_side_repeats_the_engines():
+    path = builtin_checkpoint()
+    task = ArithmeticTask(digits=2, ops="+-*")
+    problems = held_out_problems(task, 16, seed=1)
+    engine = Engine(path, dtype=torch.float32)
+    out = evaluate(engine, None, None, load_tokenizer(path), task, problems, 6)
+    both = evaluate(engine, PolicyEngine(path, "cpu", torch.float32), load_policy(path, dtype=torch.float32),
+                    load_tokenizer(path), task, problems, 6)
+    assert out == both  # the copy of the unchanged weights answers as the engine does
+    assert {k for k in out if k.startswith("eval_trainer_")} == {"eval_trainer_accuracy", "eval_trainer_reward",
+                                                               "eval_trainer_by_len"}

@@ -258,9 +258,9 @@ def test_num_continuous_decode_steps_reaches_both_engines_and_leaves_the_run_as_
         path = tmp_path / f"{steps}.jsonl"
         run_training(TrainConfig.of(metrics_file=str(path), rollout_batch_size=4, n_samples_per_prompt=2,
                                     rollout_max_response_len=8, num_rollout=2, lr=1e-4, eval_interval=1, eval_size=8,
-                                    num_continuous_decode_steps=steps), progress=False)
+                                    num_continuous_decode_steps=steps, kv_cache_dtype="fp8_e4m3"), progress=False)
         runs[steps] = [json.loads(line) for line in path.read_text().splitlines()]
-        # the rollout engine and the held-out evaluation's copy of the trainer's policy (CPU default: 1)
+        # the rollout engine (FP8 KV) and the held-out evaluation's BF16-KV copy of the trainer's policy (CPU default: 1)
         assert made == ([1, 1] if steps is None else [3, 3])
     assert len(runs[None]) == len(runs[3]) == 2
     timing = ("time", "tokens_per_s", "peak_memory")
@@ -270,3 +270,26 @@ def test_num_continuous_decode_steps_reaches_both_engines_and_leaves_the_run_as_
     assert any(r["reward_mean"] > 0 for r in runs[3]) and all(r["response_len_mean"] < 8 for r in runs[3])
     with pytest.raises(QuantrollError, match="num-continuous-decode-steps must be >= 1"):
         TrainConfig.of(num_continuous_decode_steps=0)
+
+
+def test_a_bf16_run_evaluates_through_its_engine_and_an_fp8_run_builds_the_bf16_copy(ckpts, monkeypatch):
+    """A BF16 engine is the trainer's policy: a copy would decode the same tokens again."""
+    import quantroll.rl.loop as loop
+
+    built = []
+
+    class Counting(loop.PolicyEngine):
+        def __init__(self, *args, **kwargs):
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "PolicyEngine", Counting)
+    bf16, fp8 = ckpts
+    for engine_dir, copies in ((bf16, 0), (fp8, 1)):
+        built.clear()
+        hist = run_training(TrainConfig.of(hf_checkpoint=str(engine_dir), ref_load=str(bf16), eval_interval=1,
+                                           eval_size=4, **FAST), progress=False)
+        assert len(built) == copies, engine_dir
+        assert all("eval_trainer_accuracy" in r and "eval_engine_by_len" in r for r in hist)
+        if not copies:
+            assert all(r["eval_trainer_by_len"] == r["eval_engine_by_len"] for r in hist)

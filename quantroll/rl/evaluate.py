@@ -7,7 +7,7 @@ O(L) per token rather than a full forward per token: the trainer's policy throug
 engine copy whose weights are the trainer's (evaluation/policy_engine.py), loaded before
 each evaluation. Where the engine already is the trainer's policy (BF16 weights, pushed
 exactly, a BF16 KV cache, the trainer's kernels: ``engine_is_trainer_policy``), the copy would
-decode the same tokens again (at 16K, ~30 s an evaluation), so there is none and the trainer's
+decode every held-out answer a second time, so there is none and the trainer's
 numbers are the engine's. Reward and accuracy are reported overall and per bucket of the reference
 answer's length (``eval_engine_by_len`` / ``eval_trainer_by_len``: bucket ->
 ``{"n", "reward", "accuracy"}``, evaluation/heldout.py).
@@ -40,14 +40,13 @@ def evaluate(engine, trainer_copy: PolicyEngine | None, policy, tokenizer, task,
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
-    def side(name: str, on) -> dict:
-        s = summarize(score(on, task, problems, encode, decode, greedy(max_new)))
-        return {f"eval_{name}_accuracy": s["accuracy"], f"eval_{name}_reward": s["reward"],
-                f"eval_{name}_by_len": s["by_len"]}
+    def scored(on) -> dict:
+        return summarize(score(on, task, problems, encode, decode, greedy(max_new)))
 
-    out = side("engine", engine)
+    sides = {"engine": scored(engine)}
     if trainer_copy is None:
-        return {**out, **{k.replace("eval_engine_", "eval_trainer_", 1): v for k, v in out.items()}}
-    out.update(side("trainer", trainer_copy.engine_for(policy)))
-    trainer_copy.release()
-    return out
+        sides["trainer"] = sides["engine"]
+    else:
+        sides["trainer"] = scored(trainer_copy.engine_for(policy))
+        trainer_copy.release()
+    return {f"eval_{side}_{key}": s[key] for side, s in sides.items() for key in ("accuracy", "reward", "by_len")}

@@ -10,7 +10,7 @@
 # job needs another call of the same JOB (it resumes), 1 when a command failed, 2 on a bad JOB.
 # State lives in $LONG_STUDY_DIR (.long_study/, ignored); a job's small results are packed to
 # $OUT/JOB.tgz after every call. A new (bare) machine continues a job from JOB.tgz files copied
-# into $LONG_STUDY_CARRIED (.long_study_in/, ignored; name it in the device call's carry).
+# into $LONG_STUDY_CARRIED (.long_study_in/, tracked: commit each JOB.tgz there, and it travels with the tree).
 # LONG_STUDY_SMOKE=1: the tiny CPU versions of every knob (tests/test_long_study_jobs.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD

@@ -15,6 +15,21 @@ from long_study_gap import GROWTH_LEVELS, gap_axes, read_json, run_steps
 from quantroll.compare.labels import group_id, mode_label, sort_key
 
 
+def learn(root: Path, job: str) -> dict | None:
+    """A learning job's answer from its finished compare (summary.json): the recommendation's
+    lines and per group the reward and held-out numbers; None while its compare has not finished."""
+    summary = read_json(root / job / "compare" / "summary.json")
+    if summary is None:
+        return None
+    groups = [{"label": g["label"], "correction": g["correction"], "seeds": g["seeds"],
+               "reward_step0": g["reward"].get("step0"), "reward_last_k": g["reward"].get("last_steps"),
+               "last_k": g["reward"].get("last_k"), "eval_trainer_first": g["eval"].get("first_trainer"),
+               "eval_trainer_last": g["eval"].get("trainer"), "gap_mean": g["gap_mean"].get(summary["main_gap"])}
+              for g in summary["groups"]]
+    return {"answer": [m["text"] for m in summary["recommendation"]["modes"]], "groups": groups,
+            "heldout_baseline": summary.get("heldout_baseline"), "failed": summary.get("failed", [])}
+
+
 def learn_curves(root: Path, job: str) -> list[dict]:
     """One entry per run of ``job``: its id, group (compare's label / correction), seed, status,
     reward per step and held-out reward of the trainer's policy per evaluation
@@ -47,34 +62,47 @@ def learn_progress(curves: list[dict]) -> list[dict]:
              **dict(zip(("heldout_first", "heldout_last"), ends(c["heldout"])))} for c in curves]
 
 
-def learn_axes(ax, curves: list[dict], title: str) -> None:
-    """Reward per step of the done runs: per group the mean over its seeds (a line), and the
-    seeds' range (a band) where it has more than one."""
+def learn_bands(curves: list[dict]) -> list[dict]:
+    """What the figure draws of a learning job: per group of its done runs, the reward per step
+    as the seeds' mean, lowest and highest (over the steps every seed has). Runs not done are
+    left out: a run cut mid-way restarts from step 0, so its partial curve is not the one that
+    will count."""
     import numpy as np
 
     done = [c for c in curves if c["status"] == "done" and c["reward"]]
-    groups = list(dict.fromkeys(c["group"] for c in done))
-    for group in groups:
+    bands = []
+    for group in dict.fromkeys(c["group"] for c in done):
         runs = [c["reward"] for c in done if c["group"] == group]
         steps = min(map(len, runs))
         values = np.array([r[:steps] for r in runs], dtype=float)
-        line, = ax.plot(range(steps), values.mean(axis=0), label=f"{group} ({len(runs)} seed{'s' * (len(runs) > 1)})")
-        if len(runs) > 1:
-            ax.fill_between(range(steps), values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.2)
-    waiting = len(curves) - len(done)
+        bands.append({"group": group, "seeds": len(runs), "mean": values.mean(axis=0).tolist(),
+                      "low": values.min(axis=0).tolist(), "high": values.max(axis=0).tolist()})
+    return bands
+
+
+def learn_axes(ax, bands: list[dict], waiting: int, title: str) -> None:
+    """Reward per step: per group the mean over its seeds (a line), and the seeds' range (a
+    band) where it has more than one; ``waiting`` runs not done are counted in the title."""
+    for band in bands:
+        steps = range(len(band["mean"]))
+        n = band["seeds"]
+        line, = ax.plot(steps, band["mean"], label=f"{band['group']} ({n} seed{'s' * (n > 1)})")
+        if n > 1:
+            ax.fill_between(steps, band["low"], band["high"], color=line.get_color(), alpha=0.2)
     ax.set_title(title + (f" ({waiting} run{'s' * (waiting > 1)} not done, not drawn)" if waiting else ""), fontsize=9)
     ax.set_xlabel("step")
     ax.set_ylabel("reward (partial credit)")
-    if groups:
+    if bands:
         ax.legend(fontsize=6)
 
 
-def study_figure(gap: list[dict], curves_by_job: dict[str, list[dict]], path: Path) -> bool:
+def study_figure(gap: list[dict], learning: dict[str, dict], path: Path) -> bool:
     """The study on one figure (the README's): the step-0 sequence KL against length, then the
-    reward per step of each learning job. False when there is nothing to draw."""
+    reward per step of each learning job (``learning``: job -> its ``bands`` and ``waiting``,
+    as jobs_results extracts them). False when there is nothing to draw."""
     from matplotlib.figure import Figure
 
-    jobs = [job for job, curves in curves_by_job.items() if curves]
+    jobs = [job for job, drawn in learning.items() if drawn and (drawn["bands"] or drawn["waiting"])]
     if not gap and not jobs:
         return False
     panels = (1 if gap else 0) + len(jobs)
@@ -86,7 +114,8 @@ def study_figure(gap: list[dict], curves_by_job: dict[str, list[dict]], path: Pa
         ax.legend(fontsize=6)
         k += 1
     for job in jobs:
-        learn_axes(fig.add_subplot(1, panels, k), curves_by_job[job], f"{job}: reward per step")
+        learn_axes(fig.add_subplot(1, panels, k), learning[job]["bands"], learning[job]["waiting"],
+                   f"{job}: reward per step")
         k += 1
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,9 @@ JOB.tgz): the calls' records (what ran where), the study model's recipe, the cal
 rows, the gap job's compares at each length (step 0 and step 1 read from each run's
 metrics.jsonl) and entropy, and the learning compares' answers and groups. Writes
 report.md, report.html (one file, plots embedded), summary.json, commands.txt, plots/,
-and each compare's own report under gap-LEN/, learn-4k/, learn-16k/. A job that has not
-run is named as missing, never filled in. The findings (per length: within the seed
+each compare's own report under gap-LEN/, learn-4k/, learn-16k/, and per job an extract of
+what it read (jobs/JOB.json, long_study_jobs.py): a job whose raw folder is gone is
+reported from it. A job that has not run is named as missing, never filled in. The findings (per length: within the seed
 spread or not, how the gap grows, which correction helps, the published pattern) are the
 reader's to write from these tables, in findings.md beside the report (shown first when present):
 beyond compare's own answers, this script judges nothing.
@@ -22,8 +23,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from long_study_gap import GAP_KEYS, gap_growth, gap_plot, gap_rows, read_json, read_jsonl
-from long_study_learn import learn_curves, learn_progress, study_figure
+from long_study_gap import GAP_KEYS, gap_growth, gap_plot, read_json
+from long_study_jobs import EXTRACTS, JOBS, job_results
+from long_study_learn import study_figure
 from quantroll.compare.htmlpage import CSS, img_html
 
 PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
@@ -31,7 +33,6 @@ PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
              "chi2_seq grows with length at a fixed per-token gap; Jet-RL: FP8 rollout with BF16 training matched "
              "BF16 below ~4K, drifted at 8K and failed to converge at 16K on some models (not monotone in length; "
              "arXiv 2601.14243).")
-JOBS = ("sft", "calibrate", "gap", "learn-4k", "learn-16k")
 FINDINGS = "findings.md"  # the reader's conclusions, beside the report; this script writes none
 
 
@@ -50,23 +51,6 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
 
 
-def calls(root: Path) -> list[dict]:
-    return [c for job in JOBS for c in read_jsonl(root / job / "calls.jsonl")]
-
-
-def learn(root: Path, job: str) -> dict | None:
-    summary = read_json(root / job / "compare" / "summary.json")
-    if summary is None:
-        return None
-    groups = [{"label": g["label"], "correction": g["correction"], "seeds": g["seeds"],
-               "reward_step0": g["reward"].get("step0"), "reward_last_k": g["reward"].get("last_steps"),
-               "last_k": g["reward"].get("last_k"), "eval_trainer_first": g["eval"].get("first_trainer"),
-               "eval_trainer_last": g["eval"].get("trainer"), "gap_mean": g["gap_mean"].get(summary["main_gap"])}
-              for g in summary["groups"]]
-    return {"answer": [m["text"] for m in summary["recommendation"]["modes"]], "groups": groups,
-            "heldout_baseline": summary.get("heldout_baseline"), "failed": summary.get("failed", [])}
-
-
 def _copy_compare(src: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
@@ -80,31 +64,33 @@ def _copy_compare(src: Path, dest: Path) -> None:
 
 def build(root: Path, out: Path, model: Path | None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    ran = calls(root)
+    results = {job: job_results(root, out, job) for job in JOBS}
+    ran = [c for job in JOBS for c in (results[job] or {}).get("calls", [])]
     sft = read_json(model / "quantroll_sft.json") if model else None
-    calibrate = read_json(root / "calibrate" / "calibrate.json")
-    gaps = gap_rows(root)
-    learning = {job: learn(root, job) for job in ("learn-4k", "learn-16k")}
-    summary = {"calls": ran, "model": str(model) if model else None, "model_text": (root / "sft" / "model.txt").read_text()
-               if (root / "sft" / "model.txt").is_file() else None,
+    calibrate = (results["calibrate"] or {}).get("calibrate")
+    gaps = (results["gap"] or {}).get("rows", [])
+    learning = {job: results[job] for job in ("learn-4k", "learn-16k")}
+    summary = {"calls": ran, "model": str(model) if model else None,
+               "model_text": (results["sft"] or {}).get("model_text"),
                "sft": {k: sft.get(k) for k in ("task", "shape", "parameters", "steps_run", "stopped_by",
                                                "greedy_after", "checks")} if sft else None,
-               "calibrate": calibrate, "gap": gaps, "learn": learning, "learn_progress": {}}
+               "calibrate": calibrate, "gap": gaps,
+               "learn": {job: (data or {}).get("result") for job, data in learning.items()}, "learn_progress": {}}
     md = ["# The long-response study (issue 42): FP8 rollout at 4K / 8K / 16K-token responses", "",
-          "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md).", ""]
+          "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md); a job "
+          f"whose raw results are not here is reported from the extract an earlier report kept ({EXTRACTS}/JOB.json).", ""]
     findings = out / FINDINGS
     if findings.is_file():  # written by hand from the tables below; kept when the report is made again
         md += ["## Findings", "", f"(from [{FINDINGS}]({FINDINGS}), written from the tables below)", "",
                *findings.read_text().strip().splitlines(), ""]
-    curves = {job: learn_curves(root, job) for job in ("learn-4k", "learn-16k")}
-    if study_figure(gaps, curves, out / "plots" / "study.png"):
+    if study_figure(gaps, learning, out / "plots" / "study.png"):
         md += ["The study in one figure (the step-0 sequence KL by length; each learning job's reward per step, "
                "the mean of a group's seeds with their range as a band):", "", "![the study](plots/study.png)", ""]
     md += ["## What ran where", ""]
     md += _table(["job", "date", "GPU", "commit", "status", "seconds"],
                  [[c["job"], c["date"], c["gpu"], c["commit"][:12], c["status"], c["seconds"]] for c in ran]) \
         if ran else ["No job has run yet."]
-    missing = [j for j in JOBS if not (root / j / "calls.jsonl").is_file()]
+    missing = [j for j in JOBS if results[j] is None]
     md += ["", f"Jobs with no results here: {', '.join(missing)}." if missing else "Every job left results.", ""]
     md += ["## The study model", ""]
     if sft:
@@ -142,19 +128,21 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
         summary["gap_growth"] = growth
         if gap_plot(gaps, out / "plots" / "gap_vs_length.png"):
             md += ["", "![step-0 gap vs length](plots/gap_vs_length.png)"]
-        copied = []
-        for where in sorted((root / "gap").glob("*/compare"), key=lambda p: int(p.parent.name)):
+        for where in (root / "gap").glob("*/compare"):  # the raw compares' own reports, where they are here
             _copy_compare(where, out / f"gap-{where.parent.name}")
-            copied.append(f"[{where.parent.name}](gap-{where.parent.name}/report.md)")
-        md += ["", "Each length's compare report (the gap by response-length bucket, per run; rollout times): "
-               + ", ".join(copied) + "."]
+        copied = [f"[{n}](gap-{n}/report.md)" for n in sorted({r["length"] for r in gaps})
+                  if (out / f"gap-{n}" / "report.md").is_file()]
+        if copied:
+            md += ["", "Each length's compare report (the gap by response-length bucket, per run; rollout times): "
+                   + ", ".join(copied) + "."]
     else:
         md += ["The gap job has not run."]
-    for job, result in learning.items():
+    for job, data in learning.items():
         md += ["", f"## Learning runs: {job}", ""]
+        result = (data or {}).get("result")
         if result is None:
             md += [f"The {job} job has not finished its compare."]
-            progress = learn_progress(curves[job])
+            progress = (data or {}).get("progress")
             if progress:
                 md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
                 md += _table(["run", "status", "steps", "reward step 0", "reward last step",
@@ -163,7 +151,8 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
                                _num(r["heldout_first"]), _num(r["heldout_last"])] for r in progress])
                 summary["learn_progress"][job] = progress
             continue
-        _copy_compare(root / job / "compare", out / job)
+        if (root / job / "compare").is_dir():
+            _copy_compare(root / job / "compare", out / job)
         md += [f"- {line}" for line in result["answer"]] + [""]
         md += _table(["group", "correction", "seeds", "reward step 0", "reward last k", "held-out (trainer) first",
                       "held-out (trainer) last", "gap over steps"],

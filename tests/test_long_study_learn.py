@@ -2,11 +2,14 @@
 compare's group order, and the study's figure (the README's)."""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from long_study_learn import learn_curves, study_figure  # noqa: E402
+from long_study_learn import learn_bands, learn_curves, study_figure  # noqa: E402
 
 
 def _run(root, job, run_id, precision, correction, seed, status, rewards):
@@ -31,18 +34,59 @@ def test_curves_by_group_in_compares_order_and_the_figure(tmp_path):
         ("mode 1: fp8 rollout, BF16 train / tis", 1, "done")]
     assert curves[1]["reward"] == [0.5, 0.6, 0.7]
     assert learn_curves(tmp_path, "learn-16k") == []
-    assert study_figure([], {"learn-4k": curves, "learn-16k": []}, tmp_path / "plots" / "study.png")
+    # the figure's data by hand: bf16's two seeds as mean / lowest / highest per step; the interrupted run left out
+    bands = learn_bands(curves)
+    assert [(b["group"], b["seeds"]) for b in bands] == [("bf16 / none", 2), ("mode 1: fp8 rollout, BF16 train / tis", 1)]
+    assert bands[0]["mean"] == pytest.approx([0.5, 0.65, 0.75])
+    assert bands[0]["low"] == pytest.approx([0.5, 0.6, 0.7]) and bands[0]["high"] == pytest.approx([0.5, 0.7, 0.8])
+    assert bands[1]["low"] == bands[1]["high"] == bands[1]["mean"] == pytest.approx([0.4, 0.5, 0.6])
+    learning = {"learn-4k": {"bands": bands, "waiting": 1}, "learn-16k": None}
+    assert study_figure([], learning, tmp_path / "plots" / "study.png")
     assert (tmp_path / "plots" / "study.png").stat().st_size > 0
-    assert not study_figure([], {"learn-4k": [], "learn-16k": []}, tmp_path / "none.png")
+    assert not study_figure([], {"learn-4k": None, "learn-16k": {"bands": [], "waiting": 0}}, tmp_path / "none.png")
 
 
 def test_the_report_shows_the_figure(tmp_path):
     from long_study_report import build
 
     _run(tmp_path / "jobs", "learn-16k", "bf16-baseline-none-seed1", "bf16", "none", 1, "done", [0.3, 0.4])
+    (tmp_path / "jobs" / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n")
     build(tmp_path / "jobs", tmp_path / "out", None)
     assert "![the study](plots/study.png)" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "plots" / "study.png").is_file()
+
+
+_CALL = {"job": "learn-16k", "date": "2026-12-07", "gpu": "H100", "commit": "0" * 40, "status": "continue",
+         "seconds": 540, "commands": ["python3 -m quantroll compare --groups bf16"]}
+
+
+def test_a_job_whose_raw_folder_is_gone_is_reported_from_its_extract(tmp_path):
+    """The report keeps each job's extract (jobs/JOB.json) and, once the raw folder is lost (a new
+    checkout, a bare machine), reports the job from it exactly as before; a raw folder wins."""
+    from long_study_report import build
+
+    jobs, out = tmp_path / "jobs", tmp_path / "out"
+    _run(jobs, "learn-16k", "bf16-baseline-none-seed1", "bf16", "none", 1, "done", [0.3, 0.4])
+    _run(jobs, "learn-16k", "fp8-rollout-none-seed1", "fp8", "none", 1, "interrupted", [0.2])
+    (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n")
+    first = build(jobs, out, None)
+    md = (out / "report.md").read_text()
+    assert "| learn-16k | 2026-12-07 | H100 |" in md and "Jobs with no results here: sft, calibrate, gap, learn-4k." in md
+    assert "| fp8-rollout-none-seed1 | interrupted | 1 | 0.2 | 0.2 |" in md
+    saved = json.loads((out / "jobs" / "learn-16k.json").read_text())
+    assert saved["waiting"] == 1 and saved["bands"][0]["mean"] == pytest.approx([0.3, 0.4])
+    shutil.rmtree(jobs / "learn-16k")
+    assert build(jobs, out, None) == first
+    assert (out / "report.md").read_text() == md
+    # a folder a call left no record in does not replace the extract
+    (jobs / "learn-16k").mkdir()
+    build(jobs, out, None)
+    assert (out / "report.md").read_text() == md
+    # a newer raw folder does
+    _run(jobs, "learn-16k", "fp8-rollout-none-seed1", "fp8", "none", 1, "done", [0.2, 0.35])
+    (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n")
+    build(jobs, out, None)
+    assert json.loads((out / "jobs" / "learn-16k.json").read_text())["waiting"] == 0
 
 
 def test_a_metrics_line_cut_by_a_kill_is_dropped_not_fatal(tmp_path):

@@ -32,8 +32,7 @@ def extract(root: Path, job: str) -> dict:
         data["rows"] = gap_rows(root)
     else:
         curves = learn_curves(root, job)
-        data.update(result=learn(root, job), bands=learn_bands(curves), progress=learn_progress(curves),
-                    waiting=sum(c["status"] != "done" for c in curves))
+        data.update(result=learn(root, job), bands=learn_bands(curves), progress=learn_progress(curves))
     return data
 
 

@@ -98,11 +98,12 @@ def learn_axes(ax, bands: list[dict], waiting: int, title: str) -> None:
 
 def study_figure(gap: list[dict], learning: dict[str, dict], path: Path) -> bool:
     """The study on one figure (the README's): the step-0 sequence KL against length, then the
-    reward per step of each learning job (``learning``: job -> its ``bands`` and ``waiting``,
-    as jobs_results extracts them). False when there is nothing to draw."""
+    reward per step of each learning job (``learning``: job -> its ``bands`` and ``progress``,
+    as long_study_jobs.job_results extracts them). False when there is nothing to draw."""
     from matplotlib.figure import Figure
 
-    jobs = [job for job, drawn in learning.items() if drawn and (drawn["bands"] or drawn["waiting"])]
+    waiting = {job: sum(r["status"] != "done" for r in drawn.get("progress", [])) for job, drawn in learning.items()}
+    jobs = [job for job, drawn in learning.items() if drawn.get("bands") or waiting[job]]
     if not gap and not jobs:
         return False
     panels = (1 if gap else 0) + len(jobs)
@@ -114,8 +115,7 @@ def study_figure(gap: list[dict], learning: dict[str, dict], path: Path) -> bool
         ax.legend(fontsize=6)
         k += 1
     for job in jobs:
-        learn_axes(fig.add_subplot(1, panels, k), learning[job]["bands"], learning[job]["waiting"],
-                   f"{job}: reward per step")
+        learn_axes(fig.add_subplot(1, panels, k), learning[job]["bands"], waiting[job], f"{job}: reward per step")
         k += 1
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

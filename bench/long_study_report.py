@@ -65,17 +65,19 @@ def _copy_compare(src: Path, dest: Path) -> None:
 def build(root: Path, out: Path, model: Path | None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     results = {job: job_results(root, out, job) for job in JOBS}
-    ran = [c for job in JOBS for c in (results[job] or {}).get("calls", [])]
+    missing = [j for j in JOBS if results[j] is None]
+    got = {job: data or {} for job, data in results.items()}  # a job not run reads as empty
+    ran = [c for job in JOBS for c in got[job].get("calls", [])]
     sft = read_json(model / "quantroll_sft.json") if model else None
-    calibrate = (results["calibrate"] or {}).get("calibrate")
-    gaps = (results["gap"] or {}).get("rows", [])
-    learning = {job: results[job] for job in ("learn-4k", "learn-16k")}
+    calibrate = got["calibrate"].get("calibrate")
+    gaps = got["gap"].get("rows", [])
+    learning = {job: got[job] for job in ("learn-4k", "learn-16k")}
     summary = {"calls": ran, "model": str(model) if model else None,
-               "model_text": (results["sft"] or {}).get("model_text"),
+               "model_text": got["sft"].get("model_text"),
                "sft": {k: sft.get(k) for k in ("task", "shape", "parameters", "steps_run", "stopped_by",
                                                "greedy_after", "checks")} if sft else None,
                "calibrate": calibrate, "gap": gaps,
-               "learn": {job: (data or {}).get("result") for job, data in learning.items()}, "learn_progress": {}}
+               "learn": {job: data.get("result") for job, data in learning.items()}, "learn_progress": {}}
     md = ["# The long-response study (issue 42): FP8 rollout at 4K / 8K / 16K-token responses", "",
           "Made by `bash bench/long_study.sh report` from the jobs' saved results (docs/long-study.md); a job "
           f"whose raw results are not here is reported from the extract an earlier report kept ({EXTRACTS}/JOB.json).", ""]
@@ -90,7 +92,6 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     md += _table(["job", "date", "GPU", "commit", "status", "seconds"],
                  [[c["job"], c["date"], c["gpu"], c["commit"][:12], c["status"], c["seconds"]] for c in ran]) \
         if ran else ["No job has run yet."]
-    missing = [j for j in JOBS if results[j] is None]
     md += ["", f"Jobs with no results here: {', '.join(missing)}." if missing else "Every job left results.", ""]
     md += ["## The study model", ""]
     if sft:
@@ -139,10 +140,10 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
         md += ["The gap job has not run."]
     for job, data in learning.items():
         md += ["", f"## Learning runs: {job}", ""]
-        result = (data or {}).get("result")
+        result = data.get("result")
         if result is None:
             md += [f"The {job} job has not finished its compare."]
-            progress = (data or {}).get("progress")
+            progress = data.get("progress")
             if progress:
                 md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
                 md += _table(["run", "status", "steps", "reward step 0", "reward last step",

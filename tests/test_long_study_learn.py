@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from long_study_learn import learn_bands, learn_curves, study_figure  # noqa: E402
+from long_study_learn import learn_bands, learn_curves, learn_progress, study_figure  # noqa: E402
 
 
 def _run(root, job, run_id, precision, correction, seed, status, rewards):
@@ -40,10 +40,10 @@ def test_curves_by_group_in_compares_order_and_the_figure(tmp_path):
     assert bands[0]["mean"] == pytest.approx([0.5, 0.65, 0.75])
     assert bands[0]["low"] == pytest.approx([0.5, 0.6, 0.7]) and bands[0]["high"] == pytest.approx([0.5, 0.7, 0.8])
     assert bands[1]["low"] == bands[1]["high"] == bands[1]["mean"] == pytest.approx([0.4, 0.5, 0.6])
-    learning = {"learn-4k": {"bands": bands, "waiting": 1}, "learn-16k": None}
+    learning = {"learn-4k": {"bands": bands, "progress": learn_progress(curves)}, "learn-16k": {}}
     assert study_figure([], learning, tmp_path / "plots" / "study.png")
     assert (tmp_path / "plots" / "study.png").stat().st_size > 0
-    assert not study_figure([], {"learn-4k": None, "learn-16k": {"bands": [], "waiting": 0}}, tmp_path / "none.png")
+    assert not study_figure([], {"learn-4k": {}, "learn-16k": {"bands": [], "progress": []}}, tmp_path / "none.png")
 
 
 def test_the_report_shows_the_figure(tmp_path):
@@ -74,7 +74,7 @@ def test_a_job_whose_raw_folder_is_gone_is_reported_from_its_extract(tmp_path):
     assert "| learn-16k | 2026-12-07 | H100 |" in md and "Jobs with no results here: sft, calibrate, gap, learn-4k." in md
     assert "| fp8-rollout-none-seed1 | interrupted | 1 | 0.2 | 0.2 |" in md
     saved = json.loads((out / "jobs" / "learn-16k.json").read_text())
-    assert saved["waiting"] == 1 and saved["bands"][0]["mean"] == pytest.approx([0.3, 0.4])
+    assert [r["status"] for r in saved["progress"]] == ["done", "interrupted"] and saved["bands"][0]["mean"] == pytest.approx([0.3, 0.4])
     shutil.rmtree(jobs / "learn-16k")
     assert build(jobs, out, None) == first
     assert (out / "report.md").read_text() == md
@@ -86,7 +86,7 @@ def test_a_job_whose_raw_folder_is_gone_is_reported_from_its_extract(tmp_path):
     _run(jobs, "learn-16k", "fp8-rollout-none-seed1", "fp8", "none", 1, "done", [0.2, 0.35])
     (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n")
     build(jobs, out, None)
-    assert json.loads((out / "jobs" / "learn-16k.json").read_text())["waiting"] == 0
+    assert [r["status"] for r in json.loads((out / "jobs" / "learn-16k.json").read_text())["progress"]] == ["done"]
 
 
 def test_a_metrics_line_cut_by_a_kill_is_dropped_not_fatal(tmp_path):

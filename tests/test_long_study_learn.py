@@ -94,3 +94,23 @@ def test_a_metrics_line_cut_by_a_kill_is_dropped_not_fatal(tmp_path):
     metrics = tmp_path / "learn-16k" / "compare" / "runs" / "bf16-baseline-none-seed1" / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 2, "reward_me')
     assert learn_curves(tmp_path, "learn-16k")[0]["reward"] == [0.3, 0.4]
+
+
+def test_a_learning_job_answers_only_once_its_last_call_is_done(tmp_path):
+    """Run one at a time, each run's compare leaves a summary.json of the runs so far: while the job's
+    last call says 'continue' the report shows its runs' progress, not that partial summary as the answer."""
+    from long_study_report import build
+
+    jobs, out = tmp_path / "jobs", tmp_path / "out"
+    _run(jobs, "learn-16k", "bf16-baseline-none-seed1", "bf16", "none", 1, "done", [0.3, 0.4])
+    summary = {"main_gap": "kl", "recommendation": {"modes": [{"text": "a partial answer"}]}, "groups": [
+        {"label": "bf16", "correction": "none", "seeds": [1], "reward": {}, "eval": {}, "gap_mean": {}}]}
+    (jobs / "learn-16k" / "compare" / "summary.json").write_text(json.dumps(summary))
+    (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n")
+    build(jobs, out, None)
+    md = (out / "report.md").read_text()
+    assert "The learn-16k job has not finished its compare." in md and "a partial answer" not in md
+    assert "| bf16-baseline-none-seed1 | done | 2 | 0.3 | 0.4 |" in md
+    (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n" + json.dumps({**_CALL, "status": "done"}) + "\n")
+    build(jobs, out, None)
+    assert "- a partial answer" in (out / "report.md").read_text()

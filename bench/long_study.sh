@@ -126,6 +126,8 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   [ -f "$marker" ] && [ "$(cut -d' ' -f2 "$marker")" = "$same" ] && { echo "$key: done earlier"; return 0; }
   local need; need=$(cut -d' ' -f1 "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)  # the longest part so far
   [ -n "$need" ] && [ "$need" -gt $((CALL_SECONDS / 2)) ] && need=$((CALL_SECONDS / 2))  # parts span calls
+  # a session's last call: 0 starts (resumes) every part it can, since a part the machine cannot finish is lost anyway
+  need=${LONG_STUDY_PART_SECONDS:-$need}
   if [ "$(remaining)" -le 0 ] || [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
     echo "$key: not started, $(remaining) s left (a part needs ${need:-?} s: the longest so far, at most half a call)"; NOT_DONE=1; return 1
   fi

@@ -39,6 +39,17 @@ def test_a_wrong_job_is_refused_with_the_usage():
     assert p.returncode == 2 and "usage: bash bench/long_study.sh sft|calibrate|gap|learn-4k|learn-16k|report" in p.stderr
 
 
+def test_a_part_is_not_started_when_the_call_cannot_hold_it(tmp_path):
+    """LONG_STUDY_PART_SECONDS replaces the guess of a part's length (the longest part so far, at most half a
+    call): a call with less time left than that starts no compare and asks for another call."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LONG_STUDY_SMOKE": "1", "LONG_STUDY_DIR": str(tmp_path / "ls"),
+           "OUT": str(tmp_path / "out"), "LONG_STUDY_FIXED": str(tmp_path / "fixed"),
+           "LONG_STUDY_CARRIED": str(tmp_path / "none-carried"), "LONG_STUDY_MODEL": str(ROOT / "quantroll/data/fib-qwen3-long")}
+    out = _ok(_job(env, "learn-16k", LONG_STUDY_PART_SECONDS="100000", LONG_STUDY_CALL_SECONDS="60"), 75)
+    assert re.search(r"learn-all: not started, \d+ s left \(a part needs 100000 s", out)
+    assert not (tmp_path / "ls" / "learn-16k" / "compare").exists() and "quantroll compare" not in out
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_sample_helpers_entropy_is_the_uniform_distributions_for_a_zero_lm_head(tmp_path, device):
     """Independent reference: zero output weights give uniform logits, whose entropy is ln(vocab)

@@ -129,7 +129,7 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   # a session's last call: 0 starts (resumes) every part it can, since a part the machine cannot finish is lost anyway
   need=${LONG_STUDY_PART_SECONDS:-$need}
   if [ "$(remaining)" -le 0 ] || [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
-    echo "$key: not started, $(remaining) s left (a part needs ${need:-?} s: the longest so far, at most half a call)"; NOT_DONE=1; return 1
+    echo "$key: not started, $(remaining) s left (a part needs ${need:-?} s: LONG_STUDY_PART_SECONDS, else the longest so far, at most half a call)"; NOT_DONE=1; return 1
   fi
   mkdir -p "$dir/units"
   local t0; t0=$(date +%s)

@@ -16,8 +16,9 @@ from quantroll.compare.labels import group_id, mode_label, sort_key
 
 
 def learn(root: Path, job: str) -> dict | None:
-    """A learning job's answer from its finished compare (summary.json): the recommendation's
-    lines and per group the reward and held-out numbers; None while its compare has not finished."""
+    """A learning job's answer from its compare's summary.json: the recommendation's lines and per
+    group the reward and held-out numbers; None where there is none. Only the job's last call says
+    whether that summary covers the whole matrix (long_study_jobs.extract asks it)."""
     summary = read_json(root / job / "compare" / "summary.json")
     if summary is None:
         return None

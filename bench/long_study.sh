@@ -37,18 +37,21 @@ SEEDS=1,2
 LEARN_4K_LEN=4096 LEARN_4K_STEPS=20 LEARN_4K_PROMPTS=64 LEARN_4K_SAMPLES=4 LEARN_4K_MICRO=32 LEARN_4K_EVAL=64
 LEARN_4K_GROUPS="bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8+mask@1 fp8-m2@1"
 LEARN_16K_LEN=16384 LEARN_16K_STEPS=20 LEARN_16K_PROMPTS=16 LEARN_16K_SAMPLES=4 LEARN_16K_MICRO=8 LEARN_16K_EVAL=32
-# in this order (compare runs them as written; a group written again runs once): BF16 and FP8 seed 1 first, as one
-# pair, then their seeds 2, then the corrections, so that each pair a session finishes answers the most it can
+# in this order (compare runs them as written; a group written again runs once): BF16 and FP8 seed 1 first,
+# then their seeds 2, then the corrections, so that the runs a session finishes answer the most they can
 LEARN_16K_GROUPS="bf16@1 fp8@1 bf16 fp8 fp8+tis@1 fp8+tis-seq@1 fp8-m2@1"
 # 32 decode steps between the host's looks at 16K (the engine's default 8 at 4K, whose runs began with it):
 # the host's 3-5 ms a chunk (bench/engine_host.py, 64 x 16K, the 2-core CPU), paid while the GPU waits, against
 # ~1-2 ms a decode step of this model (gap's 16K: 2.3-2.6 ms a step, host included): one chunk of 32 pays it once
 LEARN_4K_ENGINE="" LEARN_16K_ENGINE="--num-continuous-decode-steps 32"
 LEARN_EVAL_INTERVAL=10 LEARN_SAVE_INTERVAL=2
-# runs at once on the GPU (compare --jobs): a 7M-parameter model leaves most of an H100 idle; each run's
+# runs at once on the GPU (compare --jobs): a 7M-parameter model leaves most of an H100 idle at 4K; each run's
 # KV pool is then fixed (4 KB a token: 5.2 GB for 256 x 4.9K, 4.3 GB for 64 x 16.4K) beside its
-# training (~0.5-0.85 GB a 4.9K-token sequence of a micro-batch, measured on a CPU), so 2 fit 80 GB
-LEARN_JOBS=${LONG_STUDY_LEARN_JOBS:-2} LEARN_KV_GB=8  # measured peak 21 GiB a 4K run (H100): 3 fit 80 GB
+# training (~0.5-0.85 GB a 4.9K-token sequence of a micro-batch, measured on a CPU), so 2 fit 80 GB.
+# learn-16k: one at a time, since a pair made no more steps a second (H100: 2 x 9 steps in 580 s, alone 19-20 in
+# 560-570 s; the GPU 92-94% busy alone) and a session's cut then loses one run, not two
+LEARN_4K_JOBS=${LONG_STUDY_LEARN_JOBS:-2} LEARN_16K_JOBS=${LONG_STUDY_LEARN_JOBS:-1}
+LEARN_KV_GB=8  # measured peak 21 GiB a 4K run (H100): 3 fit 80 GB
 DEVICE=cuda
 if [ "${LONG_STUDY_SMOKE:-0}" = 1 ]; then  # tiny shape, ~64-token traces, 2 steps, on the CPU
   SFT_LENGTHS=48,64 SFT_SHAPE=tiny,num_hidden_layers=1 SFT_CONTEXT=256 SFT_TOKENS=512 SFT_MICRO=256 SFT_STEPS=2
@@ -207,10 +210,10 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
   learn-4k|learn-16k)
     if [ "$JOB" = learn-4k ]; then
       L=$LEARN_4K_LEN S=$LEARN_4K_STEPS P=$LEARN_4K_PROMPTS N=$LEARN_4K_SAMPLES M=$LEARN_4K_MICRO E=$LEARN_4K_EVAL
-      G=$LEARN_4K_GROUPS X=$LEARN_4K_ENGINE
+      G=$LEARN_4K_GROUPS X=$LEARN_4K_ENGINE LEARN_JOBS=$LEARN_4K_JOBS
     else
       L=$LEARN_16K_LEN S=$LEARN_16K_STEPS P=$LEARN_16K_PROMPTS N=$LEARN_16K_SAMPLES M=$LEARN_16K_MICRO E=$LEARN_16K_EVAL
-      G=$LEARN_16K_GROUPS X=$LEARN_16K_ENGINE
+      G=$LEARN_16K_GROUPS X=$LEARN_16K_ENGINE LEARN_JOBS=$LEARN_16K_JOBS
     fi
     # a fixed KV pool when runs share the GPU; learn-16k has it always, so that its runs' commands (which
     # key them) stay the same whether a call runs them 2 at once or, to finish one in time, alone

@@ -46,7 +46,7 @@ def test_a_part_is_not_started_when_the_call_cannot_hold_it(tmp_path):
            "OUT": str(tmp_path / "out"), "LONG_STUDY_FIXED": str(tmp_path / "fixed"),
            "LONG_STUDY_CARRIED": str(tmp_path / "none-carried"), "LONG_STUDY_MODEL": str(ROOT / "quantroll/data/fib-qwen3-long")}
     out = _ok(_job(env, "learn-16k", LONG_STUDY_PART_SECONDS="100000", LONG_STUDY_CALL_SECONDS="60"), 75)
-    assert re.search(r"learn-all: not started, \d+ s left \(a part needs 100000 s", out)
+    assert re.search(r"learn-bf16-seed1: not started, \d+ s left \(a part needs 100000 s", out)
     assert not (tmp_path / "ls" / "learn-16k" / "compare").exists() and "quantroll compare" not in out
 
 
@@ -136,7 +136,7 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
     assert any("shared their device" in w for w in learn["warnings"])
     assert sorted(g["correction"] for g in learn["groups"]) == ["mask", "none", "none", "none", "tis", "tis-seq"]
 
-    _ok(_job(env, "learn-16k"))
+    _ok(_job(env, "learn-16k", LONG_STUDY_LEARN_JOBS="2"))  # its default is one at a time
     assert len(json.loads((ls / "learn-16k/compare/summary.json").read_text())["runs"]) == 7
     started = re.findall(r"^\[\d/7\] (\S+)", (ls / "learn-16k/units/learn-all.log").read_text(), re.M)
     assert started[:4] == ["bf16-baseline-none-seed1", "fp8-rollout-none-seed1", "bf16-baseline-none-seed2",
@@ -155,8 +155,7 @@ def test_every_job_runs_resumes_and_reports(tmp_path):
         tar.add(tmp_path / "packed/learn-16k", arcname="learn-16k")
     # ... and one run at a time there (a call that must finish one run in time): the runs' commands are the
     # same as 2 at once, so none starts again: a compare a run, then the whole matrix
-    again = _ok(_job(env, "learn-16k", LONG_STUDY_DIR=str(tmp_path / "bare"), LONG_STUDY_CARRIED=str(carried),
-                     LONG_STUDY_LEARN_JOBS="1"))
+    again = _ok(_job(env, "learn-16k", LONG_STUDY_DIR=str(tmp_path / "bare"), LONG_STUDY_CARRIED=str(carried)))
     assert f"learn-16k: continued from {carried}/learn-16k.tgz" in again
     assert again.count("done earlier, kept") == 7 + 7 and "resuming" not in again
 

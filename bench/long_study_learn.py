@@ -33,9 +33,9 @@ def learn(root: Path, job: str) -> dict | None:
 
 def learn_curves(root: Path, job: str) -> list[dict]:
     """One entry per run of ``job``: its id, group (compare's label / correction), seed, status,
-    reward per step and held-out reward of the trainer's policy per evaluation
-    (eval_trainer_reward: in mode 1 through a BF16 engine copy, the policy compare's acceptance
-    judges); in compare's group order (BF16 first), then by seed."""
+    reward per step, and the trainer's policy's held-out greedy accuracy (what compare's acceptance
+    judges) and reward per evaluation (in mode 1 through a BF16 engine copy); in compare's group
+    order (BF16 first), then by seed."""
     out = []
     for run_dir in sorted((root / job / "compare" / "runs").glob("*")):
         record = read_json(run_dir / "run.json")
@@ -48,19 +48,21 @@ def learn_curves(root: Path, job: str) -> list[dict]:
                     "seed": record["seed"], "status": record["status"],
                     "order": sort_key(spec[0], spec[1], record["correction"], *spec[2:]),
                     "reward": [r.get("reward_mean") for r in steps],
-                    "heldout": [r["eval_trainer_reward"] for r in steps if r.get("eval_trainer_reward") is not None]})
+                    **{f"heldout_{what}": [r[key] for r in steps if r.get(key) is not None]
+                       for what, key in (("accuracy", "eval_trainer_accuracy"), ("reward", "eval_trainer_reward"))}})
     return sorted(out, key=lambda c: (c["order"], c["seed"]))
 
 
 def learn_progress(curves: list[dict]) -> list[dict]:
     """Per run of a learning job whose compare has not finished: its status, how many steps it
-    wrote, its reward at the first and last of them, its first and last held-out reward."""
+    wrote, its reward at the first and last of them, its first and last held-out accuracy and reward."""
     def ends(values: list) -> tuple:
         return (values[0], values[-1]) if values else (None, None)
 
     return [{"run_id": c["run_id"], "status": c["status"], "steps": len(c["reward"]),
              **dict(zip(("reward_first", "reward_last"), ends(c["reward"]))),
-             **dict(zip(("heldout_first", "heldout_last"), ends(c["heldout"])))} for c in curves]
+             **{f"heldout_{what}_{end}": value for what in ("accuracy", "reward")
+                for end, value in zip(("first", "last"), ends(c[f"heldout_{what}"]))}} for c in curves]
 
 
 def learn_bands(curves: list[dict]) -> list[dict]:

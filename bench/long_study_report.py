@@ -147,16 +147,17 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
             if progress:
                 md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
                 md += _table(["run", "status", "steps", "reward step 0", "reward last step",
-                              "held-out (trainer) first", "held-out (trainer) last"],
+                              "held-out accuracy (trainer) first", "last", "held-out reward (trainer) first", "last"],
                              [[r["run_id"], r["status"], r["steps"], _num(r["reward_first"]), _num(r["reward_last"]),
-                               _num(r["heldout_first"]), _num(r["heldout_last"])] for r in progress])
+                               *(_num(r[f"heldout_{what}_{end}"]) for what in ("accuracy", "reward")
+                                 for end in ("first", "last"))] for r in progress])
                 summary["learn_progress"][job] = progress
             continue
         if (root / job / "compare").is_dir():
             _copy_compare(root / job / "compare", out / job)
         md += [f"- {line}" for line in result["answer"]] + [""]
-        md += _table(["group", "correction", "seeds", "reward step 0", "reward last k", "held-out (trainer) first",
-                      "held-out (trainer) last", "gap over steps"],
+        md += _table(["group", "correction", "seeds", "reward step 0", "reward last k",
+                      "held-out accuracy (trainer) first", "held-out accuracy (trainer) last", "gap over steps"],
                      [[g["label"], g["correction"], ",".join(map(str, g["seeds"])), _ms(g["reward_step0"]),
                        _ms(g["reward_last_k"]), _ms(g["eval_trainer_first"]), _ms(g["eval_trainer_last"]),
                        _ms(g["gap_mean"])] for g in result["groups"]])

@@ -73,16 +73,20 @@ def test_an_unfinished_learning_job_shows_each_runs_progress(tmp_path):
     (runs / "fp8-seed1").mkdir()
     spec = {"unified": False, "kv_cache_dtype": "bf16", "correction": "none", "seed": 1}
     (runs / "bf16-seed1" / "run.json").write_text(json.dumps({**spec, "precision": "bf16", "status": "done"}))
-    steps = [{"step": 0, "reward_mean": 0.5, "eval_engine_reward": 0.8, "eval_trainer_reward": 0.9},
+    steps = [{"step": 0, "reward_mean": 0.5, "eval_engine_reward": 0.8, "eval_trainer_reward": 0.9,
+              "eval_trainer_accuracy": 0.75},
              {"step": 1, "reward_mean": 0.6},
-             {"step": 2, "reward_mean": 0.7, "eval_engine_reward": 0.85, "eval_trainer_reward": 0.95}]
+             {"step": 2, "reward_mean": 0.7, "eval_engine_reward": 0.85, "eval_trainer_reward": 0.95,
+              "eval_trainer_accuracy": 0.8125}]
     (runs / "bf16-seed1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     (runs / "fp8-seed1" / "run.json").write_text(json.dumps({**spec, "precision": "fp8", "status": "interrupted"}))
     assert learn_progress(learn_curves(tmp_path, "learn-4k")) == [
         {"run_id": "bf16-seed1", "status": "done", "steps": 3, "reward_first": 0.5, "reward_last": 0.7,
-         "heldout_first": 0.9, "heldout_last": 0.95},
+         "heldout_accuracy_first": 0.75, "heldout_accuracy_last": 0.8125,
+         "heldout_reward_first": 0.9, "heldout_reward_last": 0.95},
         {"run_id": "fp8-seed1", "status": "interrupted", "steps": 0, "reward_first": None, "reward_last": None,
-         "heldout_first": None, "heldout_last": None}]
+         "heldout_accuracy_first": None, "heldout_accuracy_last": None,
+         "heldout_reward_first": None, "heldout_reward_last": None}]
     assert learn_progress(learn_curves(tmp_path, "learn-16k")) == []
 
 

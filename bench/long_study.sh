@@ -129,7 +129,8 @@ unit() {  # one compare over a part of the matrix, skipped when done, not starte
   [ -f "$marker" ] && [ "$(cut -d' ' -f2 "$marker")" = "$same" ] && { echo "$key: done earlier"; return 0; }
   local need; need=$(cut -d' ' -f1 "$dir"/units/*.done 2>/dev/null | sort -n | tail -1)  # the longest part so far
   [ -n "$need" ] && [ "$need" -gt $((CALL_SECONDS / 2)) ] && need=$((CALL_SECONDS / 2))  # parts span calls
-  # a session's last call: 0 starts (resumes) every part it can, since a part the machine cannot finish is lost anyway
+  # 0 starts (resumes) every part a call can: one cut at the call's end resumes in the next call on the same
+  # machine, and one the machine cannot finish would be lost whether started or not
   need=${LONG_STUDY_PART_SECONDS:-$need}
   if [ "$(remaining)" -le 0 ] || [ "$(remaining)" -lt "$MIN_START" ] || { [ -n "$need" ] && [ "$(remaining)" -lt "$need" ]; }; then
     echo "$key: not started, $(remaining) s left (a part needs ${need:-?} s: LONG_STUDY_PART_SECONDS, else the longest so far, at most half a call)"; NOT_DONE=1; return 1
@@ -216,7 +217,7 @@ case "$JOB" in calibrate|gap|learn-*) model || FAILED=1 ;; esac
       G=$LEARN_16K_GROUPS X=$LEARN_16K_ENGINE LEARN_JOBS=$LEARN_16K_JOBS
     fi
     # a fixed KV pool when runs share the GPU; learn-16k has it always, so that its runs' commands (which
-    # key them) stay the same whether a call runs them 2 at once or, to finish one in time, alone
+    # key them) stay the same whether a call runs them alone (the default) or 2 at once
     kv=""; { [ "$LEARN_JOBS" -gt 1 ] || [ "$JOB" = learn-16k ]; } && kv=$LEARN_KV_GB
     matrix "$D" learn "$SEEDS" "$LEARN_JOBS" "$G" --hf-checkpoint "$MODEL" --num-rollout $S \
       --eval-interval $LEARN_EVAL_INTERVAL --save-interval $LEARN_SAVE_INTERVAL --rollout-max-response-len "$(max_len $L)" \

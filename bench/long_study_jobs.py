@@ -31,7 +31,7 @@ def extract(root: Path, job: str) -> dict:
     elif job == "gap":
         data["rows"] = gap_rows(root)
     else:
-        # the job's answer once its last call says done: run one at a time (LONG_STUDY_LEARN_JOBS=1), each
+        # the job's answer once its last call says done: run one at a time (learn-16k's default), each
         # run's own compare writes a summary of the runs so far, which must not read as the job's answer
         finished = bool(data["calls"]) and data["calls"][-1].get("status") == "done"
         curves = learn_curves(root, job)

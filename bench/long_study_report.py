@@ -147,7 +147,7 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
             if progress:
                 md += ["", "Its runs so far (each run's own metrics; a run not done may restart):", ""]
                 md += _table(["run", "status", "steps", "reward step 0", "reward last step",
-                              "held-out accuracy (trainer) first", "last", "held-out reward (trainer) first", "last"],
+                              "held-out accuracy (trainer) first", "accuracy last", "held-out reward (trainer) first", "reward last"],
                              [[r["run_id"], r["status"], r["steps"], _num(r["reward_first"]), _num(r["reward_last"]),
                                *(_num(r[f"heldout_{what}_{end}"]) for what in ("accuracy", "reward")
                                  for end in ("first", "last"))] for r in progress])

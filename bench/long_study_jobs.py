@@ -45,10 +45,14 @@ def job_results(root: Path, report: Path, job: str) -> dict | None:
     where a call of the job left one (its calls.jsonl), else the extract an earlier report
     saved, else None (not run). A folder without calls (a call that broke before its record)
     does not replace a saved extract."""
-    saved = report / EXTRACTS / f"{job}.json"
     if (root / job / "calls.jsonl").is_file():
-        data = extract(root, job)
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        saved.write_text(json.dumps(data, indent=1) + "\n")
-        return data
-    return read_json(saved)
+        return save_extract(report, extract(root, job))
+    return read_json(report / EXTRACTS / f"{job}.json")
+
+
+def save_extract(report: Path, data: dict) -> dict:
+    """Keep ``data`` (a job's extract) as ``report/jobs/JOB.json``; returns it."""
+    saved = report / EXTRACTS / f"{data['job']}.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(data, indent=1) + "\n")
+    return data

@@ -13,6 +13,14 @@ from pathlib import Path
 
 from long_study_gap import GROWTH_LEVELS, gap_axes, read_json, run_steps
 from quantroll.compare.labels import group_id, mode_label, sort_key
+from quantroll.compare.recommend import recommend
+
+
+def judged(summary: dict) -> dict:
+    """A compare summary with its answer made again by the current rule (recommend.py) from the
+    same saved groups: a rule mended after the GPU runs reaches the report with no rerun."""
+    base = next((g for g in summary["groups"] if g["id"] == summary.get("baseline")), None)
+    return {**summary, "recommendation": recommend(summary["groups"], base)}
 
 
 def learn(root: Path, job: str) -> dict | None:
@@ -20,8 +28,11 @@ def learn(root: Path, job: str) -> dict | None:
     group the reward and held-out numbers; None where there is none. Only the job's last call says
     whether that summary covers the whole matrix (long_study_jobs.extract asks it)."""
     summary = read_json(root / job / "compare" / "summary.json")
-    if summary is None:
-        return None
+    return None if summary is None else learn_result(judged(summary))
+
+
+def learn_result(summary: dict) -> dict:
+    """What the report keeps of a learning job's compare summary (see learn)."""
     groups = [{"label": g["label"], "correction": g["correction"], "seeds": g["seeds"],
                "reward_step0": g["reward"].get("step0"), "reward_last_k": g["reward"].get("last_steps"),
                "last_k": g["reward"].get("last_k"), "eval_trainer_first": g["eval"].get("first_trainer"),

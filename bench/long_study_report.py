@@ -5,7 +5,8 @@ JOB.tgz): the calls' records (what ran where), the study model's recipe, the cal
 rows, the gap job's compares at each length (step 0 and step 1 read from each run's
 metrics.jsonl) and entropy, and the learning compares' answers and groups. Writes
 report.md, report.html (one file, plots embedded), summary.json, commands.txt, plots/,
-each compare's own report under gap-LEN/, learn-4k/, learn-16k/, and per job an extract of
+each compare's own report under gap-LEN/ (copied) and learn-4k/, learn-16k/ (answered again
+from their summary.json by the current rule, see rejudge), and per job an extract of
 what it read (jobs/JOB.json, long_study_jobs.py): a job whose raw folder is gone is
 reported from it. A job that has not run is named as missing, never filled in. The findings (per length: within the seed
 spread or not, how the gap grows, which correction helps, the published pattern) are the
@@ -24,9 +25,10 @@ import sys
 from pathlib import Path
 
 from long_study_gap import GAP_KEYS, gap_growth, gap_plot, read_json
-from long_study_jobs import EXTRACTS, JOBS, job_results
-from long_study_learn import study_figure
+from long_study_jobs import EXTRACTS, JOBS, job_results, save_extract
+from long_study_learn import judged, learn_result, study_figure
 from quantroll.compare.htmlpage import CSS, img_html
+from quantroll.compare.report import write_report
 
 PUBLISHED = ("Published ranges: one FP8 GEMM's error ~7e-4 "
              "(LMSYS); NeMo-RL's token_mult_prob_error (a ppl-ratio-like metric) stays below 1.03-1.05 when healthy; "
@@ -62,6 +64,21 @@ def _copy_compare(src: Path, dest: Path) -> None:
         shutil.copytree(src / "plots", dest / "plots")
 
 
+def rejudge(root: Path, out: Path, data: dict) -> None:
+    """A finished learning job's compare report, answered again by the current rule from its saved
+    summary (the raw folder's, else the copy an earlier report kept): written under out/JOB/, and
+    the job's answer and extract updated to match."""
+    job = data["job"]
+    source = next((p for p in (root / job / "compare" / "summary.json", out / job / "summary.json") if p.is_file()),
+                  None)
+    if source is None:
+        return
+    compare = judged(read_json(source))
+    write_report(out / job, compare)
+    data["result"] = learn_result(compare)
+    save_extract(out, data)
+
+
 def build(root: Path, out: Path, model: Path | None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     results = {job: job_results(root, out, job) for job in JOBS}
@@ -72,6 +89,9 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
     calibrate = got["calibrate"].get("calibrate")
     gaps = got["gap"].get("rows", [])
     learning = {job: got[job] for job in ("learn-4k", "learn-16k")}
+    for job, data in learning.items():
+        if data.get("result") is not None:
+            rejudge(root, out, data)
     summary = {"calls": ran, "model": str(model) if model else None,
                "model_text": got["sft"].get("model_text"),
                "sft": {k: sft.get(k) for k in ("task", "shape", "parameters", "steps_run", "stopped_by",
@@ -153,8 +173,6 @@ def build(root: Path, out: Path, model: Path | None) -> dict:
                                  for end in ("first", "last"))] for r in progress])
                 summary["learn_progress"][job] = progress
             continue
-        if (root / job / "compare").is_dir():
-            _copy_compare(root / job / "compare", out / job)
         md += [f"- {line}" for line in result["answer"]] + [""]
         md += _table(["group", "correction", "seeds", "reward step 0", "reward last k",
                       "held-out accuracy (trainer) first", "held-out accuracy (trainer) last", "gap over steps"],

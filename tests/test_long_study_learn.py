@@ -96,21 +96,60 @@ def test_a_metrics_line_cut_by_a_kill_is_dropped_not_fatal(tmp_path):
     assert learn_curves(tmp_path, "learn-16k")[0]["reward"] == [0.3, 0.4]
 
 
+def _compare_with_a_stale_answer(jobs, job, stale: str) -> str:
+    """A finished compare of real (synthetic) runs whose saved summary.json carries ``stale`` as its
+    answer, as a summary written by an earlier rule would; returns the answer the current rule gives."""
+    from quantroll.compare.summary import load_runs, summarize
+    from tests.compare.synth import write_constant_runs
+
+    compare = jobs / job / "compare"
+    write_constant_runs(compare, {"bf16": [(0.001, 0.50, 0.8), (0.001, 0.56, 0.8)], "none": [(0.3, 0.58, 0.8)]})
+    summary = summarize(load_runs(compare))
+    (mode,) = summary["recommendation"]["modes"]
+    fresh, mode["text"] = mode["text"], stale
+    (compare / "summary.json").write_text(json.dumps(summary))
+    return fresh
+
+
 def test_a_learning_job_answers_only_once_its_last_call_is_done(tmp_path):
     """Run one at a time, each run's compare leaves a summary.json of the runs so far: while the job's
     last call says 'continue' the report shows its runs' progress, not that partial summary as the answer."""
     from long_study_report import build
 
     jobs, out = tmp_path / "jobs", tmp_path / "out"
-    _run(jobs, "learn-16k", "bf16-baseline-none-seed1", "bf16", "none", 1, "done", [0.3, 0.4])
-    summary = {"main_gap": "kl", "recommendation": {"modes": [{"text": "a partial answer"}]}, "groups": [
-        {"label": "bf16", "correction": "none", "seeds": [1], "reward": {}, "eval": {}, "gap_mean": {}}]}
-    (jobs / "learn-16k" / "compare" / "summary.json").write_text(json.dumps(summary))
+    fresh = _compare_with_a_stale_answer(jobs, "learn-16k", "a partial answer")
     (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n")
     build(jobs, out, None)
     md = (out / "report.md").read_text()
-    assert "The learn-16k job has not finished its compare." in md and "a partial answer" not in md
-    assert "| bf16-baseline-none-seed1 | done | 2 | 0.3 | 0.4 |" in md
+    assert "The learn-16k job has not finished its compare." in md and fresh not in md
+    assert "| bf16-0 | done | 3 | 0.5 | 0.5 |" in md
     (jobs / "learn-16k" / "calls.jsonl").write_text(json.dumps(_CALL) + "\n" + json.dumps({**_CALL, "status": "done"}) + "\n")
     build(jobs, out, None)
-    assert "- a partial answer" in (out / "report.md").read_text()
+    assert f"- {fresh}" in (out / "report.md").read_text()
+
+
+def test_a_finished_learning_job_is_answered_by_the_current_rule(tmp_path):
+    """A rule mended after the GPU runs reaches the report from the saved groups: the job's answer, its
+    compare's own report and the extract are made again, from the raw folder or, once it is gone,
+    from the compare summary the report kept."""
+    from long_study_report import build
+
+    jobs, out = tmp_path / "jobs", tmp_path / "out"
+    fresh = _compare_with_a_stale_answer(jobs, "learn-4k", "an answer by an older rule")
+    (jobs / "learn-4k" / "calls.jsonl").write_text(json.dumps({**_CALL, "job": "learn-4k", "status": "done"}) + "\n")
+
+    def answered() -> list[str]:
+        kept = json.loads((out / "learn-4k" / "summary.json").read_text())
+        extract = json.loads((out / "jobs" / "learn-4k.json").read_text())
+        report = (out / "report.md").read_text() + (out / "learn-4k" / "report.md").read_text()
+        assert "older rule" not in report
+        return [m["text"] for m in kept["recommendation"]["modes"]] + extract["result"]["answer"]
+
+    build(jobs, out, None)
+    assert answered() == [fresh, fresh]
+    assert (out / "learn-4k" / "report.md").read_text().splitlines()[2] == f"- {fresh}"
+    shutil.rmtree(jobs / "learn-4k")  # the raw folder is gone; the kept copy, made stale, is judged again
+    for path in (out / "learn-4k" / "summary.json", out / "jobs" / "learn-4k.json"):
+        path.write_text(path.read_text().replace(json.dumps(fresh)[1:-1], "an answer by an older rule"))
+    build(jobs, out, None)
+    assert answered() == [fresh, fresh]

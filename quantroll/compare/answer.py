@@ -16,6 +16,14 @@ def _acceptable(a: dict) -> str:
     return {True: "yes", False: "no", None: "not judged"}[a["acceptable"]] + (" (1 seed)" if a["one_seed"] else "")
 
 
+def _choice(mode: dict, cand: dict) -> str:
+    """The choice column: the mode's chosen correction is marked for use unless the mode itself failed
+    against BF16, where it is only the mode's best run (a pointer to use it would contradict the answer)."""
+    if mode["choice"] != cand["correction"]:
+        return ""
+    return "its best; mode not acceptable" if mode["acceptable"] is False else "<- use"
+
+
 def recommendation_table(summary: dict) -> Table:
     rec = summary["recommendation"]
     base = next((g for g in summary["groups"] if g["id"] == summary["baseline"]), None)
@@ -24,8 +32,7 @@ def recommendation_table(summary: dict) -> Table:
         rows.append(["bf16 (baseline)", "none", cell(criterion_stats(base, REWARD)), cell(criterion_stats(base, HELD_OUT)),
                      cell(base["gap_mean"][MAIN_GAP]), "baseline", ""])
     rows += [[m["label"], c["correction"], cell(c[REWARD]), cell(c[HELD_OUT]), cell(c[GAP]),
-              _acceptable(c["acceptance"]), "<- use" if m["choice"] == c["correction"] else ""]
-             for m in rec["modes"] for c in m["candidates"]]
+              _acceptable(c["acceptance"]), _choice(m, c)] for m in rec["modes"] for c in m["candidates"]]
     notes = [m["text"] for m in rec["modes"]] + [v["text"] for v in rec["verdicts"]] + [rec["rule"],
                                                                                          summary["notes"]["significance"]]
     return Table("recommendation", "Recommendation",

@@ -133,6 +133,34 @@ def test_one_seed_decides_by_the_point_estimate_and_says_so(tmp_path):
     assert mode["acceptable"] is False  # 0.05 > 0.02
 
 
+def test_one_seed_against_several_takes_bf16s_spread_as_its_own(tmp_path):
+    """A single run judged against BF16's seeds: tolerance 2 x sqrt(2) x BF16's std, not 0.02 (which a
+    BF16 rerun inside BF16's own spread would fail)."""
+    bf16 = [0.50, 0.56, 0.44]  # std 0.06: a rerun of BF16 lands anywhere in ~[0.40, 0.60]
+    mode, _ = mode_of(tmp_path, {"bf16": [(0.001, r, 0.5) for r in bf16], "none": [(0.3, 0.56, 0.5)]})
+    (check,) = [c for c in mode["acceptance"]["checks"] if c["criterion"] == REWARD]
+    tol = FACTOR * math.sqrt(2.0) * np.std(bf16, ddof=1)
+    assert check["spread_from"] == "BF16's" and check["tolerance"] == pytest.approx(tol)
+    assert FLOOR < 0.06 < tol  # beyond 0.02, within BF16's own variation
+    assert mode["acceptable"] is True and mode["one_seed"]
+    assert "1 seed: spread taken from BF16's seeds, sqrt(2) x their std" in mode["text"]
+    mode, _ = mode_of(tmp_path / "far", {"bf16": [(0.001, r, 0.5) for r in bf16], "none": [(0.3, 0.50 + 1.1 * tol, 0.5)]})
+    assert mode["acceptable"] is False  # still beyond twice the assumed spread
+
+
+def test_the_choice_column_never_points_at_a_mode_that_failed(tmp_path):
+    from quantroll.compare.answer import recommendation_table
+
+    def choice_cells(out, values):
+        _, summary = mode_of(out, values)
+        return [row[-1] for row in recommendation_table(summary).rows[1:]]  # after the baseline's row
+
+    bf16 = [(0.001, 0.60, 0.5), (0.001, 0.61, 0.5)]
+    assert choice_cells(tmp_path / "ok", {"bf16": bf16, "none": [(0.3, 0.60, 0.5), (0.3, 0.61, 0.5)]}) == ["<- use"]
+    assert choice_cells(tmp_path / "bad", {"bf16": bf16, "none": [(0.3, 0.30, 0.5), (0.3, 0.31, 0.5)]}) == \
+        ["its best; mode not acceptable"]
+
+
 def test_every_mode_gets_a_choice_and_the_answer_leads_the_report(tmp_path):
     from quantroll.compare.markdown import md_text
     from quantroll.compare.report import terminal_tables, write_report

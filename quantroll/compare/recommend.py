@@ -207,6 +207,28 @@ def _percent(share: float) -> str:
     return "0.0%" if share == 0 else f"{100 * share:.2g}%" if share < 0.001 else f"{share:.1%}"
 
 
+LEVEL_NAMES = {"": ("", "tokens"), "seq": (" at sequence level", "sequences"),
+               "geo": (" at geometric-mean level", "sequences")}  # matrix.LEVELED's suffixes: what a ratio is over
+ESS_SHOWN_BELOW = 0.99  # a weighting that keeps nearly the whole batch needs no effective-sample-size note
+
+
+def _weighting(correction: str) -> tuple[str | None, str, str]:
+    """(tis / mask / None, the name a reader sees, the unit its ratios are over) of a correction."""
+    kind, _, level = correction.partition("-")
+    if kind not in ("tis", "mask") or level not in LEVEL_NAMES:
+        return None, correction, "tokens"
+    suffix, unit = LEVEL_NAMES[level]
+    return kind, ("TIS" if kind == "tis" else "mask") + suffix, unit
+
+
+def _ess(means: dict, unit: str) -> str:
+    """The effective sample size the weights left, where it fell below ESS_SHOWN_BELOW: at sequence
+    level a long response's ratio is a product over its tokens, and the batch shrinks with it."""
+    ess = _mean(means.get("ess_ratio"))
+    return "" if ess is None or ess >= ESS_SHOWN_BELOW else \
+        f"; its weights left an effective sample size of {ess:.0%} of the batch's {unit}"
+
+
 def evidence(cands: dict[str, dict]) -> list[str]:
     """What each correction did, from its runs' own metrics, and the gap each left (reported, not chosen on)."""
     out = []
@@ -218,15 +240,17 @@ def evidence(cands: dict[str, dict]) -> list[str]:
         means, ext = g.get("metrics_mean", {}), g.get("extremes", {})
         lo, hi = ext.get("tis_ratio_min"), ext.get("tis_ratio_max")
         span = f"[{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else None
-        if corr == "tis" and _mean(means.get("tis_clipfrac")) is not None:
+        kind, name, unit = _weighting(corr)
+        if kind == "tis" and _mean(means.get("tis_clipfrac")) is not None:
             clip = means["tis_clipfrac"]["mean"]
             if span and clip == 0:
-                out.append(f"TIS clipped 0.0% of tokens: the ratios never left {span}")
+                line = f"{name} clipped 0.0% of {unit}: the ratios never left {span}"
             else:
-                out.append(f"TIS clipped {_percent(clip)} of tokens" + (f"; the ratios ranged over {span}" if span else ""))
-        if corr == "mask" and _mean(means.get("masked_fraction")) is not None:
-            out.append(f"mask dropped {_percent(means['masked_fraction']['mean'])} of tokens"
-                       + (f"; the ratios ranged over {span}" if span else ""))
+                line = f"{name} clipped {_percent(clip)} of {unit}" + (f"; the ratios ranged over {span}" if span else "")
+            out.append(line + _ess(means, unit))
+        if kind == "mask" and _mean(means.get("masked_fraction")) is not None:
+            out.append(f"{name} dropped {_percent(means['masked_fraction']['mean'])} of tokens"
+                       + (f"; the ratios ranged over {span}" if span else "") + _ess(means, unit))
     plain = cands.get("none")
     if "r3" in cands and plain is not None and plain.get("routing"):
         shares = [_mean(s) for s in plain["routing"]["mean"].values() if _mean(s) is not None]

@@ -206,3 +206,20 @@ def test_a_small_clip_share_is_never_printed_as_zero(tmp_path):
                       {"tis": clipping})
     assert "TIS clipped 0.012% of tokens; the ratios ranged over [0.3, 2.27]" in mode["text"]
     assert "never left" not in mode["text"]
+
+
+def test_sequence_level_weighting_says_its_unit_and_the_sample_size_it_left(tmp_path):
+    """Sequence TIS clips sequences, not tokens, and at long lengths its product ratios shrink the
+    batch: the line names the unit and, below 99%, the effective sample size (mean over steps)."""
+    seq = {"tis_clipfrac": 0.11, "tis_ratio_min": 0.05, "tis_ratio_max": 7.4, "ess_ratio": 0.62}
+    token = {"tis_clipfrac": 0.0, "tis_ratio_min": 0.9, "tis_ratio_max": 1.1, "ess_ratio": 0.9999}
+    mask = {"masked_fraction": 0.2, "tis_ratio_min": 0.05, "tis_ratio_max": 7.4, "ess_ratio": 0.5}
+    mode, _ = mode_of(tmp_path, {"bf16": [(0.001, 0.5)], "none": [(0.3, 0.5)], "tis": [(0.3, 0.5)],
+                                 "tis-seq": [(0.3, 0.5)], "mask-geo": [(0.3, 0.5)]},
+                      {"tis-seq": seq, "tis": token, "mask-geo": mask})
+    assert ("TIS at sequence level clipped 11.0% of sequences; the ratios ranged over [0.05, 7.4]; its weights "
+            "left an effective sample size of 62% of the batch's sequences") in mode["text"]
+    assert "TIS clipped 0.0% of tokens: the ratios never left [0.9, 1.1]" in mode["text"]
+    assert "[0.9, 1.1]; its weights" not in mode["text"]  # 99.99%: no note
+    assert ("mask at geometric-mean level dropped 20.0% of tokens; the ratios ranged over [0.05, 7.4]; its weights "
+            "left an effective sample size of 50% of the batch's sequences") in mode["text"]

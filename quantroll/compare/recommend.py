@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 
 from quantroll.compare.labels import CORRECTION_ORDER
+from quantroll.compare.matrix import CORRECTION_ARGS, LEVELED
 from quantroll.compare.perrun import MAIN_GAP
 from quantroll.compare.speed import verdict
 
@@ -207,17 +208,19 @@ def _percent(share: float) -> str:
     return "0.0%" if share == 0 else f"{100 * share:.2g}%" if share < 0.001 else f"{share:.1%}"
 
 
-LEVEL_NAMES = {"": ("", "tokens"), "seq": (" at sequence level", "sequences"),
-               "geo": (" at geometric-mean level", "sequences")}  # matrix.LEVELED's suffixes: what a ratio is over
+LEVEL_WORDS = {"token": ("", "tokens"), "sequence": (" at sequence level", "sequences"),
+               "geometric": (" at geometric-mean level", "sequences")}  # --tis-level: what one ratio is over
 ESS_SHOWN_BELOW = 0.99  # a weighting that keeps nearly the whole batch needs no effective-sample-size note
 
 
 def _weighting(correction: str) -> tuple[str | None, str, str]:
-    """(tis / mask / None, the name a reader sees, the unit its ratios are over) of a correction."""
-    kind, _, level = correction.partition("-")
-    if kind not in ("tis", "mask") or level not in LEVEL_NAMES:
+    """(tis / mask / None, the name a reader sees, the unit its ratios are over) of a correction,
+    read from the train flags compare runs it with (matrix.py)."""
+    args = {**CORRECTION_ARGS, **LEVELED}.get(correction, ())
+    if "--use-tis" not in args:
         return None, correction, "tokens"
-    suffix, unit = LEVEL_NAMES[level]
+    kind = "mask" if "mask" in args else "tis"  # --tis-mode mask; truncation (TIS) otherwise
+    suffix, unit = LEVEL_WORDS[args[args.index("--tis-level") + 1] if "--tis-level" in args else "token"]
     return kind, ("TIS" if kind == "tis" else "mask") + suffix, unit
 
 

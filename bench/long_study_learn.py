@@ -26,9 +26,10 @@ def judged(summary: dict) -> dict:
 def learn(root: Path, job: str) -> dict | None:
     """A learning job's answer from its compare's summary.json: the recommendation's lines and per
     group the reward and held-out numbers; None where there is none. Only the job's last call says
-    whether that summary covers the whole matrix (long_study_jobs.extract asks it)."""
+    whether that summary covers the whole matrix (long_study_jobs.extract asks it). The answer is
+    compare's as written; the report answers it again by the current rule (long_study_report.rejudge)."""
     summary = read_json(root / job / "compare" / "summary.json")
-    return None if summary is None else learn_result(judged(summary))
+    return None if summary is None else learn_result(summary)
 
 
 def learn_result(summary: dict) -> dict:
